@@ -1,0 +1,3 @@
+from distrl.cli import main
+
+raise SystemExit(main())

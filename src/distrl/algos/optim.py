@@ -1,0 +1,57 @@
+"""Adam over one flat parameter buffer, with global-norm clipping after the sync."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from distrl.nets import ParamBuffer
+
+
+class ClippedAdam:
+    """Adam (Kingma & Ba 2014, arXiv:1412.6980) on a :class:`ParamBuffer`.
+
+    ``step`` expects the buffer's gradient to be the mean over every worker's samples.
+    It scales it so that its global norm is at most ``max_grad_norm`` (as torch's
+    ``clip_grad_norm_`` does) and applies the same update as ``torch.optim.Adam``,
+    in a few element-wise operations over the single flat tensor.
+    """
+
+    def __init__(self, params: ParamBuffer, lr: float, eps: float = 1e-5, max_grad_norm: float | None = None,
+                 betas: tuple[float, float] = (0.9, 0.999)):
+        self.params = params
+        self.lr = lr
+        self.eps = eps
+        self.max_grad_norm = max_grad_norm
+        self.beta1, self.beta2 = betas
+        self.exp_avg = torch.zeros_like(params.data)
+        self.exp_avg_sq = torch.zeros_like(params.data)
+        self.steps = 0
+
+    def step(self, lr: float | None = None) -> float:
+        """Clip and step; returns the gradient norm before clipping."""
+        grad = self.params.grad
+        norm = float(torch.linalg.vector_norm(grad))
+        scale = 1.0
+        if self.max_grad_norm is not None:
+            scale = min(1.0, self.max_grad_norm / (norm + 1e-6))
+        self.steps += 1
+        b1, b2 = self.beta1, self.beta2
+        self.exp_avg.mul_(b1).add_(grad, alpha=(1.0 - b1) * scale)
+        self.exp_avg_sq.mul_(b2).addcmul_(grad, grad, value=(1.0 - b2) * scale * scale)
+        bias1 = 1.0 - b1 ** self.steps
+        bias2 = 1.0 - b2 ** self.steps
+        denom = self.exp_avg_sq.sqrt().div_(math.sqrt(bias2)).add_(self.eps)
+        step_size = (self.lr if lr is None else lr) / bias1
+        self.params.data.addcdiv_(self.exp_avg, denom, value=-step_size)
+        return norm
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {"exp_avg": self.exp_avg.cpu().clone(), "exp_avg_sq": self.exp_avg_sq.cpu().clone(),
+                "steps": torch.tensor([self.steps], dtype=torch.int64)}
+
+    def load_state_dict(self, tensors: dict[str, torch.Tensor]) -> None:
+        self.exp_avg.copy_(tensors["exp_avg"])
+        self.exp_avg_sq.copy_(tensors["exp_avg_sq"])
+        self.steps = int(tensors["steps"][0])

@@ -1,0 +1,223 @@
+"""Proximal Policy Optimization (Schulman et al. 2017, arXiv:1707.06347).
+
+Clipped surrogate objective, GAE(lambda) advantages, optional value clipping, entropy
+bonus, and early stopping on Schulman's approx-KL estimator. One ``update`` runs
+``n_epochs`` passes over a rollout in minibatches; every minibatch goes through the
+strategy's ``Sync`` before the gradient is clipped and Adam steps.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+
+from distrl.algos.optim import ClippedAdam
+from distrl.config import PPOConfig
+from distrl.data.rollout import Rollout, RolloutBatch, gae
+from distrl.nets import ActorCritic
+from distrl.protocols import Sync
+
+
+def clipped_surrogate(log_prob: torch.Tensor, old_log_prob: torch.Tensor, advantages: torch.Tensor,
+                      clip_range: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-sample PPO policy loss ``l = -min(r A, clip(r, 1 - e, 1 + e) A)`` with ``r = exp(log_prob - old)``.
+
+    Returns:
+        loss [B]; dl/d(log_prob) [B], which is ``-A r`` where the unclipped term is the
+        minimum and 0 where the clipped term is (it does not depend on the policy there);
+        whether the ratio was outside the clip range [B]; and Schulman's approx-KL
+        estimate ``(r - 1) - log r`` [B] (http://joschu.net/blog/kl-approx.html).
+    """
+    log_ratio = log_prob - old_log_prob
+    ratio = log_ratio.exp()
+    unclipped = ratio * advantages
+    clipped = ratio.clamp(1.0 - clip_range, 1.0 + clip_range) * advantages
+    takes_unclipped = unclipped <= clipped
+    loss = -torch.where(takes_unclipped, unclipped, clipped)
+    d_log_prob = -unclipped * takes_unclipped
+    was_clipped = (ratio - 1.0).abs() > clip_range
+    approx_kl = (ratio - 1.0) - log_ratio
+    return loss, d_log_prob, was_clipped, approx_kl
+
+
+def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor,
+               clip_range_vf: float | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-sample squared error ``(v - R)^2`` and its derivative in ``v``.
+
+    With ``clip_range_vf`` the prediction is also clipped to ``old ± clip_range_vf`` and
+    the larger of the two errors is taken (PPO's original value clipping).
+    """
+    error = values - returns
+    if clip_range_vf is None:
+        return error.square(), 2.0 * error
+    delta = values - old_values
+    clipped_error = old_values + delta.clamp(-clip_range_vf, clip_range_vf) - returns
+    takes_clipped = clipped_error.square() > error.square()
+    inside = delta.abs() < clip_range_vf  # where the clipped prediction still moves with v
+    loss = torch.where(takes_clipped, clipped_error, error).square()
+    d_values = 2.0 * torch.where(takes_clipped, clipped_error * inside, error)
+    return loss, d_values
+
+
+def linear(start: float, progress_remaining: float, schedule: str) -> float:
+    """``start`` for a constant schedule; ``start * progress_remaining`` for a linear one."""
+    return start * progress_remaining if schedule == "linear" else start
+
+
+# Per-sample statistics summed over valid samples and workers with every minibatch gradient.
+_STATS = ("count", "approx_kl", "clip_fraction", "policy_loss", "value_loss", "entropy")
+
+
+class _Rows(NamedTuple):
+    obs: torch.Tensor
+    actions: torch.Tensor
+    old_log_prob: torch.Tensor
+    old_values: torch.Tensor
+    advantages: torch.Tensor
+    returns: torch.Tensor
+    valid: torch.Tensor
+
+
+class _Table:
+    """A batch packed into one [B, columns] tensor, so a minibatch is one gather."""
+
+    def __init__(self, batch: RolloutBatch, advantages: torch.Tensor):
+        actions = batch.actions.float().reshape(batch.size, -1)
+        self.obs_dim, self.action_dim = batch.obs.shape[1], actions.shape[1]
+        self.discrete = not batch.actions.is_floating_point()
+        columns = [batch.log_probs, batch.values, advantages, batch.returns, batch.valid]
+        self.data = torch.cat([batch.obs, actions, torch.stack(columns, 1)], 1)
+        self.device = self.data.device
+
+    def rows(self, idx: torch.Tensor) -> _Rows:
+        rows = self.data.index_select(0, idx)
+        o, a = self.obs_dim, self.obs_dim + self.action_dim
+        actions = rows[:, o].long() if self.discrete else rows[:, o:a]
+        log_prob, values, advantages, returns, valid = rows[:, a:].unbind(1)
+        return _Rows(rows[:, :o], actions, log_prob, values, advantages, returns, valid)
+
+
+class PPOAlgo:
+    """The PPO learning rule over an :class:`ActorCritic`."""
+
+    def __init__(self, cfg: PPOConfig, agent: ActorCritic, seed: int):
+        self.cfg = cfg
+        self.agent = agent
+        self.optimizer = ClippedAdam(agent.params, cfg.learning_rate, eps=1e-5, max_grad_norm=cfg.max_grad_norm)
+        self.shuffle_rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, 0x5EED])))
+
+    def prepare(self, rollout: Rollout) -> RolloutBatch:
+        """Values, behaviour log-probs and GAE for a rollout, flattened to a batch."""
+        device = self.agent.device
+        T, N = rollout.rewards.shape
+        obs = torch.from_numpy(rollout.obs).to(device)
+        values = self.agent.values(obs.reshape((T + 1) * N, -1)).reshape(T + 1, N).cpu().numpy()
+        advantages, returns = gae(rollout.rewards, values, rollout.terminated, rollout.truncated,
+                                  rollout.valid, self.cfg.gamma, self.cfg.gae_lambda)
+        flat_obs = obs[:T].reshape(T * N, -1)
+        actions = torch.from_numpy(rollout.actions.reshape(T * N, *rollout.actions.shape[2:])).to(device)
+        log_probs = self.agent.log_prob(flat_obs, actions)
+        return RolloutBatch(
+            obs=flat_obs, actions=actions, log_probs=log_probs,
+            values=torch.from_numpy(values[:T].reshape(-1).copy()).to(device),
+            advantages=torch.from_numpy(advantages.reshape(-1)).to(device),
+            returns=torch.from_numpy(returns.reshape(-1)).to(device),
+            valid=torch.from_numpy(rollout.valid.reshape(-1).astype(np.float32)).to(device),
+            policy_version=rollout.policy_version,
+        )
+
+    def normalized_advantages(self, batch: RolloutBatch, sync: Sync) -> torch.Tensor:
+        """Advantages standardised with the mean and std over every worker's valid steps."""
+        if not self.cfg.normalize_advantage:
+            return batch.advantages
+        adv = batch.advantages.double()
+        local = np.array([float(batch.valid.sum()), float((adv * batch.valid).sum()),
+                          float((adv.square() * batch.valid).sum())])
+        count, total, total_sq = sync.all_sum(local)
+        mean = total / max(count, 1.0)
+        std = np.sqrt(max(total_sq / max(count, 1.0) - mean * mean, 0.0))
+        return ((batch.advantages - mean) / (std + 1e-8)) * batch.valid
+
+    def update(self, batch: RolloutBatch, sync: Sync, progress_remaining: float = 1.0) -> dict[str, float]:
+        """``n_epochs`` x minibatches of: loss gradient → ``sync.gradients`` → clip → Adam step."""
+        cfg = self.cfg
+        lr = linear(cfg.learning_rate, progress_remaining, cfg.lr_schedule)
+        clip_range = linear(cfg.clip_range, progress_remaining, cfg.clip_schedule)
+        table = _Table(batch, self.normalized_advantages(batch, sync))
+        grad = self.agent.params.grad
+        totals = torch.zeros(len(_STATS), dtype=torch.float64)
+        grad_norms: list[float] = []
+        approx_kl = 0.0
+        stopped_early = False
+        for _ in range(cfg.n_epochs):
+            order = torch.from_numpy(self.shuffle_rng.permutation(batch.size)).to(table.device)
+            for start in range(0, batch.size, cfg.batch_size):
+                stats = self._minibatch_gradient(table.rows(order[start:start + cfg.batch_size]), clip_range)
+                sync.gradients(grad, stats)
+                count = float(stats[0])
+                if count == 0:
+                    continue
+                approx_kl = float(stats[1]) / count
+                if cfg.target_kl is not None and approx_kl > 1.5 * cfg.target_kl:
+                    stopped_early = True  # every worker sees the same summed KL: they stop together
+                    break
+                grad.div_(count)
+                grad_norms.append(self.optimizer.step(lr))
+                totals += stats
+            if stopped_early:
+                break
+        self.agent.refresh_acting_copy()
+        means = {name: float(totals[i]) / max(float(totals[0]), 1.0) for i, name in enumerate(_STATS)}
+        return {
+            "losses/policy_loss": means["policy_loss"],
+            "losses/value_loss": means["value_loss"],
+            "losses/entropy": means["entropy"],
+            "losses/approx_kl": approx_kl,
+            "losses/clip_fraction": means["clip_fraction"],
+            "losses/grad_norm": float(np.mean(grad_norms)) if grad_norms else 0.0,
+            "losses/explained_variance": explained_variance(batch),
+            "losses/gradient_steps": float(len(grad_norms)),
+            "losses/stopped_early": float(stopped_early),
+            "charts/learning_rate": lr,
+            "charts/clip_range": clip_range,
+        }
+
+    def _minibatch_gradient(self, mb: _Rows, clip_range: float) -> torch.Tensor:
+        """Put the gradient of the minibatch loss, summed over valid samples, in the buffer.
+
+        Per sample: ``l = policy_loss + vf_coef * value_loss - ent_coef * entropy``.
+        Returns the summed statistics (see ``_STATS``) that travel with the gradient.
+        """
+        cfg = self.cfg
+        agent = self.agent
+        fwd = agent.forward_train(mb.obs)
+        terms = agent.dist_terms(fwd.head, mb.actions)
+        policy_loss, d_log_prob, was_clipped, approx_kl = clipped_surrogate(
+            terms.log_prob, mb.old_log_prob, mb.advantages, clip_range)
+        v_loss, d_values = value_loss(fwd.values, mb.old_values, mb.returns, cfg.clip_range_vf)
+        d_entropy = -cfg.ent_coef * mb.valid if cfg.ent_coef else None
+        agent.backward(fwd, terms, mb.actions, d_log_prob * mb.valid, d_entropy, (cfg.vf_coef * d_values) * mb.valid)
+        per_sample = torch.stack([mb.valid, approx_kl, was_clipped.float(), policy_loss, v_loss, terms.entropy])
+        return (per_sample @ mb.valid).double()
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, tensors: dict[str, torch.Tensor]) -> None:
+        self.optimizer.load_state_dict(tensors)
+
+    def rng_state(self) -> dict[str, Any]:
+        return self.shuffle_rng.bit_generator.state
+
+    def load_rng_state(self, state: dict[str, Any]) -> None:
+        self.shuffle_rng.bit_generator.state = state
+
+
+def explained_variance(batch: RolloutBatch) -> float:
+    """1 - Var[returns - values] / Var[returns] over valid steps (1 is perfect, <= 0 is useless)."""
+    mask = batch.valid > 0
+    returns, values = batch.returns[mask], batch.values[mask]
+    var = float(returns.var()) if returns.numel() > 1 else 0.0
+    return float("nan") if var == 0 else 1.0 - float((returns - values).var()) / var

@@ -1,0 +1,97 @@
+"""Checkpoints that never execute code on load: safetensors for tensors, JSON for the rest.
+
+A checkpoint is a directory with ``tensors.safetensors`` and ``state.json``. It is
+written to a temporary sibling directory and renamed into place, so a crash leaves
+either the previous checkpoint or the new one, never half of one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from distrl.config import ConfigError
+
+FORMAT = "distrl-checkpoint"
+FORMAT_VERSION = 1
+TENSORS = "tensors.safetensors"
+STATE = "state.json"
+CHECKPOINTS_DIR = "checkpoints"
+MODEL_DIR = "model"
+
+
+def save(path: Path, tensors: dict[str, torch.Tensor], state: dict[str, Any]) -> Path:
+    """Write a checkpoint directory atomically; returns its path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    try:
+        contiguous = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
+        save_file(contiguous, str(tmp / TENSORS), metadata={"format": FORMAT})
+        (tmp / STATE).write_text(json.dumps({"format": FORMAT, "format_version": FORMAT_VERSION, **state}, indent=1))
+        old = path.parent / f".{path.name}.old-{os.getpid()}"
+        if path.exists():
+            os.replace(path, old)
+        os.replace(tmp, path)
+        if old.exists():
+            shutil.rmtree(old)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+    return path
+
+
+def load(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """Read a checkpoint directory; a missing, truncated or foreign one is a ConfigError."""
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError(f"checkpoint={str(path)!r} does not exist")
+    if not (path / STATE).is_file() or not (path / TENSORS).is_file():
+        raise ConfigError(f"checkpoint={str(path)!r} is not a distrl checkpoint: expected {STATE} and {TENSORS} inside")
+    try:
+        state = json.loads((path / STATE).read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"checkpoint={str(path)!r}: {STATE} is truncated or corrupt ({exc})") from None
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        raise ConfigError(f"checkpoint={str(path)!r} is not a distrl checkpoint (format field missing)")
+    if state.get("format_version") != FORMAT_VERSION:
+        raise ConfigError(f"checkpoint={str(path)!r} has format_version={state.get('format_version')!r}; "
+                          f"this distrl reads {FORMAT_VERSION}")
+    try:
+        tensors = load_file(str(path / TENSORS))
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise ConfigError(f"checkpoint={str(path)!r}: {TENSORS} is truncated or corrupt ({exc})") from None
+    return tensors, state
+
+
+def _steps_of(path: Path) -> int:
+    try:
+        return int(json.loads((path / STATE).read_text()).get("steps", -1))
+    except (OSError, ValueError):
+        return -1
+
+
+def find_latest(run_or_checkpoint: Path) -> Path:
+    """The checkpoint to load from a run directory (newest by steps) or a checkpoint path."""
+    path = Path(run_or_checkpoint)
+    if not path.exists():
+        raise ConfigError(f"run={str(path)!r} does not exist")
+    if (path / STATE).exists() or (path / TENSORS).exists():
+        return path
+    candidates = [p for p in (path / CHECKPOINTS_DIR).glob("step-*") if p.is_dir()] if (path / CHECKPOINTS_DIR).is_dir() else []
+    if (path / MODEL_DIR).is_dir():
+        candidates.append(path / MODEL_DIR)
+    candidates = [p for p in candidates if _steps_of(p) >= 0]
+    if not candidates:
+        raise ConfigError(f"run={str(path)!r} holds no distrl checkpoint (looked for {MODEL_DIR}/ and {CHECKPOINTS_DIR}/step-*)")
+    return max(candidates, key=_steps_of)

@@ -1,0 +1,164 @@
+"""The ``distrl`` command: train, eval.
+
+User mistakes (a ConfigError) print one line on stderr and exit with status 2;
+``--debug`` shows the traceback as well.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated
+
+import tyro
+
+from distrl import checkpoint
+from distrl.config import ConfigError, Device, PPOConfig, RunConfig
+from distrl.envs import resolve_env_id
+from distrl.presets import ppo_configs, preset_names
+from distrl.train import OnPolicyTrainer, configs_from_checkpoint, default_run_dir
+
+ALGOS = ("ppo",)
+
+USAGE = """\
+usage: distrl COMMAND ...
+
+  distrl train ALGO ENV [flags]     train an agent; `distrl train ppo cartpole --help` lists the flags
+  distrl eval RUN [flags]           evaluate a run directory or checkpoint
+
+ALGO: {algos}
+ENV:  a Gymnasium id (CartPole-v1, Hopper-v5, ...), a short name (cartpole, hopper,
+      halfcheetah, walker2d, ant, pendulum, lunarlander) or package.module:ClassName
+"""
+
+
+@dataclass(frozen=True)
+class PPOTrainArgs:
+    run: RunConfig
+    ppo: PPOConfig
+
+
+@dataclass(frozen=True)
+class EvalArgs:
+    """Evaluate a trained model: prints mean ± std of the return."""
+
+    path: tyro.conf.Positional[str]
+    """Run directory (its newest checkpoint) or checkpoint directory."""
+    episodes: int = 10
+    """Episodes to run."""
+    stochastic: bool = False
+    """Sample actions instead of taking the most likely one."""
+    json: bool = False
+    """Print one JSON line {"mean_return", "std_return", "episodes"}."""
+    seed: int | None = None
+    """Seed of the evaluation episodes (default: the run's evaluation seed)."""
+    device: Device = "cpu"
+    """Device to load the model on."""
+    debug: bool = False
+    """Show full tracebacks for errors."""
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        return _dispatch(argv)
+    except ConfigError as exc:
+        if "--debug" in argv:
+            traceback.print_exc()
+        print(f"distrl: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("distrl: interrupted", file=sys.stderr)
+        return 130
+
+
+def _dispatch(argv: list[str]) -> int:
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE.format(algos=", ".join(ALGOS)))
+        return 0 if argv else 2
+    command, rest = argv[0], argv[1:]
+    if command == "train":
+        return train_command(rest)
+    if command == "eval":
+        return eval_command(rest)
+    raise ConfigError(f"command={command!r} is not known: must be one of train, eval")
+
+
+def _flag_value(argv: list[str], flag: str) -> str | None:
+    for i, arg in enumerate(argv):
+        if arg == flag and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith(flag + "="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def train_command(argv: list[str]) -> int:
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE.format(algos=", ".join(ALGOS)))
+        return 0
+    algo = argv[0]
+    if algo not in ALGOS:
+        raise ConfigError(f"algo={algo!r} is not known: must be one of {', '.join(ALGOS)}")
+    if len(argv) < 2 or argv[1].startswith("-"):
+        if any(a in ("-h", "--help") for a in argv):
+            argv = [algo, "CartPole-v1", *argv[1:]]
+        else:
+            raise ConfigError(f"ENV is missing: distrl train {algo} ENV [flags], e.g. distrl train {algo} CartPole-v1")
+    env, rest = argv[1], argv[2:]
+    resume_arg = _flag_value(rest, "--resume")
+    resume_path = None
+    if resume_arg:
+        resume_path = checkpoint.find_latest(Path(resume_arg))
+        run_cfg, cfg, _ = configs_from_checkpoint(resume_path)
+        if resolve_env_id(env) != run_cfg.env:
+            raise ConfigError(f"env={env!r} differs from the resumed run's env {run_cfg.env!r}")
+        run_cfg = run_cfg.replace(resume=resume_arg, run_dir=resume_arg)
+    else:
+        run_cfg, cfg, _ = ppo_configs(env, _flag_value(rest, "--preset") or "auto")
+    description = (f"Train PPO on {run_cfg.env}. Defaults shown include the preset "
+                   f"(available: auto, none, {', '.join(preset_names('ppo'))}); flags override them.")
+    args = tyro.cli(tyro.conf.OmitArgPrefixes[PPOTrainArgs], args=rest, default=PPOTrainArgs(run_cfg, cfg),
+                    prog=f"distrl train {algo} {env}", description=description)
+    run_training(args.run, args.ppo, resume_path)
+    return 0
+
+
+def run_training(run: RunConfig, cfg: PPOConfig, resume_path: Path | None = None) -> dict:
+    """Train in this process (``--strategy single``) and write the run directory."""
+    run_dir = Path(run.run_dir) if run.run_dir else default_run_dir(run, resolve_env_id(run.env))
+    if resume_path is None and (run_dir / checkpoint.MODEL_DIR).exists():
+        raise ConfigError(f"run_dir={str(run_dir)!r} already holds a finished run: "
+                          "choose another --run-dir or continue it with --resume")
+    start = time.perf_counter()
+    trainer = OnPolicyTrainer(run, cfg, run_dir=run_dir)
+    try:
+        if resume_path is not None:
+            trainer.load_checkpoint(resume_path)
+        trainer.train()
+    except BaseException:
+        trainer.close()
+        raise
+    return trainer.finish(time.perf_counter() - start)
+
+
+def eval_command(argv: list[str]) -> int:
+    from distrl.api import PPO
+
+    args = tyro.cli(EvalArgs, args=argv, prog="distrl eval")
+    if args.episodes <= 0:
+        raise ConfigError(f"episodes={args.episodes} is not allowed: must be > 0")
+    model = PPO.load(args.path, device=args.device)
+    try:
+        mean, std = model.evaluate(args.episodes, deterministic=not args.stochastic, seed=args.seed)
+    finally:
+        model.close()
+    if args.json:
+        print(json.dumps({"mean_return": mean, "std_return": std, "episodes": args.episodes}))
+    else:
+        print(f"{mean:.2f} ± {std:.2f} over {args.episodes} episodes")
+    return 0

@@ -1,0 +1,191 @@
+"""Run and algorithm configuration: frozen dataclasses validated at construction.
+
+Every field has a docstring; the command line turns them into ``--help``. A value out
+of range raises :class:`ConfigError` whose message names the field, the value and what
+is allowed, so the command line can print it as one line and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
+
+import tyro
+
+Schedule = Literal["constant", "linear"]
+Device = Literal["auto", "cpu", "cuda"]
+VecMode = Literal["auto", "native", "sync", "async"]
+Activation = Literal["tanh", "relu"]
+
+
+class ConfigError(Exception):
+    """A mistake in what the user asked for; printed as one line, exit status 2.
+
+    Deliberately not a ValueError: the command-line parser would catch it and print a
+    multi-line box instead of distrl's one-line message.
+    """
+
+
+def require(ok: bool, field: str, value: Any, allowed: str, fix: str = "") -> None:
+    """Raise a ConfigError naming ``field``, ``value`` and the allowed range unless ``ok``."""
+    if not ok:
+        message = f"{field}={value!r} is not allowed: must be {allowed}"
+        raise ConfigError(f"{message}; {fix}" if fix else message)
+
+
+def _positive(cfg: Any, *names: str) -> None:
+    for name in names:
+        value = getattr(cfg, name)
+        require(value > 0, name, value, "> 0")
+
+
+def _fraction(cfg: Any, name: str, *, inclusive_zero: bool = True) -> None:
+    value = getattr(cfg, name)
+    low_ok = value >= 0 if inclusive_zero else value > 0
+    require(low_ok and value <= 1, name, value, "in [0, 1]" if inclusive_zero else "in (0, 1]")
+
+
+@dataclass(frozen=True)
+class PPOConfig:
+    """Proximal Policy Optimization (Schulman et al. 2017, arXiv:1707.06347).
+
+    Names and defaults follow stable-baselines3, so its users can carry settings over.
+    """
+
+    n_envs: int = 1
+    """Environments stepped together by each worker."""
+    n_steps: int = 2048
+    """Steps per environment per rollout; a rollout holds n_envs * n_steps transitions."""
+    batch_size: int = 64
+    """Minibatch size; must divide n_envs * n_steps."""
+    n_epochs: int = 10
+    """Passes over each rollout."""
+    learning_rate: float = 3e-4
+    """Adam step size (start value when lr_schedule is linear)."""
+    lr_schedule: Schedule = "constant"
+    """'linear' anneals the learning rate to 0 over total_steps."""
+    gamma: float = 0.99
+    """Discount factor."""
+    gae_lambda: float = 0.95
+    """GAE(lambda) bias/variance trade-off (Schulman et al. 2015, arXiv:1506.02438)."""
+    clip_range: float = 0.2
+    """Policy ratio clip (start value when clip_schedule is linear)."""
+    clip_schedule: Schedule = "constant"
+    """'linear' anneals clip_range to 0 over total_steps."""
+    clip_range_vf: float | None = None
+    """Clip the value update to this distance from the rollout's values; None disables."""
+    ent_coef: float = 0.0
+    """Entropy bonus coefficient."""
+    vf_coef: float = 0.5
+    """Value loss coefficient (the value loss is a mean squared error)."""
+    max_grad_norm: float = 0.5
+    """Clip the global gradient norm (after averaging across workers) to this value."""
+    target_kl: float | None = None
+    """Stop the epochs of an update once approx-KL exceeds 1.5 * target_kl; None disables."""
+    normalize_advantage: bool = True
+    """Normalise advantages with the mean and std of the whole rollout (all workers)."""
+    net_arch: tuple[int, ...] = (64, 64)
+    """Hidden layer sizes of the policy and of the critic (separate networks)."""
+    activation: Activation = "tanh"
+    """Hidden activation."""
+    log_std_init: float = 0.0
+    """Initial log standard deviation of Gaussian policies."""
+    ortho_init: bool = True
+    """Orthogonal initialisation (gain sqrt(2) hidden, 0.01 policy output, 1 value output)."""
+    normalize_obs: bool = False
+    """Normalise observations with running mean/std (saved with the model)."""
+    normalize_reward: bool = False
+    """Scale rewards by the running std of the discounted return (saved with the model)."""
+    clip_obs: float = 10.0
+    """Clip normalised observations to [-clip_obs, clip_obs]."""
+
+    def __post_init__(self) -> None:
+        _positive(self, "n_envs", "n_steps", "batch_size", "n_epochs", "learning_rate")
+        _positive(self, "clip_range", "max_grad_norm", "clip_obs")
+        _fraction(self, "gamma")
+        _fraction(self, "gae_lambda")
+        require(self.ent_coef >= 0, "ent_coef", self.ent_coef, ">= 0")
+        require(self.vf_coef >= 0, "vf_coef", self.vf_coef, ">= 0")
+        if self.clip_range_vf is not None:
+            require(self.clip_range_vf > 0, "clip_range_vf", self.clip_range_vf, "> 0 or None")
+        if self.target_kl is not None:
+            require(self.target_kl > 0, "target_kl", self.target_kl, "> 0 or None")
+        require(len(self.net_arch) > 0 and all(h > 0 for h in self.net_arch),
+                "net_arch", self.net_arch, "one or more positive layer sizes")
+        rollout = self.n_envs * self.n_steps
+        require(rollout % self.batch_size == 0, "batch_size", self.batch_size,
+                f"a divisor of n_envs * n_steps = {rollout}",
+                f"e.g. --batch-size {_nearest_divisor(rollout, self.batch_size)}")
+
+    @property
+    def rollout_size(self) -> int:
+        """Transitions collected per rollout by one worker."""
+        return self.n_envs * self.n_steps
+
+
+def _nearest_divisor(n: int, target: int) -> int:
+    divisors = [d for d in range(1, n + 1) if n % d == 0]
+    return min(divisors, key=lambda d: (abs(d - target), d))
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """What to train, for how long, where its outputs go and how it is spread."""
+
+    algo: Annotated[str, tyro.conf.Suppress] = "ppo"
+    """Algorithm name (the command line takes it as ALGO)."""
+    env: Annotated[str, tyro.conf.Suppress] = "CartPole-v1"
+    """Gymnasium id, short name (cartpole, hopper, ...) or 'package.module:ClassName'."""
+    total_steps: int = 100_000
+    """Environment steps to train for, counted over all environments and workers."""
+    seed: int = 0
+    """Seed for networks, action sampling and environments."""
+    run_dir: str = ""
+    """Directory for logs and checkpoints; empty means runs/<algo>-<env>-s<seed>-<time>."""
+    preset: str = "auto"
+    """Hyperparameter preset: 'auto' (the env's tuned preset if any), 'none', or a preset name."""
+    device: Device = "auto"
+    """Where the update runs: 'auto' picks cuda when available."""
+    vec: VecMode = "auto"
+    """Vector env: native (gymnasium's vector entry point), sync, async; auto prefers native."""
+    checkpoint_every: int = 0
+    """Save a checkpoint every this many steps (0: only the final model)."""
+    resume: str = ""
+    """Continue the run in this directory from its latest checkpoint."""
+    eval_every: int = 0
+    """Run a deterministic evaluation every this many steps (0: only at the end)."""
+    eval_episodes: int = 10
+    """Episodes per evaluation."""
+    target_return: float | None = None
+    """Stop training once an evaluation reaches this mean return."""
+    quiet: bool = False
+    """No progress display."""
+    debug: bool = False
+    """Show full tracebacks for errors."""
+
+    def __post_init__(self) -> None:
+        _positive(self, "total_steps", "eval_episodes")
+        require(self.seed >= 0, "seed", self.seed, ">= 0")
+        require(self.checkpoint_every >= 0, "checkpoint_every", self.checkpoint_every, ">= 0")
+        require(self.eval_every >= 0, "eval_every", self.eval_every, ">= 0")
+
+    def replace(self, **changes: Any) -> RunConfig:
+        return dataclasses.replace(self, **changes)
+
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+    """A JSON-ready dict of a config dataclass (tuples become lists)."""
+    return dataclasses.asdict(cfg)
+
+
+def from_dict(cls: type, data: dict[str, Any]) -> Any:
+    """Build ``cls`` from a dict written by :func:`to_dict`, rejecting unknown keys."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - names)
+    require(not unknown, f"{cls.__name__} keys", unknown, f"among {sorted(names)}")
+    values = dict(data)
+    for f in dataclasses.fields(cls):
+        if f.name in values and isinstance(values[f.name], list):
+            values[f.name] = tuple(values[f.name])
+    return cls(**values)

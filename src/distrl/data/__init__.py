@@ -1,0 +1,1 @@
+"""Data: rollouts, GAE, replay buffers, collectors and running statistics."""

@@ -1,0 +1,175 @@
+"""On-policy rollouts: collection from a vector env, GAE, and the flat training batch."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from distrl.data.normalize import ObsNormalizer, RewardScaler, moments
+from distrl.envs import VecEnv
+from distrl.nets import ActorCritic
+
+
+def gae(rewards: np.ndarray, values: np.ndarray, terminated: np.ndarray, truncated: np.ndarray,
+        valid: np.ndarray, gamma: float, lam: float) -> tuple[np.ndarray, np.ndarray]:
+    """Generalised advantage estimation (Schulman et al. 2015, arXiv:1506.02438).
+
+    Args:
+        rewards, terminated, truncated, valid: [T, N] per step.
+        values: [T + 1, N]; ``values[t + 1]`` is the value of the observation that step
+            ``t`` produced. Under next-step autoreset, when step ``t`` ends an episode that
+            observation is the episode's true final observation, so a truncated episode
+            bootstraps from it and a terminated one does not bootstrap at all.
+        gamma, lam: discount and GAE lambda.
+
+    Returns:
+        advantages and returns (advantages + values), [T, N]; 0 on invalid steps.
+    """
+    T = rewards.shape[0]
+    advantages = np.zeros_like(rewards, dtype=np.float32)
+    not_terminated = 1.0 - terminated.astype(np.float32)
+    continues = not_terminated * (1.0 - truncated.astype(np.float32))
+    valid_f = valid.astype(np.float32)
+    running = np.zeros(rewards.shape[1], dtype=np.float32)
+    for t in range(T - 1, -1, -1):
+        delta = rewards[t] + gamma * not_terminated[t] * values[t + 1] - values[t]
+        running = (delta + gamma * lam * continues[t] * running) * valid_f[t]
+        advantages[t] = running
+    returns = (advantages + values[:T]) * valid_f
+    return advantages, returns
+
+
+def discounted_returns(rewards: np.ndarray, gamma: float) -> np.ndarray:
+    """``G_t = r_t + gamma * G_{t+1}`` over one episode's rewards [T]."""
+    out = np.zeros(len(rewards), dtype=np.float64)
+    running = 0.0
+    for t in range(len(rewards) - 1, -1, -1):
+        running = rewards[t] + gamma * running
+        out[t] = running
+    return out
+
+
+@dataclass
+class Rollout:
+    """What a collector saw over ``n_steps`` vector steps; arrays are [T, N, ...].
+
+    ``obs`` has T + 1 rows: the last row is the observation after the final step, so
+    that values can be computed for every step and its successor in one pass.
+    """
+
+    obs: np.ndarray
+    actions: np.ndarray
+    rewards: np.ndarray
+    terminated: np.ndarray
+    truncated: np.ndarray
+    valid: np.ndarray
+    policy_version: int
+    episode_returns: list[float] = field(default_factory=list)
+    episode_lengths: list[int] = field(default_factory=list)
+    obs_moments: np.ndarray | None = None
+    """Moments of the raw observations seen, for the normaliser (see data/normalize.py)."""
+    collect_s: float = 0.0
+
+    @property
+    def steps(self) -> int:
+        """Environment steps taken (including reset steps)."""
+        return int(self.rewards.size)
+
+
+@dataclass(frozen=True)
+class RolloutBatch:
+    """A flat on-policy training batch; B = T * N, invalid steps carry ``valid == 0``."""
+
+    obs: torch.Tensor            # [B, obs_dim]
+    actions: torch.Tensor        # [B] (discrete) or [B, A]
+    log_probs: torch.Tensor      # [B] behaviour log-probabilities
+    values: torch.Tensor         # [B] critic values at collection time
+    advantages: torch.Tensor     # [B]
+    returns: torch.Tensor        # [B] value targets
+    valid: torch.Tensor          # [B] 1.0 for trainable steps, 0.0 for reset steps
+    policy_version: int
+
+    @property
+    def size(self) -> int:
+        return int(self.obs.shape[0])
+
+
+class RolloutCollector:
+    """Steps a :class:`VecEnv` with the current policy for ``n_steps`` per rollout.
+
+    Sampling noise comes from one random stream per environment, keyed by the run seed
+    and the environment's global index, so that the same environments produce the same
+    actions however they are split over workers. The collector does not know about
+    workers: ``env_offset`` is just the global index of its first environment.
+    """
+
+    def __init__(self, env: VecEnv, agent: ActorCritic, obs_normalizer: ObsNormalizer,
+                 reward_scaler: RewardScaler, n_steps: int, seed: int, env_offset: int = 0):
+        self.env = env
+        self.agent = agent
+        self.obs_normalizer = obs_normalizer
+        self.reward_scaler = reward_scaler
+        self.n_steps = n_steps
+        self.env_offset = env_offset
+        self.noise_rngs = [np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, env_offset + i])))
+                           for i in range(env.n_envs)]
+        self._raw_obs: np.ndarray | None = None
+
+    def reset(self, seed: int) -> None:
+        """Begin new episodes in every environment; env i gets ``seed + env_offset + i``."""
+        self._raw_obs = self.env.reset(seed=seed + self.env_offset)
+        self.reward_scaler.reset()
+
+    def _noise(self) -> np.ndarray:
+        shape = (self.n_steps, *self.agent.noise_shape())
+        if self.agent.discrete:
+            draws = [rng.random(shape, dtype=np.float32) for rng in self.noise_rngs]
+        else:
+            draws = [rng.standard_normal(shape, dtype=np.float32) for rng in self.noise_rngs]
+        return np.stack(draws, axis=1)
+
+    def collect(self, policy_version: int) -> Rollout:
+        assert self._raw_obs is not None, "call reset() before collect()"
+        start = time.perf_counter()
+        T, N = self.n_steps, self.env.n_envs
+        obs_dim = self._raw_obs.shape[-1]
+        raw_obs = np.empty((T + 1, N, obs_dim), dtype=np.float32)
+        obs = np.empty((T + 1, N, obs_dim), dtype=np.float32)
+        action_shape = () if self.agent.discrete else (self.agent.action_dim,)
+        actions = np.empty((T, N, *action_shape), dtype=np.int64 if self.agent.discrete else np.float32)
+        rewards = np.empty((T, N), dtype=np.float32)
+        terminated = np.empty((T, N), dtype=bool)
+        truncated = np.empty((T, N), dtype=bool)
+        valid = np.empty((T, N), dtype=bool)
+        noise = self._noise()
+        rollout = Rollout(obs, actions, rewards, terminated, truncated, valid, policy_version)
+        raw_obs[0] = self._raw_obs
+        obs[0] = self.obs_normalizer(raw_obs[0])
+        for t in range(T):
+            actions[t] = self.agent.act(obs[t], noise[t])
+            step = self.env.step(self.agent.env_action(actions[t]))
+            raw_obs[t + 1] = step.obs
+            obs[t + 1] = self.obs_normalizer(step.obs)
+            ended = step.terminated | step.truncated
+            rewards[t] = self.reward_scaler(step.reward, ended, step.valid)
+            terminated[t] = step.terminated
+            truncated[t] = step.truncated
+            valid[t] = step.valid
+            if len(step.episode_returns):
+                rollout.episode_returns.extend(step.episode_returns.tolist())
+                rollout.episode_lengths.extend(step.episode_lengths.tolist())
+        self._raw_obs = raw_obs[T]
+        rollout.obs_moments = moments(raw_obs[1:].reshape(T * N, obs_dim))
+        rollout.collect_s = time.perf_counter() - start
+        return rollout
+
+    def rng_state(self) -> list[dict[str, Any]]:
+        return [rng.bit_generator.state for rng in self.noise_rngs]
+
+    def load_rng_state(self, states: list[dict[str, Any]]) -> None:
+        for rng, state in zip(self.noise_rngs, states, strict=True):
+            rng.bit_generator.state = state

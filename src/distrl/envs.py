@@ -1,0 +1,184 @@
+"""Environments: name resolution, vector envs, and Gymnasium's autoreset in one place.
+
+Gymnasium >= 1.0 vector envs reset an environment on the step *after* it ends
+(next-step autoreset): the step that ends an episode returns the true final
+observation, and the following step ignores its action, returns the first
+observation of the new episode and a reward of 0. :class:`VecEnv` marks that reset
+step ``valid=False`` so it is never trained on, and the final observation stays
+available to bootstrap truncated episodes. Nothing else in distrl handles autoreset.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+from dataclasses import dataclass
+
+import gymnasium as gym
+import numpy as np
+from gymnasium.vector import AutoresetMode
+
+from distrl.config import ConfigError, VecMode
+
+SHORT_NAMES = {
+    "cartpole": "CartPole-v1",
+    "pendulum": "Pendulum-v1",
+    "acrobot": "Acrobot-v1",
+    "mountaincar": "MountainCar-v0",
+    "mountaincarcontinuous": "MountainCarContinuous-v0",
+    "hopper": "Hopper-v5",
+    "halfcheetah": "HalfCheetah-v5",
+    "walker2d": "Walker2d-v5",
+    "ant": "Ant-v5",
+    "humanoid": "Humanoid-v5",
+    "lunarlander": "LunarLander-v3",
+    "bipedalwalker": "BipedalWalker-v3",
+}
+
+# Entry-point packages whose simulators come from an optional extra.
+_EXTRAS = {"gymnasium.envs.mujoco": "mujoco", "gymnasium.envs.box2d": "box2d"}
+
+
+def resolve_env_id(name: str) -> str:
+    """Turn a short name, Gymnasium id or 'package.module:ClassName' into a registered id."""
+    if name.lower() in SHORT_NAMES:
+        return SHORT_NAMES[name.lower()]
+    if name in gym.registry:
+        return name
+    if ":" in name:
+        return _register_custom(name)
+    candidates = list(gym.registry) + list(SHORT_NAMES)
+    close = difflib.get_close_matches(name, candidates, n=3, cutoff=0.6)
+    hint = f"; did you mean {', '.join(close)}?" if close else "; see gymnasium.pprint_registry()"
+    raise ConfigError(f"env={name!r} is not a registered Gymnasium id or short name{hint}")
+
+
+def _register_custom(entry_point: str) -> str:
+    module_name, _, class_name = entry_point.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"env={entry_point!r}: cannot import module {module_name!r} ({exc})") from None
+    if not hasattr(module, class_name):
+        raise ConfigError(f"env={entry_point!r}: module {module_name!r} has no {class_name!r}")
+    env_id = f"custom/{class_name}-v0"
+    if env_id not in gym.registry:
+        gym.register(id=env_id, entry_point=entry_point)
+    return env_id
+
+
+def required_extra(env_id: str) -> str | None:
+    """The distrl extra that provides ``env_id``'s simulator, if any."""
+    entry = str(gym.spec(env_id).entry_point)
+    return next((extra for pkg, extra in _EXTRAS.items() if entry.startswith(pkg)), None)
+
+
+def _dependency_error(env_id: str, exc: Exception) -> ConfigError:
+    extra = required_extra(env_id)
+    if extra is None:
+        return ConfigError(f"env={env_id!r} cannot be created: {exc}")
+    return ConfigError(f"env={env_id!r} needs the {extra} extra: pip install 'distrl[{extra}]' ({exc})")
+
+
+def make_vector_env(env_id: str, n_envs: int, mode: VecMode = "auto", **env_kwargs: object) -> gym.vector.VectorEnv:
+    """A Gymnasium vector env with next-step autoreset.
+
+    ``native`` uses the env's own vector implementation (e.g. CartPole's, which steps
+    all environments in one numpy call); ``auto`` uses it when the env has one and
+    falls back to ``sync`` otherwise.
+    """
+    spec = gym.spec(env_id)
+    has_native = spec.vector_entry_point is not None
+    if mode == "native" and not has_native:
+        raise ConfigError(f"vec='native' is not available for {env_id}: it has no vector entry point; use sync or async")
+    if mode == "auto":
+        mode = "native" if has_native and not env_kwargs else "sync"
+    try:
+        if mode == "native":
+            env = gym.make_vec(env_id, num_envs=n_envs, vectorization_mode="vector_entry_point", **env_kwargs)
+        else:
+            env = gym.make_vec(env_id, num_envs=n_envs, vectorization_mode=mode,
+                               vector_kwargs={"autoreset_mode": AutoresetMode.NEXT_STEP}, **env_kwargs)
+    except (gym.error.DependencyNotInstalled, ImportError, ModuleNotFoundError) as exc:
+        raise _dependency_error(env_id, exc) from None
+    autoreset = env.metadata.get("autoreset_mode", AutoresetMode.NEXT_STEP)
+    if autoreset != AutoresetMode.NEXT_STEP:
+        env.close()
+        raise ConfigError(f"env={env_id!r} uses autoreset mode {autoreset}; distrl needs NEXT_STEP")
+    return env
+
+
+@dataclass(frozen=True)
+class Step:
+    """One vector step as distrl sees it; arrays are [n_envs].
+
+    ``obs`` after a step that ended an episode is that episode's true final
+    observation; ``valid`` is False on the reset step that follows it.
+    """
+
+    obs: np.ndarray
+    reward: np.ndarray
+    terminated: np.ndarray
+    truncated: np.ndarray
+    valid: np.ndarray
+    episode_returns: np.ndarray
+    """Undiscounted returns of the episodes that ended on this step (raw rewards)."""
+    episode_lengths: np.ndarray
+
+
+class VecEnv:
+    """A next-step-autoreset vector env with valid-step masks and episode statistics."""
+
+    def __init__(self, env: gym.vector.VectorEnv, env_id: str):
+        self.env = env
+        self.env_id = env_id
+        self.n_envs = env.num_envs
+        self.single_observation_space = env.single_observation_space
+        self.single_action_space = env.single_action_space
+        self._ended = np.zeros(self.n_envs, dtype=bool)
+        self._returns = np.zeros(self.n_envs, dtype=np.float64)
+        self._lengths = np.zeros(self.n_envs, dtype=np.int64)
+
+    def reset(self, seed: int | None = None) -> np.ndarray:
+        """Start fresh episodes everywhere; env i is seeded ``seed + i``."""
+        obs, _ = self.env.reset(seed=seed)
+        self._ended[:] = False
+        self._returns[:] = 0.0
+        self._lengths[:] = 0
+        return obs
+
+    def step(self, actions: np.ndarray) -> Step:
+        obs, reward, terminated, truncated, _ = self.env.step(actions)
+        valid = ~self._ended
+        reward = np.where(valid, reward, 0.0).astype(np.float32)
+        terminated = terminated & valid
+        truncated = truncated & valid
+        self._returns += reward
+        self._lengths += valid
+        ended = terminated | truncated
+        episode_returns = self._returns[ended].copy()
+        episode_lengths = self._lengths[ended].copy()
+        self._returns[ended] = 0.0
+        self._lengths[ended] = 0
+        self._ended = ended
+        return Step(obs, reward, terminated, truncated, valid, episode_returns, episode_lengths)
+
+    def close(self) -> None:
+        self.env.close()
+
+
+def make_env(env_id: str, n_envs: int, vec: VecMode = "auto") -> VecEnv:
+    """Resolve ``env_id`` and build a :class:`VecEnv` of ``n_envs`` environments."""
+    env_id = resolve_env_id(env_id)
+    return VecEnv(make_vector_env(env_id, n_envs, vec), env_id)
+
+
+def check_spaces(algo: str, env: VecEnv, allowed: tuple[type, ...]) -> None:
+    """Fail early when ``algo`` cannot act in ``env``'s action space."""
+    space = env.single_action_space
+    if not isinstance(space, allowed):
+        names = " or ".join(t.__name__ for t in allowed)
+        raise ConfigError(f"env={env.env_id!r} has a {type(space).__name__} action space; {algo} needs {names}")
+    if not isinstance(env.single_observation_space, gym.spaces.Box):
+        raise ConfigError(f"env={env.env_id!r} has a {type(env.single_observation_space).__name__} "
+                          "observation space; distrl needs a flat Box")

@@ -1,0 +1,147 @@
+"""Run outputs: Monitor CSV, TensorBoard scalars, summary.json and console progress."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+MONITOR_FILE = "monitor.csv"
+
+
+class MonitorWriter:
+    """Episode log in stable-baselines3's Monitor format: a JSON comment line, then ``r,l,t``."""
+
+    def __init__(self, path: Path, env_id: str):
+        self.path = path
+        if path.exists() and path.stat().st_size > 0:
+            header = json.loads(path.open().readline()[1:])
+            self.t_start = float(header["t_start"])
+            self.file = path.open("a")
+        else:
+            self.t_start = time.time()
+            self.file = path.open("w")
+            self.file.write("#" + json.dumps({"t_start": self.t_start, "env_id": env_id}) + "\n")
+            self.file.write("r,l,t\n")
+        self.file.flush()
+
+    def write(self, returns: list[float], lengths: list[int]) -> None:
+        if not returns:
+            return
+        t = round(time.time() - self.t_start, 6)
+        self.file.writelines(f"{r:.6g},{l},{t}\n" for r, l in zip(returns, lengths))
+        self.file.flush()
+
+    def close(self) -> None:
+        self.file.close()
+
+
+def read_monitor(path: Path) -> dict[str, np.ndarray]:
+    """Read a Monitor CSV (distrl's or stable-baselines3's) into arrays r, l, t."""
+    with path.open() as f:
+        first = f.readline()
+        if not first.startswith("#"):
+            raise ValueError(f"{path}: not a Monitor file (first line must be a '#{{...}}' header)")
+        header = f.readline().strip().split(",")
+        rows = [line.strip().split(",") for line in f if line.strip()]
+    columns = {name: i for i, name in enumerate(header)}
+    for name in ("r", "l", "t"):
+        if name not in columns:
+            raise ValueError(f"{path}: Monitor header lacks column {name!r}")
+    return {name: np.array([float(row[columns[name]]) for row in rows]) for name in ("r", "l", "t")}
+
+
+def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
+class Console:
+    """A rich progress bar on a terminal; plain lines at most every few seconds otherwise."""
+
+    def __init__(self, total_steps: int, quiet: bool, every_s: float = 5.0):
+        self.quiet = quiet
+        self.total = total_steps
+        self.every_s = every_s
+        self._last = 0.0
+        self._progress = None
+        if not quiet and sys.stderr.isatty():
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+            self._progress = Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
+                                      TextColumn("{task.fields[info]}"), TimeRemainingColumn(), transient=False)
+            self._task = self._progress.add_task("train", total=total_steps, info="")
+            self._progress.start()
+
+    def update(self, steps: int, sps: float, mean_return: float | None, extra: str = "") -> None:
+        if self.quiet:
+            return
+        ret = "n/a" if mean_return is None else f"{mean_return:.1f}"
+        info = f"SPS {sps:,.0f}  return {ret}{extra}"
+        if self._progress is not None:
+            self._progress.update(self._task, completed=min(steps, self.total), info=info)
+            return
+        now = time.monotonic()
+        if now - self._last >= self.every_s or steps >= self.total:
+            self._last = now
+            print(f"steps {steps:,}/{self.total:,}  {info}", file=sys.stderr, flush=True)
+
+    def line(self, text: str) -> None:
+        if self.quiet:
+            return
+        if self._progress is not None:
+            self._progress.console.print(text)
+        else:
+            print(text, file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+
+
+class RunLogger:
+    """Everything a run writes besides checkpoints. Only the main worker has one."""
+
+    def __init__(self, run_dir: Path, env_id: str, total_steps: int, quiet: bool):
+        self.run_dir = run_dir
+        run_dir.mkdir(parents=True, exist_ok=True)
+        self.monitor = MonitorWriter(run_dir / MONITOR_FILE, env_id)
+        self.console = Console(total_steps, quiet)
+        self.recent_returns: deque[float] = deque(maxlen=100)
+        self._tb: Any = None
+
+    @property
+    def tb(self) -> Any:
+        if self._tb is None:  # tensorboard's import costs about a second: only when first used
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(str(self.run_dir))
+        return self._tb
+
+    def episodes(self, returns: list[float], lengths: list[int], step: int) -> None:
+        self.monitor.write(returns, lengths)
+        self.recent_returns.extend(returns)
+        if returns:
+            self.tb.add_scalar("charts/episodic_return", float(np.mean(returns)), step)
+            self.tb.add_scalar("charts/episodic_length", float(np.mean(lengths)), step)
+
+    def scalars(self, values: dict[str, float], step: int) -> None:
+        for name, value in values.items():
+            self.tb.add_scalar(name, value, step)
+
+    @property
+    def mean_return(self) -> float | None:
+        return float(np.mean(self.recent_returns)) if self.recent_returns else None
+
+    def close(self) -> None:
+        self.console.close()
+        self.monitor.close()
+        if self._tb is not None:
+            self._tb.close()

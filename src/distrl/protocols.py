@@ -1,0 +1,37 @@
+"""The seams between layers: what an algorithm needs from a strategy, and vice versa."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+
+
+class Sync(Protocol):
+    """How an update agrees with the other workers; a no-op for a single process.
+
+    Algorithms backpropagate a loss *summed* over their samples and count the samples;
+    ``gradients`` sums gradient and counts over workers in place, and the algorithm
+    divides by the global count. This is the global-mean gradient even when workers
+    hold different numbers of samples, and it happens before gradient clipping.
+    """
+
+    rank: int
+    world_size: int
+
+    def gradients(self, grad: torch.Tensor, stats: torch.Tensor) -> None:
+        """Sum a flat gradient and a small vector of summed statistics over workers, in place."""
+        ...
+
+    def all_sum(self, values: np.ndarray) -> np.ndarray:
+        """Element-wise sum of a small float64 array over workers."""
+        ...
+
+
+class Algorithm(Protocol):
+    """One learning rule: prepares collected data and updates parameters from it."""
+
+    def update(self, batch: Any, sync: Sync) -> dict[str, float]:
+        """Backward, ``sync.gradients``, clip, step; returns metrics."""
+        ...

@@ -1,0 +1,277 @@
+"""The on-policy training loop: collect → update → log → evaluate → checkpoint.
+
+One :class:`OnPolicyTrainer` per worker. Strategies differ only in the ``Sync`` they
+pass in and in who is the main worker (the one that logs and writes checkpoints);
+the loop, the algorithm and the collector are the same everywhere.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from gymnasium import spaces
+
+import distrl
+from distrl import checkpoint
+from distrl.algos.ppo import PPOAlgo
+from distrl.config import ConfigError, PPOConfig, RunConfig, from_dict, to_dict
+from distrl.data.normalize import ObsNormalizer, RewardScaler
+from distrl.data.rollout import RolloutCollector
+from distrl.envs import VecEnv, check_spaces, make_env, resolve_env_id
+from distrl.evaluation import evaluate
+from distrl.logs import RunLogger, write_json_atomic
+from distrl.nets import ActorCritic
+from distrl.protocols import Sync
+from distrl.strategies.single import LocalSync
+
+EVAL_SEED_OFFSET = 1_000_000
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device='cuda' is not available on this machine: use --device cpu or auto")
+    return torch.device(device)
+
+
+def default_run_dir(run: RunConfig, env_id: str) -> Path:
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    return Path("runs") / f"{run.algo}-{env_id.replace('/', '_')}-s{run.seed}-{stamp}"
+
+
+def build_agent(cfg: PPOConfig, obs_dim: int, action_space: spaces.Space, device: torch.device, seed: int) -> ActorCritic:
+    return ActorCritic(obs_dim, action_space, cfg.net_arch, cfg.activation, cfg.log_std_init,
+                       cfg.ortho_init, device, seed)
+
+
+def space_to_json(space: spaces.Space) -> dict[str, Any]:
+    if isinstance(space, spaces.Discrete):
+        return {"type": "Discrete", "n": int(space.n)}
+    assert isinstance(space, spaces.Box)
+    return {"type": "Box", "low": space.low.tolist(), "high": space.high.tolist(), "shape": list(space.shape)}
+
+
+def space_from_json(data: dict[str, Any]) -> spaces.Space:
+    if data["type"] == "Discrete":
+        return spaces.Discrete(data["n"])
+    return spaces.Box(np.array(data["low"], dtype=np.float32), np.array(data["high"], dtype=np.float32))
+
+
+class OnPolicyTrainer:
+    """Trains PPO on one worker's environments; the main worker logs and checkpoints."""
+
+    def __init__(self, run: RunConfig, cfg: PPOConfig, sync: Sync | None = None,
+                 run_dir: Path | None = None, log: bool = True):
+        self.run = run
+        self.cfg = cfg
+        self.sync = sync if sync is not None else LocalSync()
+        self.is_main = self.sync.rank == 0
+        self.device = resolve_device(run.device)
+        if self.device.type == "cpu":
+            torch.set_num_threads(1)  # tiny networks: a second thread only contends (PERFORMANCE.md)
+        self.env_id = resolve_env_id(run.env)
+        self.env = make_env(self.env_id, cfg.n_envs, run.vec)
+        try:
+            check_spaces("ppo", self.env, (spaces.Discrete, spaces.Box))
+        except ConfigError:
+            self.env.close()
+            raise
+        obs_shape = self.env.single_observation_space.shape
+        self.agent = build_agent(cfg, int(np.prod(obs_shape)), self.env.single_action_space, self.device, run.seed)
+        self.obs_normalizer = ObsNormalizer(obs_shape, cfg.normalize_obs, cfg.clip_obs)
+        self.reward_scaler = RewardScaler(cfg.n_envs, cfg.gamma, cfg.normalize_reward)
+        self.collector = RolloutCollector(self.env, self.agent, self.obs_normalizer, self.reward_scaler,
+                                          cfg.n_steps, run.seed, env_offset=self.sync.rank * cfg.n_envs)
+        self.algo = PPOAlgo(cfg, self.agent, run.seed)
+        self.steps = 0
+        self.iteration = 0
+        self.episodes = 0
+        self.policy_version = 0
+        self.train_s = 0.0
+        self.eval_s = 0.0
+        self.last_eval: tuple[float, float] | None = None
+        self._eval_steps = -1
+        self.collector.reset(run.seed)
+        self._eval_env: VecEnv | None = None
+        self.run_dir = run_dir
+        self.logger: RunLogger | None = None
+        if self.is_main and log and run_dir is not None:
+            self.logger = RunLogger(run_dir, self.env_id, run.total_steps, run.quiet)
+            write_json_atomic(run_dir / "config.json", self.config_dict())
+
+    # ---- the loop ----
+
+    def train(self, total_steps: int | None = None, stop_at: int | None = None) -> dict[str, Any]:
+        """Train until ``total_steps`` (schedules anneal over it); ``stop_at`` ends early, as an interruption would."""
+        total = total_steps if total_steps is not None else self.run.total_steps
+        limit = min(total, stop_at) if stop_at is not None else total
+        while self.steps < limit:
+            start = time.perf_counter()
+            rollout = self.collector.collect(self.policy_version)
+            self._update_normalizers(rollout)
+            local_steps = np.array([rollout.steps, len(rollout.episode_returns)], dtype=np.float64)
+            global_steps, global_episodes = self.sync.all_sum(local_steps)
+            self.steps += int(global_steps)
+            self.episodes += int(global_episodes)
+            batch = self.algo.prepare(rollout)
+            update_start = time.perf_counter()
+            metrics = self.algo.update(batch, self.sync, progress_remaining=max(0.0, 1.0 - self.steps / total))
+            self.policy_version += 1
+            self.iteration += 1
+            now = time.perf_counter()
+            self.train_s += now - start
+            metrics["time/collect_s"] = rollout.collect_s
+            metrics["time/update_s"] = now - update_start
+            self._log(rollout.episode_returns, rollout.episode_lengths, metrics)
+            if self._crossed(self.run.eval_every):
+                self.evaluate_now()
+                if self.run.target_return is not None and self.last_eval and self.last_eval[0] >= self.run.target_return:
+                    break
+            if self._crossed(self.run.checkpoint_every) and self.steps < total:
+                self.save_checkpoint()
+        return self.summary()
+
+    def _crossed(self, every: int) -> bool:
+        """Whether the last iteration crossed a multiple of ``every`` steps."""
+        if every <= 0:
+            return False
+        per_iteration = self.cfg.rollout_size * self.sync.world_size
+        return self.steps // every > (self.steps - per_iteration) // every
+
+    def _update_normalizers(self, rollout: Any) -> None:
+        if self.cfg.normalize_obs:
+            assert rollout.obs_moments is not None
+            self.obs_normalizer.update(self.sync.all_sum(rollout.obs_moments))
+        if self.cfg.normalize_reward:
+            self.reward_scaler.update(self.sync.all_sum(self.reward_scaler.take_moments()))
+
+    def _log(self, returns: list[float], lengths: list[int], metrics: dict[str, float]) -> None:
+        if self.logger is None:
+            return
+        sps = self.steps / max(self.train_s, 1e-9)
+        metrics["charts/SPS"] = sps
+        self.logger.episodes(returns, lengths, self.steps)
+        self.logger.scalars(metrics, self.steps)
+        self.logger.console.update(self.steps, sps, self.logger.mean_return)
+
+    def evaluate_now(self) -> tuple[float, float]:
+        """Deterministic evaluation over ``eval_episodes`` episodes; returns (mean, std)."""
+        start = time.perf_counter()
+        if self._eval_env is None:
+            self._eval_env = make_env(self.env_id, self.run.eval_episodes, self.run.vec)
+        returns = evaluate(self.agent, self.obs_normalizer, self._eval_env, self.run.seed + EVAL_SEED_OFFSET)
+        self.last_eval = (float(returns.mean()), float(returns.std()))
+        self._eval_steps = self.steps
+        self.eval_s += time.perf_counter() - start
+        if self.logger is not None:
+            self.logger.scalars({"eval/mean_return": self.last_eval[0], "eval/std_return": self.last_eval[1]}, self.steps)
+            self.logger.console.line(f"eval at {self.steps:,} steps: {self.last_eval[0]:.1f} ± {self.last_eval[1]:.1f}")
+        return self.last_eval
+
+    def summary(self) -> dict[str, Any]:
+        mean_return = self.logger.mean_return if self.logger is not None else None
+        return {
+            "algo": self.run.algo, "env": self.env_id, "strategy": "single" if self.sync.world_size == 1 else "distributed",
+            "workers": self.sync.world_size, "total_steps": self.steps, "iterations": self.iteration,
+            "episodes": self.episodes, "train_s": self.train_s, "eval_s": self.eval_s,
+            "sps": self.steps / max(self.train_s, 1e-9), "final_mean_return": mean_return,
+            "final_eval_mean_return": self.last_eval[0] if self.last_eval else None,
+            "final_eval_std_return": self.last_eval[1] if self.last_eval else None,
+            "distrl_version": distrl.__version__,
+        }
+
+    def finish(self, wall_s: float) -> dict[str, Any]:
+        """Final evaluation, model and summary.json (main worker), then close."""
+        if self._eval_steps != self.steps:
+            self.evaluate_now()
+        summary = {**self.summary(), "wall_s": wall_s}
+        if self.is_main and self.run_dir is not None:
+            self.save_checkpoint(self.run_dir / checkpoint.MODEL_DIR)
+            write_json_atomic(self.run_dir / "summary.json", summary)
+            if self.logger is not None:
+                ret = summary["final_eval_mean_return"]
+                self.logger.console.line(f"done: {self.steps:,} steps in {summary['train_s']:.1f}s "
+                                         f"({summary['sps']:,.0f} SPS), eval return {ret:.1f}, run dir {self.run_dir}")
+        self.close()
+        return summary
+
+    def close(self) -> None:
+        self.env.close()
+        if self._eval_env is not None:
+            self._eval_env.close()
+        if self.logger is not None:
+            self.logger.close()
+
+    # ---- checkpoints ----
+
+    def config_dict(self) -> dict[str, Any]:
+        return {"run": to_dict(self.run.replace(env=self.env_id)), "ppo": to_dict(self.cfg)}
+
+    def checkpoint_contents(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        tensors = {f"params/{k}": v for k, v in self.agent.params.state_dict().items()}
+        tensors.update({f"optim/{k}": v for k, v in self.algo.state_dict().items()})
+        for prefix, stats in (("obs_norm", self.obs_normalizer.stats), ("reward_norm", self.reward_scaler.stats)):
+            tensors.update({f"{prefix}/{k}": torch.from_numpy(np.atleast_1d(v)) for k, v in stats.state().items()})
+        state = {
+            "algo": "ppo", "env_id": self.env_id, "config": self.config_dict(),
+            "steps": self.steps, "iteration": self.iteration, "episodes": self.episodes,
+            "policy_version": self.policy_version, "train_s": self.train_s,
+            "observation_dim": self.agent.obs_dim, "action_space": space_to_json(self.env.single_action_space),
+            "rng": {"noise": self.collector.rng_state(), "shuffle": self.algo.rng_state()},
+            "distrl_version": distrl.__version__,
+        }
+        return tensors, state
+
+    def save_checkpoint(self, path: Path | None = None) -> Path | None:
+        """Write a checkpoint (main worker) and start new episodes everywhere.
+
+        Each periodic checkpoint is an episode boundary: every worker resets its envs with
+        a seed derived from the step count, so a run resumed from this checkpoint continues
+        exactly as the uninterrupted run does (same environments, same noise).
+        """
+        written = None
+        if self.is_main and (path is not None or self.run_dir is not None):
+            target = path or self.run_dir / checkpoint.CHECKPOINTS_DIR / f"step-{self.steps:012d}"  # type: ignore[operator]
+            tensors, state = self.checkpoint_contents()
+            written = checkpoint.save(target, tensors, state)
+        if path is None:
+            self.collector.reset(self.run.seed + self.steps)
+        return written
+
+    def load_checkpoint(self, path: Path) -> None:
+        tensors, state = checkpoint.load(path)
+        if state.get("algo") != "ppo":
+            raise ConfigError(f"checkpoint={str(path)!r} holds a {state.get('algo')!r} model, not ppo")
+        try:
+            self.agent.params.load_state_dict({k[7:]: v for k, v in tensors.items() if k.startswith("params/")})
+        except (KeyError, ValueError) as exc:
+            raise ConfigError(f"checkpoint={str(path)!r} does not fit this network: {exc}") from None
+        self.agent.refresh_acting_copy()
+        self.algo.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("optim/")})
+        for prefix, stats in (("obs_norm", self.obs_normalizer.stats), ("reward_norm", self.reward_scaler.stats)):
+            stats.load({k.split("/", 1)[1]: v.numpy() for k, v in tensors.items() if k.startswith(prefix + "/")})
+        self.obs_normalizer.refresh()
+        self.steps, self.iteration = state["steps"], state["iteration"]
+        self.episodes, self.policy_version = state["episodes"], state["policy_version"]
+        self.train_s = state.get("train_s", 0.0)
+        self.collector.load_rng_state(state["rng"]["noise"])
+        self.algo.load_rng_state(state["rng"]["shuffle"])
+        self.collector.reset(self.run.seed + self.steps)
+
+
+def configs_from_checkpoint(path: Path) -> tuple[RunConfig, PPOConfig, dict[str, Any]]:
+    """The run and algorithm configs stored in a checkpoint, and its JSON state."""
+    _, state = checkpoint.load(path)
+    config = state["config"]
+    return from_dict(RunConfig, config["run"]), from_dict(PPOConfig, config["ppo"]), state
+
+
+def load_config_json(run_dir: Path) -> dict[str, Any]:
+    return json.loads((run_dir / "config.json").read_text())

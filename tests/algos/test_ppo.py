@@ -1,0 +1,131 @@
+import numpy as np
+import pytest
+import torch
+from gymnasium import spaces
+
+from distrl.algos.optim import ClippedAdam
+from distrl.algos.ppo import PPOAlgo, _Table, clipped_surrogate, linear, value_loss
+from distrl.config import PPOConfig
+from distrl.data.rollout import RolloutBatch
+from distrl.nets import ActorCritic, ParamBuffer
+from distrl.strategies.single import LocalSync
+from reference import distribution, functional_params, values
+
+
+def test_clipped_surrogate_by_hand():
+    # ratios 1.5, 0.5, 1.1 with clip 0.2: A>0 at 1.5 clips to 1.2; A<0 at 0.5 clips to 0.8; 1.1 is inside
+    old = torch.zeros(3)
+    log_prob = torch.log(torch.tensor([1.5, 0.5, 1.1]))
+    adv = torch.tensor([2.0, -1.0, 3.0])
+    loss, d_lp, clipped, kl = clipped_surrogate(log_prob, old, adv, 0.2)
+    torch.testing.assert_close(loss, torch.tensor([-2.4, 0.8, -3.3]))
+    torch.testing.assert_close(d_lp, torch.tensor([0.0, 0.0, -3.3]))  # -A r where unclipped, else 0
+    assert clipped.tolist() == [True, True, False]
+    torch.testing.assert_close(kl, torch.tensor([0.5 - np.log(1.5), -0.5 - np.log(0.5), 0.1 - np.log(1.1)]).float())
+
+
+def test_clipped_surrogate_keeps_gradient_when_clipping_makes_it_worse():
+    # A < 0 and r = 1.5 > 1 + e: min picks the unclipped (more negative) term, which still has a gradient
+    loss, d_lp, _, _ = clipped_surrogate(torch.log(torch.tensor([1.5])), torch.zeros(1), torch.tensor([-1.0]), 0.2)
+    assert float(loss) == pytest.approx(1.5) and float(d_lp) == pytest.approx(1.5)
+
+
+def test_value_loss_by_hand_with_and_without_clipping():
+    v, old, ret = torch.tensor([1.0, 0.0]), torch.tensor([0.0, 0.0]), torch.tensor([0.5, 2.0])
+    loss, d = value_loss(v, old, ret, None)
+    torch.testing.assert_close(loss, torch.tensor([0.25, 4.0]))
+    torch.testing.assert_close(d, torch.tensor([1.0, -4.0]))
+    # clip 0.2: sample 0 clipped prediction 0.2 -> error 0.09 < 0.25, unclipped taken
+    # sample 1: v == old, errors equal -> unclipped taken
+    v = torch.tensor([1.0, -1.0])
+    loss, d = value_loss(v, old, torch.tensor([0.5, 2.0]), 0.2)
+    # sample 1: unclipped error 9, clipped prediction -0.2 -> 4.84 -> unclipped taken; gradient 2 * (-3)
+    torch.testing.assert_close(loss, torch.tensor([0.25, 9.0]))
+    torch.testing.assert_close(d, torch.tensor([1.0, -6.0]))
+    v = torch.tensor([1.0])  # returns far above: clipped error (0.2 - 3)^2 > (1 - 3)^2, and it is flat in v
+    loss, d = value_loss(v, torch.zeros(1), torch.tensor([3.0]), 0.2)
+    assert float(loss) == pytest.approx(2.8 ** 2) and float(d) == 0.0
+
+
+def test_linear_schedule():
+    assert linear(1e-3, 0.25, "linear") == pytest.approx(2.5e-4)
+    assert linear(1e-3, 0.25, "constant") == 1e-3
+
+
+def make_batch(agent: ActorCritic, n: int, seed: int = 0, invalid_every: int = 5) -> RolloutBatch:
+    g = torch.Generator().manual_seed(seed)
+    obs = torch.randn(n, agent.obs_dim, generator=g)
+    if agent.discrete:
+        actions = torch.randint(0, agent.action_dim, (n,), generator=g)
+    else:
+        actions = torch.randn(n, agent.action_dim, generator=g)
+    log_probs = agent.log_prob(obs, actions) + 0.3 * torch.randn(n, generator=g)
+    valid = torch.ones(n)
+    valid[::invalid_every] = 0.0
+    return RolloutBatch(obs=obs, actions=actions, log_probs=log_probs, values=torch.randn(n, generator=g),
+                        advantages=torch.randn(n, generator=g), returns=torch.randn(n, generator=g),
+                        valid=valid, policy_version=0)
+
+
+@pytest.mark.parametrize("space", [spaces.Discrete(3), spaces.Box(-1, 1, (2,), np.float32)], ids=["categorical", "gaussian"])
+@pytest.mark.parametrize("clip_vf", [None, 0.1])
+def test_minibatch_gradient_equals_autograd_of_the_loss(space, clip_vf):
+    cfg = PPOConfig(n_envs=1, n_steps=40, batch_size=40, ent_coef=0.01, vf_coef=0.7, clip_range_vf=clip_vf)
+    agent = ActorCritic(4, space, (16, 16), seed=0)
+    algo = PPOAlgo(cfg, agent, seed=0)
+    batch = make_batch(agent, 40)
+    adv = algo.normalized_advantages(batch, LocalSync())
+    stats = algo._minibatch_gradient(_Table(batch, adv).rows(torch.arange(40)), clip_range=0.2)
+
+    flat, views = functional_params(agent)
+    dist = distribution(agent, views, batch.obs)
+    log_prob, entropy = dist.log_prob(batch.actions), dist.entropy()
+    ratio = (log_prob - batch.log_probs).exp()
+    policy = -torch.min(ratio * adv, ratio.clamp(0.8, 1.2) * adv)
+    v = values(agent, views, batch.obs)
+    v_loss = (v - batch.returns).square()
+    if clip_vf is not None:
+        v_clipped = batch.values + (v - batch.values).clamp(-clip_vf, clip_vf)
+        v_loss = torch.max(v_loss, (v_clipped - batch.returns).square())
+    per_sample = policy + 0.7 * v_loss - 0.01 * entropy
+    (per_sample * batch.valid).sum().backward()
+    torch.testing.assert_close(agent.params.grad, flat.grad, rtol=1e-4, atol=1e-5)
+    assert float(stats[0]) == float(batch.valid.sum())
+    assert float(stats[3]) == pytest.approx(float((policy * batch.valid).sum().detach()), rel=1e-5)
+
+
+def test_advantages_are_normalised_over_valid_steps_only():
+    agent = ActorCritic(4, spaces.Discrete(2), (8,), seed=0)
+    algo = PPOAlgo(PPOConfig(n_envs=1, n_steps=10, batch_size=10), agent, seed=0)
+    batch = make_batch(agent, 10, invalid_every=3)
+    adv = algo.normalized_advantages(batch, LocalSync())
+    mask = batch.valid > 0
+    assert float(adv[mask].mean()) == pytest.approx(0.0, abs=1e-6)
+    assert float(adv[mask].std(unbiased=False)) == pytest.approx(1.0, abs=1e-4)
+    assert (adv[~mask] == 0).all()
+
+
+def test_clipped_adam_equals_torch_adam_with_clip_grad_norm():
+    torch.manual_seed(0)
+    buf = ParamBuffer({"w": (50,)})
+    buf.data.copy_(torch.randn(50))
+    ours = ClippedAdam(buf, lr=1e-2, eps=1e-5, max_grad_norm=0.5)
+    ref_param = torch.nn.Parameter(buf.data.clone())
+    ref = torch.optim.Adam([ref_param], lr=1e-2, eps=1e-5)
+    for step in range(5):
+        grad = torch.randn(50) * (3.0 if step % 2 else 0.1)  # binds on odd steps only
+        buf.grad.copy_(grad)
+        ref_param.grad = grad.clone()
+        torch.nn.utils.clip_grad_norm_([ref_param], 0.5)
+        ours.step(1e-2)
+        ref.step()
+    torch.testing.assert_close(buf.data, ref_param.data, rtol=1e-6, atol=1e-7)
+
+
+def test_target_kl_stops_the_update_early():
+    cfg = PPOConfig(n_envs=1, n_steps=64, batch_size=16, n_epochs=10, learning_rate=0.05, target_kl=1e-4)
+    agent = ActorCritic(4, spaces.Discrete(2), (16,), seed=0)
+    algo = PPOAlgo(cfg, agent, seed=0)
+    metrics = algo.update(make_batch(agent, 64), LocalSync())
+    assert metrics["losses/stopped_early"] == 1.0
+    assert metrics["losses/gradient_steps"] < 40

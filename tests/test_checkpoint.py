@@ -1,0 +1,86 @@
+import json
+import os
+
+import pytest
+import torch
+
+from distrl import checkpoint
+from distrl.config import ConfigError, PPOConfig, RunConfig
+from distrl.train import OnPolicyTrainer
+
+SMALL = PPOConfig(n_envs=4, n_steps=16, batch_size=32, n_epochs=2, learning_rate=1e-3, lr_schedule="linear",
+                  normalize_obs=True, normalize_reward=True)
+
+
+def small_run(run_dir, **kw):
+    values = dict(env="CartPole-v1", total_steps=640, seed=3, vec="sync", quiet=True, run_dir=str(run_dir))
+    values.update(kw)
+    return RunConfig(**values)
+
+
+def test_save_load_round_trip_and_no_temp_files(tmp_path):
+    tensors = {"a": torch.arange(5.0), "b": torch.ones(2, 3)}
+    path = checkpoint.save(tmp_path / "ck", tensors, {"steps": 7, "rng": {"x": [1, 2]}})
+    loaded, state = checkpoint.load(path)
+    assert state["steps"] == 7 and state["rng"] == {"x": [1, 2]}
+    torch.testing.assert_close(loaded["b"], tensors["b"])
+    checkpoint.save(tmp_path / "ck", tensors, {"steps": 8})  # overwrite in place
+    assert sorted(os.listdir(tmp_path)) == ["ck"]
+    assert checkpoint.load(path)[1]["steps"] == 8
+
+
+def test_missing_truncated_and_foreign_checkpoints_are_clear_errors(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        checkpoint.load(tmp_path / "nope")
+    path = checkpoint.save(tmp_path / "ck", {"a": torch.zeros(1000)}, {"steps": 1})
+    data = (path / checkpoint.TENSORS).read_bytes()
+    (path / checkpoint.TENSORS).write_bytes(data[: len(data) // 2])
+    with pytest.raises(ConfigError, match="truncated or corrupt"):
+        checkpoint.load(path)
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / checkpoint.STATE).write_text(json.dumps({"format": "something-else"}))
+    (foreign / checkpoint.TENSORS).write_bytes(b"\x00" * 16)
+    with pytest.raises(ConfigError, match="not a distrl checkpoint"):
+        checkpoint.load(foreign)
+    (foreign / checkpoint.STATE).write_text('{"format": "distrl-checkp')
+    with pytest.raises(ConfigError, match="truncated or corrupt"):
+        checkpoint.load(foreign)
+
+
+def test_trainer_checkpoint_restores_params_optimizer_and_normalizers(tmp_path):
+    trainer = OnPolicyTrainer(small_run(tmp_path / "a", total_steps=256), SMALL, run_dir=tmp_path / "a")
+    trainer.train()
+    path = trainer.save_checkpoint(tmp_path / "ck")
+    other = OnPolicyTrainer(small_run(tmp_path / "b", total_steps=256, seed=99), SMALL, run_dir=None)
+    other.load_checkpoint(path)
+    torch.testing.assert_close(other.agent.params.data, trainer.agent.params.data, rtol=0, atol=0)
+    torch.testing.assert_close(other.algo.optimizer.exp_avg_sq, trainer.algo.optimizer.exp_avg_sq, rtol=0, atol=0)
+    assert other.obs_normalizer.stats.count == trainer.obs_normalizer.stats.count
+    assert (other.obs_normalizer.stats.mean == trainer.obs_normalizer.stats.mean).all()
+    assert other.reward_scaler.stats.var == trainer.reward_scaler.stats.var
+    assert other.steps == trainer.steps == 256
+    trainer.close()
+    other.close()
+
+
+def test_interrupted_and_resumed_run_is_bit_identical(tmp_path):
+    full = OnPolicyTrainer(small_run(tmp_path / "full", checkpoint_every=192), SMALL, run_dir=tmp_path / "full")
+    full.train()
+    first = OnPolicyTrainer(small_run(tmp_path / "cut", checkpoint_every=192), SMALL, run_dir=tmp_path / "cut")
+    first.train(stop_at=384)  # "interrupted" right after its second checkpoint
+    first.close()
+    latest = checkpoint.find_latest(tmp_path / "cut")
+    assert latest.name == f"step-{384:012d}"
+    resumed = OnPolicyTrainer(small_run(tmp_path / "cut", checkpoint_every=192), SMALL, run_dir=tmp_path / "cut")
+    resumed.load_checkpoint(latest)
+    resumed.train()
+    assert resumed.steps == full.steps == 640
+    assert torch.equal(resumed.agent.params.data, full.agent.params.data)
+    assert torch.equal(resumed.algo.optimizer.exp_avg, full.algo.optimizer.exp_avg)
+    # and the check can fail: a different seed gives different parameters
+    other = OnPolicyTrainer(small_run(tmp_path / "other", seed=4, total_steps=128), SMALL, run_dir=None)
+    other.train()
+    assert not torch.equal(other.agent.params.data, full.agent.params.data)
+    for t in (full, resumed, other):
+        t.close()

@@ -1,0 +1,80 @@
+import json
+import subprocess
+import sys
+
+import pytest
+
+from distrl import checkpoint
+from distrl.cli import main
+
+FAST = ["--total-steps", "2048", "--n-envs", "8", "--n-steps", "16", "--batch-size", "64", "--n-epochs", "2", "--quiet"]
+
+
+def run_cli(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "distrl", *args], capture_output=True, text=True, cwd=cwd, timeout=120)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["train", "ppo", "CartPol-v1"], "did you mean CartPole-v1"),
+    (["train", "xyz", "CartPole-v1"], "algo='xyz' is not known"),
+    (["train", "ppo", "CartPole-v1", "--n-steps", "0"], "n_steps=0 is not allowed: must be > 0"),
+    (["train", "ppo", "CartPole-v1", "--batch-size", "100"], "must be a divisor of n_envs * n_steps"),
+    (["train", "ppo", "CartPole-v1", "--total-steps", "-5"], "total_steps=-5"),
+    (["train", "ppo", "CartPole-v1", "--preset", "nope"], "preset='nope' is not a ppo preset"),
+    (["train", "ppo", "distrl_testenvs:ContinuousCountEnv", "--vec", "native"], "vec='native' is not available"),
+    (["train", "ppo", "FrozenLake-v1"], "observation space"),
+    (["train", "ppo"], "ENV is missing"),
+    (["eval", "/no/such/run"], "does not exist"),
+])
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys, args, message):
+    code = main([*args, "--run-dir", str(tmp_path / "run")] if args[0] == "train" and len(args) > 2 else args)
+    err = capsys.readouterr().err
+    assert code == 2
+    assert message in err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert not (tmp_path / "run").exists()
+
+
+def test_subprocess_error_has_no_traceback_unless_debug(tmp_path):
+    result = run_cli("train", "ppo", "CartPole-v1", "--n-envs", "0")
+    assert result.returncode == 2
+    assert result.stderr.strip() == "distrl: error: n_envs=0 is not allowed: must be > 0"
+    debug = run_cli("train", "ppo", "CartPole-v1", "--n-envs", "0", "--debug")
+    assert debug.returncode == 2 and "Traceback" in debug.stderr
+
+
+def test_corrupt_checkpoint_in_eval_is_a_clear_error(tmp_path, capsys):
+    path = checkpoint.save(tmp_path / "ck", {}, {"steps": 1})
+    (path / checkpoint.TENSORS).write_bytes(b"garbage")
+    assert main(["eval", str(path)]) == 2
+    assert "truncated or corrupt" in capsys.readouterr().err
+
+
+def test_train_writes_run_dir_and_eval_reads_it(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    assert main(["train", "ppo", "cartpole", *FAST, "--run-dir", str(run_dir)]) == 0
+    config = json.loads((run_dir / "config.json").read_text())
+    assert config["run"]["env"] == "CartPole-v1" and config["ppo"]["n_steps"] == 16
+    lines = (run_dir / "monitor.csv").read_text().splitlines()
+    header = json.loads(lines[0][1:])
+    assert header["env_id"] == "CartPole-v1" and lines[1] == "r,l,t" and len(lines) > 3
+    r, l, t = lines[2].split(",")
+    assert float(r) == int(l) > 0  # CartPole pays 1 per step
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["total_steps"] == 2048 and summary["sps"] > 0 and summary["distrl_version"]
+    assert any(p.name.startswith("events.out.tfevents") for p in run_dir.iterdir())
+    capsys.readouterr()
+    assert main(["eval", str(run_dir), "--episodes", "3", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out.strip())
+    assert out["episodes"] == 3 and out["mean_return"] == pytest.approx(summary["final_eval_mean_return"], abs=1e9)
+    assert main(["train", "ppo", "cartpole", *FAST, "--run-dir", str(run_dir)]) == 2  # refuses to overwrite
+
+
+def test_resume_from_cli_continues_to_new_total(tmp_path):
+    run_dir = tmp_path / "run"
+    args = ["train", "ppo", "cartpole", "--n-envs", "4", "--n-steps", "16", "--batch-size", "32", "--n-epochs", "1", "--quiet"]
+    assert main([*args, "--total-steps", "256", "--run-dir", str(run_dir)]) == 0
+    assert main([*args, "--resume", str(run_dir), "--total-steps", "512"]) == 0
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["total_steps"] == 512
+    assert sum(1 for _ in open(run_dir / "monitor.csv")) > 3
