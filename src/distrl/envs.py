@@ -108,6 +108,10 @@ def make_vector_env(env_id: str, n_envs: int, mode: VecMode = "auto", **env_kwar
     return env
 
 
+_NO_EPISODES = np.zeros(0, dtype=np.float64)
+_NO_LENGTHS = np.zeros(0, dtype=np.int64)
+
+
 @dataclass(frozen=True)
 class Step:
     """One vector step as distrl sees it; arrays are [n_envs].
@@ -150,17 +154,21 @@ class VecEnv:
     def step(self, actions: np.ndarray) -> Step:
         obs, reward, terminated, truncated, _ = self.env.step(actions)
         valid = ~self._ended
-        reward = np.where(valid, reward, 0.0).astype(np.float32)
-        terminated = terminated & valid
-        truncated = truncated & valid
+        if self._ended.any():  # the reset step: its reward and flags belong to no episode
+            reward = np.where(valid, reward, 0.0)
+            terminated = terminated & valid
+            truncated = truncated & valid
+        reward = reward.astype(np.float32, copy=False)
         self._returns += reward
         self._lengths += valid
         ended = terminated | truncated
-        episode_returns = self._returns[ended].copy()
-        episode_lengths = self._lengths[ended].copy()
+        self._ended = ended
+        if not ended.any():
+            return Step(obs, reward, terminated, truncated, valid, _NO_EPISODES, _NO_LENGTHS)
+        episode_returns = self._returns[ended]
+        episode_lengths = self._lengths[ended]
         self._returns[ended] = 0.0
         self._lengths[ended] = 0
-        self._ended = ended
         return Step(obs, reward, terminated, truncated, valid, episode_returns, episode_lengths)
 
     def close(self) -> None:

@@ -8,6 +8,10 @@ import torch
 
 from distrl.nets import ParamBuffer
 
+# torch's fused Adam kernel (what torch.optim.Adam(fused=True) calls), without the
+# optimizer wrapper's per-step bookkeeping; the plain implementation is the fallback.
+_FUSED_ADAM = getattr(torch, "_fused_adam_", None)
+
 
 class ClippedAdam:
     """Adam (Kingma & Ba 2014, arXiv:1412.6980) on a :class:`ParamBuffer`.
@@ -28,6 +32,8 @@ class ClippedAdam:
         self.exp_avg = torch.zeros_like(params.data)
         self.exp_avg_sq = torch.zeros_like(params.data)
         self.steps = 0
+        self._step_tensor = torch.zeros((), dtype=torch.float32, device=params.data.device)
+        self._scale_tensor = torch.ones((), dtype=torch.float32, device=params.data.device)
 
     def step(self, lr: float | None = None) -> float:
         """Clip and step; returns the gradient norm before clipping."""
@@ -37,13 +43,23 @@ class ClippedAdam:
         if self.max_grad_norm is not None:
             scale = min(1.0, self.max_grad_norm / (norm + 1e-6))
         self.steps += 1
+        lr = self.lr if lr is None else lr
+        if _FUSED_ADAM is not None and self.params.param.device.type in ("cpu", "cuda"):
+            # torch's own fused Adam kernel; it divides the gradient by grad_scale, which is
+            # where the clip coefficient goes. Same arithmetic as the fallback below.
+            self._step_tensor.fill_(self.steps)
+            self._scale_tensor.fill_(1.0 / scale)
+            _FUSED_ADAM([self.params.data], [grad], [self.exp_avg], [self.exp_avg_sq], [], [self._step_tensor],
+                        lr=lr, beta1=self.beta1, beta2=self.beta2, weight_decay=0.0, eps=self.eps,
+                        amsgrad=False, maximize=False, grad_scale=self._scale_tensor, found_inf=None)
+            return norm
         b1, b2 = self.beta1, self.beta2
         self.exp_avg.mul_(b1).add_(grad, alpha=(1.0 - b1) * scale)
         self.exp_avg_sq.mul_(b2).addcmul_(grad, grad, value=(1.0 - b2) * scale * scale)
         bias1 = 1.0 - b1 ** self.steps
         bias2 = 1.0 - b2 ** self.steps
         denom = self.exp_avg_sq.sqrt().div_(math.sqrt(bias2)).add_(self.eps)
-        step_size = (self.lr if lr is None else lr) / bias1
+        step_size = lr / bias1
         self.params.data.addcdiv_(self.exp_avg, denom, value=-step_size)
         return norm
 

@@ -36,9 +36,10 @@ def clipped_surrogate(log_prob: torch.Tensor, old_log_prob: torch.Tensor, advant
     clipped = ratio.clamp(1.0 - clip_range, 1.0 + clip_range) * advantages
     takes_unclipped = unclipped <= clipped
     loss = -torch.where(takes_unclipped, unclipped, clipped)
-    d_log_prob = -unclipped * takes_unclipped
-    was_clipped = (ratio - 1.0).abs() > clip_range
-    approx_kl = (ratio - 1.0) - log_ratio
+    d_log_prob = (-unclipped).masked_fill_(~takes_unclipped, 0.0)
+    ratio_minus_one = ratio - 1.0
+    was_clipped = ratio_minus_one.abs() > clip_range
+    approx_kl = ratio_minus_one - log_ratio
     return loss, d_log_prob, was_clipped, approx_kl
 
 
@@ -90,9 +91,17 @@ class _Table:
         columns = [batch.log_probs, batch.values, advantages, batch.returns, batch.valid]
         self.data = torch.cat([batch.obs, actions, torch.stack(columns, 1)], 1)
         self.device = self.data.device
+        self._all: _Rows | None = None
 
     def rows(self, idx: torch.Tensor) -> _Rows:
-        rows = self.data.index_select(0, idx)
+        return self._split(self.data.index_select(0, idx))
+
+    def all_rows(self) -> _Rows:
+        if self._all is None:
+            self._all = self._split(self.data)
+        return self._all
+
+    def _split(self, rows: torch.Tensor) -> _Rows:
         o, a = self.obs_dim, self.obs_dim + self.action_dim
         actions = rows[:, o].long() if self.discrete else rows[:, o:a]
         log_prob, values, advantages, returns, valid = rows[:, a:].unbind(1)
@@ -152,9 +161,13 @@ class PPOAlgo:
         approx_kl = 0.0
         stopped_early = False
         for _ in range(cfg.n_epochs):
-            order = torch.from_numpy(self.shuffle_rng.permutation(batch.size)).to(table.device)
-            for start in range(0, batch.size, cfg.batch_size):
-                stats = self._minibatch_gradient(table.rows(order[start:start + cfg.batch_size]), clip_range)
+            if cfg.batch_size == batch.size:  # one minibatch: the whole rollout, order irrelevant
+                minibatches = [table.all_rows()]
+            else:
+                order = torch.from_numpy(self.shuffle_rng.permutation(batch.size)).to(table.device)
+                minibatches = (table.rows(order[i:i + cfg.batch_size]) for i in range(0, batch.size, cfg.batch_size))
+            for mb in minibatches:
+                stats = self._minibatch_gradient(mb, clip_range)
                 sync.gradients(grad, stats)
                 count = float(stats[0])
                 if count == 0:

@@ -137,8 +137,9 @@ class RolloutCollector:
         start = time.perf_counter()
         T, N = self.n_steps, self.env.n_envs
         obs_dim = self._raw_obs.shape[-1]
-        raw_obs = np.empty((T + 1, N, obs_dim), dtype=np.float32)
+        normalize = self.obs_normalizer.enabled
         obs = np.empty((T + 1, N, obs_dim), dtype=np.float32)
+        raw_obs = np.empty((T + 1, N, obs_dim), dtype=np.float32) if normalize else obs
         action_shape = () if self.agent.discrete else (self.agent.action_dim,)
         actions = np.empty((T, N, *action_shape), dtype=np.int64 if self.agent.discrete else np.float32)
         rewards = np.empty((T, N), dtype=np.float32)
@@ -150,20 +151,22 @@ class RolloutCollector:
         raw_obs[0] = self._raw_obs
         obs[0] = self.obs_normalizer(raw_obs[0])
         for t in range(T):
-            actions[t] = self.agent.act(obs[t], noise[t])
-            step = self.env.step(self.agent.env_action(actions[t]))
+            action = self.agent.act(obs[t], noise[t])
+            actions[t] = action
+            step = self.env.step(self.agent.env_action(action))
             raw_obs[t + 1] = step.obs
-            obs[t + 1] = self.obs_normalizer(step.obs)
-            ended = step.terminated | step.truncated
-            rewards[t] = self.reward_scaler(step.reward, ended, step.valid)
+            if normalize:
+                obs[t + 1] = self.obs_normalizer(step.obs)
             terminated[t] = step.terminated
             truncated[t] = step.truncated
             valid[t] = step.valid
+            rewards[t] = self.reward_scaler(step.reward, step.terminated | step.truncated, step.valid)
             if len(step.episode_returns):
                 rollout.episode_returns.extend(step.episode_returns.tolist())
                 rollout.episode_lengths.extend(step.episode_lengths.tolist())
         self._raw_obs = raw_obs[T]
-        rollout.obs_moments = moments(raw_obs[1:].reshape(T * N, obs_dim))
+        if normalize:
+            rollout.obs_moments = moments(raw_obs[1:].reshape(T * N, obs_dim))
         rollout.collect_s = time.perf_counter() - start
         return rollout
 
