@@ -68,3 +68,35 @@ class ExplodingEnv(CountEnv):
         if self.calls > self.after:
             raise RuntimeError("boom from ExplodingEnv")
         return super().step(action)
+
+
+class SlowOnRank1CartPole(gym.Wrapper):
+    """CartPole that sleeps ``delay`` seconds per step in the process whose RANK is 1."""
+
+    def __init__(self, delay: float = 0.01):
+        super().__init__(gym.make("CartPole-v1"))
+        import os
+
+        self.delay = delay if os.environ.get("RANK") == "1" else 0.0
+
+    def step(self, action):
+        if self.delay:
+            time.sleep(self.delay)
+        return self.env.step(action)
+
+
+class ExplodingOnRank1(CountEnv):
+    """Raises from ``step`` after 50 steps in the process whose RANK is 1."""
+
+    def __init__(self):
+        super().__init__(length=20)
+        import os
+
+        self.armed = os.environ.get("RANK") == "1"
+        self.calls = 0
+
+    def step(self, action):
+        self.calls += 1
+        if self.armed and self.calls > 50:
+            raise RuntimeError("boom from rank 1's env")
+        return super().step(action)

@@ -87,7 +87,7 @@ class PPO:
     def load(cls, path: str | Path, device: str = "auto") -> PPO:
         """Load a model saved by :meth:`save`, a checkpoint directory, or a run directory's newest checkpoint."""
         path = checkpoint.find_latest(Path(path))
-        run_cfg, cfg, _ = configs_from_checkpoint(path)
+        run_cfg, _, cfg, _ = configs_from_checkpoint(path)
         model = cls.__new__(cls)
         model._trainer = OnPolicyTrainer(run_cfg.replace(device=device, quiet=True), cfg, run_dir=None)
         model._trainer.load_checkpoint(path)

@@ -7,6 +7,7 @@ User mistakes (a ConfigError) print one line on stderr and exit with status 2;
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 import traceback
@@ -17,7 +18,7 @@ from typing import Annotated
 import tyro
 
 from distrl import checkpoint
-from distrl.config import ConfigError, Device, PPOConfig, RunConfig
+from distrl.config import ConfigError, Device, PPOConfig, RunConfig, StrategyConfig, scaled
 from distrl.envs import resolve_env_id
 from distrl.presets import ppo_configs, preset_names
 from distrl.train import OnPolicyTrainer, configs_from_checkpoint, default_run_dir
@@ -39,6 +40,7 @@ ENV:  a Gymnasium id (CartPole-v1, Hopper-v5, ...), a short name (cartpole, hopp
 @dataclass(frozen=True)
 class PPOTrainArgs:
     run: RunConfig
+    strategy: StrategyConfig
     ppo: PPOConfig
 
 
@@ -112,9 +114,10 @@ def train_command(argv: list[str]) -> int:
     env, rest = argv[1], argv[2:]
     resume_arg = _flag_value(rest, "--resume")
     resume_path = None
+    strategy = StrategyConfig()
     if resume_arg:
         resume_path = checkpoint.find_latest(Path(resume_arg))
-        run_cfg, cfg, _ = configs_from_checkpoint(resume_path)
+        run_cfg, strategy, cfg, _ = configs_from_checkpoint(resume_path)
         if resolve_env_id(env) != run_cfg.env:
             raise ConfigError(f"env={env!r} differs from the resumed run's env {run_cfg.env!r}")
         run_cfg = run_cfg.replace(resume=resume_arg, run_dir=resume_arg)
@@ -122,18 +125,28 @@ def train_command(argv: list[str]) -> int:
         run_cfg, cfg, _ = ppo_configs(env, _flag_value(rest, "--preset") or "auto")
     description = (f"Train PPO on {run_cfg.env}. Defaults shown include the preset "
                    f"(available: auto, none, {', '.join(preset_names('ppo'))}); flags override them.")
-    args = tyro.cli(tyro.conf.OmitArgPrefixes[PPOTrainArgs], args=rest, default=PPOTrainArgs(run_cfg, cfg),
+    args = tyro.cli(tyro.conf.OmitArgPrefixes[PPOTrainArgs], args=rest, default=PPOTrainArgs(run_cfg, strategy, cfg),
                     prog=f"distrl train {algo} {env}", description=description)
-    run_training(args.run, args.ppo, resume_path)
+    run = args.run
+    if not run.run_dir:  # every worker must agree on the run directory: fix it before launching
+        run = run.replace(run_dir=str(default_run_dir(run, resolve_env_id(run.env))))
+    if args.strategy.strategy == "single":
+        run_training(run, args.ppo, resume_path)
+    else:
+        run_ddp(run, args.strategy, args.ppo, resume_path, ["train", algo, env, *rest, "--run-dir", run.run_dir])
     return 0
+
+
+def _check_run_dir(run_dir: Path, resume_path: Path | None) -> None:
+    if resume_path is None and (run_dir / checkpoint.MODEL_DIR).exists():
+        raise ConfigError(f"run_dir={str(run_dir)!r} already holds a finished run: "
+                          "choose another --run-dir or continue it with --resume")
 
 
 def run_training(run: RunConfig, cfg: PPOConfig, resume_path: Path | None = None) -> dict:
     """Train in this process (``--strategy single``) and write the run directory."""
-    run_dir = Path(run.run_dir) if run.run_dir else default_run_dir(run, resolve_env_id(run.env))
-    if resume_path is None and (run_dir / checkpoint.MODEL_DIR).exists():
-        raise ConfigError(f"run_dir={str(run_dir)!r} already holds a finished run: "
-                          "choose another --run-dir or continue it with --resume")
+    run_dir = Path(run.run_dir)
+    _check_run_dir(run_dir, resume_path)
     start = time.perf_counter()
     trainer = OnPolicyTrainer(run, cfg, run_dir=run_dir)
     try:
@@ -144,6 +157,42 @@ def run_training(run: RunConfig, cfg: PPOConfig, resume_path: Path | None = None
         trainer.close()
         raise
     return trainer.finish(time.perf_counter() - start)
+
+
+def run_ddp(run: RunConfig, strategy: StrategyConfig, cfg: PPOConfig, resume_path: Path | None,
+            argv: list[str]) -> dict | None:
+    """``--strategy ddp``: be one rank (under a launcher or torchrun), or launch the ranks."""
+    from distrl.strategies import launch
+    from distrl.strategies.ddp import in_distributed_env, run_worker
+
+    run_dir = Path(run.run_dir)
+    if in_distributed_env():
+        return _as_rank(run_worker, run, strategy, cfg, run_dir, resume_path)
+    _check_run_dir(run_dir, resume_path)
+    scaled(cfg, strategy, strategy.workers)  # impossible scalings fail before any process starts
+    OnPolicyTrainer.check_env(run, cfg)
+    try:
+        if strategy.uses_ray:
+            return launch.launch_ray(run_worker, (run, strategy, cfg, run_dir, resume_path), strategy.workers,
+                                     strategy.ray_address, run_dir, strategy.timeout_s)
+        launch.launch_local(argv, strategy.workers, strategy.timeout_s)
+    except launch.WorkerFailed as exc:
+        print(f"distrl: error: {exc}", file=sys.stderr)
+        raise SystemExit(1) from None
+    return None
+
+
+def _as_rank(fn, *args):  # noqa: ANN001, ANN202
+    """Run a rank's work; report an exception on one line naming the rank, then fail."""
+    rank = os.environ.get("RANK", "?")
+    try:
+        return fn(*args)
+    except ConfigError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a rank's failure must name the rank
+        traceback.print_exc()
+        print(f"distrl: error: rank {rank}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        raise SystemExit(1) from None
 
 
 def eval_command(argv: list[str]) -> int:

@@ -14,6 +14,9 @@ from typing import Annotated, Any, Literal
 import tyro
 
 Schedule = Literal["constant", "linear"]
+Strategy = Literal["single", "ddp"]
+Scaling = Literal["per-worker", "equivalent"]
+Launcher = Literal["auto", "local", "ray"]
 Device = Literal["auto", "cpu", "cuda"]
 VecMode = Literal["auto", "native", "sync", "async"]
 Activation = Literal["tanh", "relu"]
@@ -172,6 +175,53 @@ class RunConfig:
 
     def replace(self, **changes: Any) -> RunConfig:
         return dataclasses.replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class StrategyConfig:
+    """How the work is spread over processes."""
+
+    strategy: Strategy = "single"
+    """single: one process; ddp: every worker collects and trains, gradients averaged every minibatch."""
+    workers: int = 1
+    """Worker processes (ddp). Under torchrun the world size comes from torchrun."""
+    scaling: Scaling = "per-worker"
+    """per-worker: each worker keeps n_steps (the global batch grows with workers, as in DD-PPO);
+    equivalent: n_steps / workers and learning_rate * workers, so runs with different worker
+    counts are comparable."""
+    sync_frac: float = 1.0
+    """Straggler preemption (DD-PPO): once this fraction of workers has finished its rollout, the
+    others stop collecting (keeping at least min_rollout_frac of theirs). 1.0 turns it off."""
+    min_rollout_frac: float = 0.25
+    """The share of its rollout a preempted worker collects at least."""
+    launcher: Launcher = "auto"
+    """Who starts the ddp workers: local processes, or Ray actors (auto: ray when --ray-address is set)."""
+    ray_address: str = ""
+    """Ray cluster to join ('auto' or HOST:PORT); empty starts an embedded local instance when needed."""
+    timeout_s: float = 120.0
+    """Longest wait on another worker (collectives, start-up) before the run fails naming it."""
+
+    def __post_init__(self) -> None:
+        _positive(self, "workers", "timeout_s")
+        _fraction(self, "sync_frac", inclusive_zero=False)
+        _fraction(self, "min_rollout_frac", inclusive_zero=False)
+        if self.strategy == "single":
+            require(self.workers == 1, "workers", self.workers, "1 with --strategy single", "use --strategy ddp")
+            require(self.sync_frac == 1.0, "sync_frac", self.sync_frac, "1.0 with --strategy single",
+                    "straggler preemption needs --strategy ddp")
+
+    @property
+    def uses_ray(self) -> bool:
+        return self.launcher == "ray" or (self.launcher == "auto" and bool(self.ray_address))
+
+
+def scaled(cfg: PPOConfig, strategy: StrategyConfig, world_size: int) -> PPOConfig:
+    """The PPO config each worker runs: unchanged per worker, or scaled to match one process."""
+    if strategy.scaling == "per-worker" or world_size == 1:
+        return cfg
+    require(cfg.n_steps % world_size == 0, "n_steps", cfg.n_steps,
+            f"divisible by the {world_size} workers with --scaling equivalent")
+    return dataclasses.replace(cfg, n_steps=cfg.n_steps // world_size, learning_rate=cfg.learning_rate * world_size)
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:

@@ -112,7 +112,9 @@ class RunLogger:
     def __init__(self, run_dir: Path, env_id: str, total_steps: int, quiet: bool):
         self.run_dir = run_dir
         run_dir.mkdir(parents=True, exist_ok=True)
+        self.env_id = env_id
         self.monitor = MonitorWriter(run_dir / MONITOR_FILE, env_id)
+        self.rank_monitors: dict[int, MonitorWriter] = {}
         self.console = Console(total_steps, quiet)
         self.recent_returns: deque[float] = deque(maxlen=100)
         self._tb: Any = None
@@ -125,8 +127,14 @@ class RunLogger:
             self._tb = SummaryWriter(str(self.run_dir))
         return self._tb
 
-    def episodes(self, returns: list[float], lengths: list[int], step: int) -> None:
+    def episodes(self, returns: list[float], lengths: list[int], step: int, rank: int | None = None) -> None:
+        """Log finished episodes; with ``rank`` also to that worker's own ``ranks/rank-N.monitor.csv``."""
         self.monitor.write(returns, lengths)
+        if rank is not None:
+            if rank not in self.rank_monitors:
+                (self.run_dir / "ranks").mkdir(exist_ok=True)
+                self.rank_monitors[rank] = MonitorWriter(self.run_dir / "ranks" / f"rank-{rank}.monitor.csv", self.env_id)
+            self.rank_monitors[rank].write(returns, lengths)
         self.recent_returns.extend(returns)
         if returns:
             self.tb.add_scalar("charts/episodic_return", float(np.mean(returns)), step)
@@ -143,5 +151,7 @@ class RunLogger:
     def close(self) -> None:
         self.console.close()
         self.monitor.close()
+        for monitor in self.rank_monitors.values():
+            monitor.close()
         if self._tb is not None:
             self._tb.close()

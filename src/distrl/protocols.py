@@ -28,6 +28,22 @@ class Sync(Protocol):
         """Element-wise sum of a small float64 array over workers."""
         ...
 
+    def gather(self, values: np.ndarray) -> list[np.ndarray]:
+        """Every worker's float64 array [n_r, ...] (lengths may differ), in rank order."""
+        ...
+
+    def broadcast_(self, tensor: torch.Tensor) -> None:
+        """Overwrite ``tensor`` with the main worker's (rank 0) values."""
+        ...
+
+    def mark_finished(self, tag: int) -> None:
+        """Tell the others this worker finished the rollout ``tag`` (straggler preemption)."""
+        ...
+
+    def count_finished(self, tag: int) -> int:
+        """How many workers have finished the rollout ``tag``."""
+        ...
+
 
 class Algorithm(Protocol):
     """One learning rule: prepares collected data and updates parameters from it."""

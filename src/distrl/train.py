@@ -7,7 +7,7 @@ the loop, the algorithm and the collector are the same everywhere.
 
 from __future__ import annotations
 
-import json
+import math
 import time
 from datetime import datetime
 from pathlib import Path
@@ -20,7 +20,7 @@ from gymnasium import spaces
 import distrl
 from distrl import checkpoint
 from distrl.algos.ppo import PPOAlgo
-from distrl.config import ConfigError, PPOConfig, RunConfig, from_dict, to_dict
+from distrl.config import ConfigError, PPOConfig, RunConfig, StrategyConfig, from_dict, to_dict
 from distrl.data.normalize import ObsNormalizer, RewardScaler
 from distrl.data.rollout import RolloutCollector
 from distrl.envs import VecEnv, check_spaces, make_env, resolve_env_id
@@ -68,12 +68,24 @@ class OnPolicyTrainer:
     """Trains PPO on one worker's environments; the main worker logs and checkpoints."""
 
     def __init__(self, run: RunConfig, cfg: PPOConfig, sync: Sync | None = None,
-                 run_dir: Path | None = None, log: bool = True):
+                 run_dir: Path | None = None, log: bool = True, strategy: StrategyConfig | None = None,
+                 requested: PPOConfig | None = None, device: torch.device | None = None):
+        """
+        Args:
+            run, cfg: what to train; ``cfg`` is the config this worker runs (after scaling).
+            sync: how updates agree with other workers (default: a single process).
+            run_dir: where the main worker writes logs and checkpoints (None: nowhere).
+            strategy: the strategy settings, recorded in config.json and checkpoints.
+            requested: the PPO config as the user gave it, before ``--scaling``.
+            device: overrides ``run.device`` (a ddp rank's own GPU).
+        """
         self.run = run
         self.cfg = cfg
         self.sync = sync if sync is not None else LocalSync()
+        self.strategy = strategy if strategy is not None else StrategyConfig()
+        self.requested = requested if requested is not None else cfg
         self.is_main = self.sync.rank == 0
-        self.device = resolve_device(run.device)
+        self.device = device if device is not None else resolve_device(run.device)
         if self.device.type == "cpu":
             torch.set_num_threads(1)  # tiny networks: a second thread only contends (PERFORMANCE.md)
         self.env_id = resolve_env_id(run.env)
@@ -97,8 +109,9 @@ class OnPolicyTrainer:
         self.train_s = 0.0
         self.eval_s = 0.0
         self.last_eval: tuple[float, float] | None = None
+        self.last_metrics: dict[str, float] = {}
         self._eval_steps = -1
-        self.collector.reset(run.seed)
+        self.start_segment()
         self._eval_env: VecEnv | None = None
         self.run_dir = run_dir
         self.logger: RunLogger | None = None
@@ -106,18 +119,34 @@ class OnPolicyTrainer:
             self.logger = RunLogger(run_dir, self.env_id, run.total_steps, run.quiet)
             write_json_atomic(run_dir / "config.json", self.config_dict())
 
+    @staticmethod
+    def check_env(run: RunConfig, cfg: PPOConfig) -> None:
+        """Fail now, in the launching process, if workers could not build this env."""
+        env = make_env(run.env, 1, run.vec)
+        try:
+            check_spaces("ppo", env, (spaces.Discrete, spaces.Box))
+        finally:
+            env.close()
+
     # ---- the loop ----
 
     def train(self, total_steps: int | None = None, stop_at: int | None = None) -> dict[str, Any]:
         """Train until ``total_steps`` (schedules anneal over it); ``stop_at`` ends early, as an interruption would."""
         total = total_steps if total_steps is not None else self.run.total_steps
         limit = min(total, stop_at) if stop_at is not None else total
+        preempt, min_steps = None, 0
+        if self.strategy.sync_frac < 1.0 and self.sync.world_size > 1:
+            needed = math.ceil(self.strategy.sync_frac * self.sync.world_size)
+            preempt = lambda: self.sync.count_finished(self.iteration) >= needed  # noqa: E731
+            min_steps = math.ceil(self.strategy.min_rollout_frac * self.cfg.n_steps)
         while self.steps < limit:
             start = time.perf_counter()
-            rollout = self.collector.collect(self.policy_version)
+            rollout = self.collector.collect(self.policy_version, preempt, min_steps)
+            if preempt is not None and rollout.collected_steps == self.cfg.n_steps:
+                self.sync.mark_finished(self.iteration)
             self._update_normalizers(rollout)
-            local_steps = np.array([rollout.steps, len(rollout.episode_returns)], dtype=np.float64)
-            global_steps, global_episodes = self.sync.all_sum(local_steps)
+            local = np.array([rollout.steps, len(rollout.episode_returns), rollout.valid.sum()], dtype=np.float64)
+            global_steps, global_episodes, global_samples = self.sync.all_sum(local)
             self.steps += int(global_steps)
             self.episodes += int(global_episodes)
             batch = self.algo.prepare(rollout)
@@ -127,16 +156,24 @@ class OnPolicyTrainer:
             self.iteration += 1
             now = time.perf_counter()
             self.train_s += now - start
-            metrics["time/collect_s"] = rollout.collect_s
-            metrics["time/update_s"] = now - update_start
+            metrics.update({"charts/samples": float(global_samples), "charts/local_samples": float(local[2]),
+                            "time/collect_s": rollout.collect_s,
+                            "time/update_s": now - update_start, "time/collected_steps": float(rollout.collected_steps)})
+            self.last_metrics = metrics
             self._log(rollout.episode_returns, rollout.episode_lengths, metrics)
-            if self._crossed(self.run.eval_every):
-                self.evaluate_now()
-                if self.run.target_return is not None and self.last_eval and self.last_eval[0] >= self.run.target_return:
-                    break
+            if self._crossed(self.run.eval_every) and self._evaluate_and_check_target():
+                break
             if self._crossed(self.run.checkpoint_every) and self.steps < total:
                 self.save_checkpoint()
         return self.summary()
+
+    def _evaluate_and_check_target(self) -> bool:
+        """Evaluate on the main worker; True (on every worker) once the target return is reached."""
+        reached = 0.0
+        if self.is_main:
+            mean, _ = self.evaluate_now()
+            reached = float(self.run.target_return is not None and mean >= self.run.target_return)
+        return bool(self.sync.all_sum(np.array([reached]))[0] > 0)
 
     def _crossed(self, every: int) -> bool:
         """Whether the last iteration crossed a multiple of ``every`` steps."""
@@ -153,11 +190,14 @@ class OnPolicyTrainer:
             self.reward_scaler.update(self.sync.all_sum(self.reward_scaler.take_moments()))
 
     def _log(self, returns: list[float], lengths: list[int], metrics: dict[str, float]) -> None:
+        episodes = self.sync.gather(np.stack([np.asarray(returns, np.float64), np.asarray(lengths, np.float64)], 1))
         if self.logger is None:
             return
         sps = self.steps / max(self.train_s, 1e-9)
         metrics["charts/SPS"] = sps
-        self.logger.episodes(returns, lengths, self.steps)
+        for rank, part in enumerate(episodes):
+            self.logger.episodes(part[:, 0].tolist(), part[:, 1].astype(int).tolist(), self.steps,
+                                 rank if self.sync.world_size > 1 else None)
         self.logger.scalars(metrics, self.steps)
         self.logger.console.update(self.steps, sps, self.logger.mean_return)
 
@@ -178,7 +218,7 @@ class OnPolicyTrainer:
     def summary(self) -> dict[str, Any]:
         mean_return = self.logger.mean_return if self.logger is not None else None
         return {
-            "algo": self.run.algo, "env": self.env_id, "strategy": "single" if self.sync.world_size == 1 else "distributed",
+            "algo": self.run.algo, "env": self.env_id, "strategy": self.strategy.strategy,
             "workers": self.sync.world_size, "total_steps": self.steps, "iterations": self.iteration,
             "episodes": self.episodes, "train_s": self.train_s, "eval_s": self.eval_s,
             "sps": self.steps / max(self.train_s, 1e-9), "final_mean_return": mean_return,
@@ -189,7 +229,7 @@ class OnPolicyTrainer:
 
     def finish(self, wall_s: float) -> dict[str, Any]:
         """Final evaluation, model and summary.json (main worker), then close."""
-        if self._eval_steps != self.steps:
+        if self.is_main and self._eval_steps != self.steps:
             self.evaluate_now()
         summary = {**self.summary(), "wall_s": wall_s}
         if self.is_main and self.run_dir is not None:
@@ -212,7 +252,8 @@ class OnPolicyTrainer:
     # ---- checkpoints ----
 
     def config_dict(self) -> dict[str, Any]:
-        return {"run": to_dict(self.run.replace(env=self.env_id)), "ppo": to_dict(self.cfg)}
+        return {"run": to_dict(self.run.replace(env=self.env_id)), "strategy": to_dict(self.strategy),
+                "ppo": to_dict(self.requested), "ppo_effective": to_dict(self.cfg)}
 
     def checkpoint_contents(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         tensors = {f"params/{k}": v for k, v in self.agent.params.state_dict().items()}
@@ -224,17 +265,17 @@ class OnPolicyTrainer:
             "steps": self.steps, "iteration": self.iteration, "episodes": self.episodes,
             "policy_version": self.policy_version, "train_s": self.train_s,
             "observation_dim": self.agent.obs_dim, "action_space": space_to_json(self.env.single_action_space),
-            "rng": {"noise": self.collector.rng_state(), "shuffle": self.algo.rng_state()},
             "distrl_version": distrl.__version__,
         }
         return tensors, state
 
     def save_checkpoint(self, path: Path | None = None) -> Path | None:
-        """Write a checkpoint (main worker) and start new episodes everywhere.
+        """Write a checkpoint (main worker); a periodic one (no ``path``) also starts a new segment.
 
-        Each periodic checkpoint is an episode boundary: every worker resets its envs with
-        a seed derived from the step count, so a run resumed from this checkpoint continues
-        exactly as the uninterrupted run does (same environments, same noise).
+        Each periodic checkpoint is an episode boundary: every worker restarts its
+        environments and random streams from seeds derived from the step count (see
+        :meth:`start_segment`), so a run resumed from it continues exactly as the
+        uninterrupted run does.
         """
         written = None
         if self.is_main and (path is not None or self.run_dir is not None):
@@ -242,8 +283,38 @@ class OnPolicyTrainer:
             tensors, state = self.checkpoint_contents()
             written = checkpoint.save(target, tensors, state)
         if path is None:
-            self.collector.reset(self.run.seed + self.steps)
+            self.start_segment()
         return written
+
+    def start_segment(self) -> None:
+        """Restart environments, sampling noise and minibatch shuffling from seeds derived from the step count."""
+        self.collector.reset(self.run.seed, self.steps)
+        self.algo.reseed(self.run.seed, self.sync.rank, self.steps)
+
+    def broadcast_state(self) -> None:
+        """Make every worker hold the main worker's parameters, optimizer state, statistics and counters."""
+        sync = self.sync
+        for tensor in (self.agent.params.data, self.algo.optimizer.exp_avg, self.algo.optimizer.exp_avg_sq):
+            sync.broadcast_(tensor)
+        stats = [self.obs_normalizer.stats, self.reward_scaler.stats]
+        packed = np.concatenate([np.concatenate([s.mean.ravel(), s.var.ravel(), [s.count]]) for s in stats])
+        counters = np.array([self.steps, self.iteration, self.episodes, self.policy_version,
+                             self.algo.optimizer.steps, self.train_s], dtype=np.float64)
+        flat = torch.from_numpy(np.concatenate([packed, counters]))
+        sync.broadcast_(flat)
+        values = flat.numpy()
+        offset = 0
+        for s in stats:
+            size = s.mean.size
+            s.load({"mean": values[offset:offset + size], "var": values[offset + size:offset + 2 * size],
+                    "count": values[offset + 2 * size]})
+            offset += 2 * size + 1
+        self.obs_normalizer.refresh()
+        steps, iteration, episodes, version, adam_steps, train_s = values[offset:]
+        self.steps, self.iteration, self.episodes = int(steps), int(iteration), int(episodes)
+        self.policy_version, self.algo.optimizer.steps, self.train_s = int(version), int(adam_steps), float(train_s)
+        self.agent.refresh_acting_copy()
+        self.start_segment()
 
     def load_checkpoint(self, path: Path) -> None:
         tensors, state = checkpoint.load(path)
@@ -261,17 +332,12 @@ class OnPolicyTrainer:
         self.steps, self.iteration = state["steps"], state["iteration"]
         self.episodes, self.policy_version = state["episodes"], state["policy_version"]
         self.train_s = state.get("train_s", 0.0)
-        self.collector.load_rng_state(state["rng"]["noise"])
-        self.algo.load_rng_state(state["rng"]["shuffle"])
-        self.collector.reset(self.run.seed + self.steps)
+        self.start_segment()
 
 
-def configs_from_checkpoint(path: Path) -> tuple[RunConfig, PPOConfig, dict[str, Any]]:
-    """The run and algorithm configs stored in a checkpoint, and its JSON state."""
+def configs_from_checkpoint(path: Path) -> tuple[RunConfig, StrategyConfig, PPOConfig, dict[str, Any]]:
+    """The run, strategy and (requested) PPO configs stored in a checkpoint, and its JSON state."""
     _, state = checkpoint.load(path)
     config = state["config"]
-    return from_dict(RunConfig, config["run"]), from_dict(PPOConfig, config["ppo"]), state
-
-
-def load_config_json(run_dir: Path) -> dict[str, Any]:
-    return json.loads((run_dir / "config.json").read_text())
+    return (from_dict(RunConfig, config["run"]), from_dict(StrategyConfig, config["strategy"]),
+            from_dict(PPOConfig, config["ppo"]), state)

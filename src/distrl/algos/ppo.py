@@ -8,7 +8,7 @@ strategy's ``Sync`` before the gradient is clipped and Adam steps.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -115,7 +115,12 @@ class PPOAlgo:
         self.cfg = cfg
         self.agent = agent
         self.optimizer = ClippedAdam(agent.params, cfg.learning_rate, eps=1e-5, max_grad_norm=cfg.max_grad_norm)
-        self.shuffle_rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, 0x5EED])))
+        self.shuffle_rng = np.random.default_rng()
+        self.reseed(seed, 0, 0)
+
+    def reseed(self, seed: int, rank: int, segment: int) -> None:
+        """Restart the minibatch shuffling stream from ``(seed, rank, segment)``."""
+        self.shuffle_rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, rank, segment, 0x5EED])))
 
     def prepare(self, rollout: Rollout) -> RolloutBatch:
         """Values, behaviour log-probs and GAE for a rollout, flattened to a batch."""
@@ -192,6 +197,7 @@ class PPOAlgo:
             "losses/grad_norm": float(np.mean(grad_norms)) if grad_norms else 0.0,
             "losses/explained_variance": explained_variance(batch),
             "losses/gradient_steps": float(len(grad_norms)),
+            "losses/trained_samples": float(totals[0]),
             "losses/stopped_early": float(stopped_early),
             "charts/learning_rate": lr,
             "charts/clip_range": clip_range,
@@ -220,12 +226,6 @@ class PPOAlgo:
 
     def load_state_dict(self, tensors: dict[str, torch.Tensor]) -> None:
         self.optimizer.load_state_dict(tensors)
-
-    def rng_state(self) -> dict[str, Any]:
-        return self.shuffle_rng.bit_generator.state
-
-    def load_rng_state(self, state: dict[str, Any]) -> None:
-        self.shuffle_rng.bit_generator.state = state
 
 
 def explained_variance(batch: RolloutBatch) -> float:

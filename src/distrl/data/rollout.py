@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Callable
 
 import numpy as np
 import torch
@@ -73,11 +73,13 @@ class Rollout:
     obs_moments: np.ndarray | None = None
     """Moments of the raw observations seen, for the normaliser (see data/normalize.py)."""
     collect_s: float = 0.0
+    collected_steps: int = 0
+    """Vector steps actually taken (fewer than n_steps when preempted)."""
 
     @property
     def steps(self) -> int:
-        """Environment steps taken (including reset steps)."""
-        return int(self.rewards.size)
+        """Environment steps taken (including reset steps, excluding padding)."""
+        return self.collected_steps * int(self.rewards.shape[1])
 
 
 @dataclass(frozen=True)
@@ -115,14 +117,20 @@ class RolloutCollector:
         self.reward_scaler = reward_scaler
         self.n_steps = n_steps
         self.env_offset = env_offset
-        self.noise_rngs = [np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, env_offset + i])))
-                           for i in range(env.n_envs)]
+        self.noise_rngs: list[np.random.Generator] = []
         self._raw_obs: np.ndarray | None = None
 
-    def reset(self, seed: int) -> None:
-        """Begin new episodes in every environment; env i gets ``seed + env_offset + i``."""
-        self._raw_obs = self.env.reset(seed=seed + self.env_offset)
+    def reset(self, seed: int, segment: int = 0) -> None:
+        """Begin new episodes everywhere and restart the sampling streams.
+
+        Environment i (global index ``env_offset + i``) is seeded ``seed + segment +
+        env_offset + i`` and its noise stream from ``(seed, env_offset + i, segment)``;
+        ``segment`` is the step count at which training (re)starts.
+        """
+        self._raw_obs = self.env.reset(seed=seed + segment + self.env_offset)
         self.reward_scaler.reset()
+        self.noise_rngs = [np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, self.env_offset + i, segment])))
+                           for i in range(self.env.n_envs)]
 
     def _noise(self) -> np.ndarray:
         shape = (self.n_steps, *self.agent.noise_shape())
@@ -132,7 +140,16 @@ class RolloutCollector:
             draws = [rng.standard_normal(shape, dtype=np.float32) for rng in self.noise_rngs]
         return np.stack(draws, axis=1)
 
-    def collect(self, policy_version: int) -> Rollout:
+    def collect(self, policy_version: int, preempt: Callable[[], bool] | None = None, min_steps: int = 0) -> Rollout:
+        """Step all environments ``n_steps`` times (or fewer, see ``preempt``).
+
+        Args:
+            policy_version: recorded in the rollout.
+            preempt: asked after each step from ``min_steps`` on; when it answers True the
+                rollout stops early (straggler preemption). The remaining steps are padded:
+                observations repeat the last one (so its value bootstraps the last real
+                step) and ``valid`` is False, so they carry no weight.
+        """
         assert self._raw_obs is not None, "call reset() before collect()"
         start = time.perf_counter()
         T, N = self.n_steps, self.env.n_envs
@@ -164,15 +181,23 @@ class RolloutCollector:
             if len(step.episode_returns):
                 rollout.episode_returns.extend(step.episode_returns.tolist())
                 rollout.episode_lengths.extend(step.episode_lengths.tolist())
+            if preempt is not None and t + 1 >= min_steps and t + 1 < T and preempt():
+                self._pad(rollout, raw_obs, t + 1)
+                T = t + 1
+                break
         self._raw_obs = raw_obs[T]
         if normalize:
-            rollout.obs_moments = moments(raw_obs[1:].reshape(T * N, obs_dim))
+            rollout.obs_moments = moments(raw_obs[1:T + 1].reshape(T * N, obs_dim))
+        rollout.collected_steps = T
         rollout.collect_s = time.perf_counter() - start
         return rollout
 
-    def rng_state(self) -> list[dict[str, Any]]:
-        return [rng.bit_generator.state for rng in self.noise_rngs]
-
-    def load_rng_state(self, states: list[dict[str, Any]]) -> None:
-        for rng, state in zip(self.noise_rngs, states, strict=True):
-            rng.bit_generator.state = state
+    @staticmethod
+    def _pad(rollout: Rollout, raw_obs: np.ndarray, steps: int) -> None:
+        rollout.obs[steps + 1:] = rollout.obs[steps]
+        raw_obs[steps + 1:] = raw_obs[steps]
+        rollout.actions[steps:] = 0
+        rollout.rewards[steps:] = 0.0
+        rollout.terminated[steps:] = False
+        rollout.truncated[steps:] = False
+        rollout.valid[steps:] = False

@@ -1,0 +1,159 @@
+"""``ddp``: every worker collects with its own environments and trains its own replica.
+
+Gradients are summed over workers every minibatch, before clipping (DD-PPO,
+arXiv:1911.00357; Horovod's distributed PPO; Lightning Fabric's DDP PPO). This module
+is the one code path every launcher ends in: it receives torch.distributed's ``env://``
+variables (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, LOCAL_RANK) from distrl's local
+launcher, from torchrun or from a Ray actor, forms the process group and runs the
+same trainer as ``single`` with a :class:`DistributedSync`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from distrl.config import ConfigError, PPOConfig, RunConfig, StrategyConfig, scaled
+from distrl.train import OnPolicyTrainer, resolve_device
+
+ENV_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def in_distributed_env() -> bool:
+    """Whether this process was started as one rank of a group (local launcher, torchrun, Ray)."""
+    return all(name in os.environ for name in ENV_VARS)
+
+
+class DistributedSync:
+    """The ``Sync`` of a torch.distributed process group (gloo on CPU, NCCL on CUDA)."""
+
+    def __init__(self, device: torch.device, timeout_s: float):
+        self.rank = dist.get_rank()
+        self.world_size = dist.get_world_size()
+        self.device = device
+        self.timeout_s = timeout_s
+        self._buffer: torch.Tensor | None = None
+        self._store: Any = None
+
+    def gradients(self, grad: torch.Tensor, stats: torch.Tensor) -> None:
+        """One all-reduce (sum) of the flat gradient and the statistics, packed in one buffer."""
+        n, k = grad.numel(), stats.numel()
+        if self._buffer is None or self._buffer.numel() != n + k:
+            self._buffer = torch.empty(n + k, dtype=grad.dtype, device=grad.device)
+        buffer = self._buffer
+        buffer[:n].copy_(grad)
+        buffer[n:].copy_(stats)
+        dist.all_reduce(buffer)
+        grad.copy_(buffer[:n])
+        stats.copy_(buffer[n:])
+
+    def all_sum(self, values: np.ndarray) -> np.ndarray:
+        tensor = torch.tensor(np.asarray(values, dtype=np.float64), device=self.device)  # a copy: reduced in place
+        dist.all_reduce(tensor)
+        return tensor.cpu().numpy()
+
+    def gather(self, values: np.ndarray) -> list[np.ndarray]:
+        values = np.asarray(values, dtype=np.float64)
+        row_shape = values.shape[1:]
+        counts = torch.zeros(self.world_size, dtype=torch.float64, device=self.device)
+        counts[self.rank] = len(values)
+        dist.all_reduce(counts)
+        longest = int(counts.max())
+        padded = torch.zeros((max(longest, 1), *row_shape), dtype=torch.float64, device=self.device)
+        padded[:len(values)] = torch.from_numpy(values).to(self.device)
+        parts = [torch.empty_like(padded) for _ in range(self.world_size)]
+        dist.all_gather(parts, padded)
+        return [part[:int(c)].cpu().numpy() for part, c in zip(parts, counts.tolist())]
+
+    def broadcast_(self, tensor: torch.Tensor) -> None:
+        if tensor.device != self.device:
+            staged = tensor.to(self.device)
+            dist.broadcast(staged, 0)
+            tensor.copy_(staged)
+        else:
+            dist.broadcast(tensor, 0)
+
+    def verify_identical(self, tensor: torch.Tensor, what: str) -> None:
+        """Fail, naming the ranks, unless ``tensor`` is bit-for-bit alike on every rank."""
+        data = tensor.detach().double().flatten()
+        weights = torch.arange(1, data.numel() + 1, dtype=torch.float64, device=data.device)
+        local = torch.stack([data.sum(), (data * weights).sum(), data.abs().sum()]).to(self.device)
+        prints = [torch.empty_like(local) for _ in range(self.world_size)]
+        dist.all_gather(prints, local)
+        differ = [r for r, p in enumerate(prints) if not torch.equal(p, prints[0])]
+        if differ:
+            raise RuntimeError(f"{what} differ between rank 0 and rank(s) {differ}")
+
+    # Straggler preemption counts finished workers in the process group's key-value store.
+    def _get_store(self) -> Any:
+        if self._store is None:
+            from torch.distributed import distributed_c10d
+
+            self._store = distributed_c10d._get_default_store()
+        return self._store
+
+    def mark_finished(self, tag: int) -> None:
+        self._get_store().add(f"distrl/finished/{tag}", 1)
+
+    def count_finished(self, tag: int) -> int:
+        return int(self._get_store().add(f"distrl/finished/{tag}", 0))
+
+
+def checksum(tensor: torch.Tensor) -> str:
+    """A short hex digest of a tensor's bytes, for logs and tests."""
+    import hashlib
+
+    return hashlib.sha256(tensor.detach().cpu().contiguous().numpy().tobytes()).hexdigest()[:16]
+
+
+def init_process_group(run: RunConfig, strategy: StrategyConfig) -> torch.device:
+    """Join the group described by the ``env://`` variables; returns this rank's device."""
+    device = resolve_device(run.device)
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if device.type == "cuda":
+        device = torch.device("cuda", local_rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    kwargs: dict[str, Any] = {"backend": backend, "timeout": timedelta(seconds=strategy.timeout_s)}
+    if device.type == "cuda":
+        kwargs["device_id"] = device
+    dist.init_process_group(**kwargs)
+    return device
+
+
+def run_worker(run: RunConfig, strategy: StrategyConfig, cfg: PPOConfig, run_dir: Path,
+               resume_path: Path | None = None) -> dict[str, Any] | None:
+    """Train as one rank of an already described group; rank 0 returns the run's summary."""
+    start = time.perf_counter()
+    device = init_process_group(run, strategy)
+    try:
+        sync = DistributedSync(device, strategy.timeout_s)
+        world = sync.world_size
+        if strategy.workers not in (1, world):
+            raise ConfigError(f"workers={strategy.workers} differs from the process group's world size {world}")
+        strategy = dataclasses.replace(strategy, workers=world)
+        effective = scaled(cfg, strategy, world)
+        trainer = OnPolicyTrainer(run.replace(device=str(device.type)), effective, sync=sync,
+                                  run_dir=run_dir if sync.rank == 0 else None, strategy=strategy,
+                                  requested=cfg, device=device)
+        try:
+            if resume_path is not None and sync.rank == 0:
+                trainer.load_checkpoint(resume_path)
+            trainer.broadcast_state()
+            sync.verify_identical(trainer.agent.params.data, "parameters after the start-up broadcast")
+            trainer.train()
+        except BaseException:
+            trainer.close()
+            raise
+        summary = trainer.finish(time.perf_counter() - start)
+        return summary if sync.rank == 0 else None
+    finally:
+        dist.destroy_process_group()

@@ -1,0 +1,160 @@
+"""Launchers: they only start worker processes; :mod:`distrl.strategies.ddp` does the rest.
+
+- local (default): N processes on this machine, each the same ``distrl`` command with
+  torch.distributed's ``env://`` variables set, exactly as torchrun would start them.
+- torchrun: nothing to do here; the command sees the variables and runs as a worker.
+- Ray: N actors on a Ray cluster (or an embedded local instance) form the group.
+
+A worker that fails ends the whole job: the launcher stops the others and reports the
+failed rank with the last lines it printed.
+"""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+STOP_GRACE_S = 5.0
+
+
+class WorkerFailed(RuntimeError):
+    """A worker process exited with an error; the message names its rank."""
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
+    """Linux: deliver SIGKILL to this worker if the launcher dies, so no worker is orphaned."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+class _Worker:
+    def __init__(self, rank: int, process: subprocess.Popen):
+        self.rank = rank
+        self.process = process
+        self.tail: collections.deque[str] = collections.deque(maxlen=30)
+        self.reader = threading.Thread(target=self._pump, daemon=True)
+        self.reader.start()
+
+    def _pump(self) -> None:
+        assert self.process.stderr is not None
+        for line in self.process.stderr:
+            self.tail.append(line.rstrip("\n"))
+            if self.rank == 0:
+                sys.stderr.write(line)
+            else:
+                sys.stderr.write(f"[rank {self.rank}] {line}")
+            sys.stderr.flush()
+
+
+def _describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit status {code}"
+
+
+def _error_line(tail: collections.deque[str]) -> str:
+    lines = [line for line in tail if line.strip()]
+    for line in reversed(lines):
+        if line.startswith("distrl: error:") or "Error" in line or "Exception" in line:
+            return line.strip()
+    return lines[-1].strip() if lines else "no output"
+
+
+def launch_local(argv: list[str], workers: int, timeout_s: float) -> None:
+    """Run ``python -m distrl *argv`` as ``workers`` ranks on this machine; raise WorkerFailed on failure."""
+    port = free_port()
+    base = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(workers),
+                LOCAL_WORLD_SIZE=str(workers), PYTHONUNBUFFERED="1")
+    procs: list[_Worker] = []
+    preexec = _die_with_parent if sys.platform.startswith("linux") else None
+    try:
+        for rank in range(workers):
+            env = dict(base, RANK=str(rank), LOCAL_RANK=str(rank))
+            process = subprocess.Popen([sys.executable, "-m", "distrl", *argv], env=env, stderr=subprocess.PIPE,
+                                       text=True, preexec_fn=preexec)
+            procs.append(_Worker(rank, process))
+        _wait_all(procs)
+    finally:
+        _stop_all(procs)
+
+
+def _wait_all(procs: list[_Worker]) -> None:
+    running = list(procs)
+    while running:
+        for worker in list(running):
+            code = worker.process.poll()
+            if code is None:
+                continue
+            running.remove(worker)
+            if code != 0:
+                _stop_all(procs)
+                worker.reader.join(timeout=2.0)
+                raise WorkerFailed(f"rank {worker.rank} failed ({_describe_exit(code)}): {_error_line(worker.tail)}")
+        time.sleep(0.05)
+
+
+def _stop_all(procs: list[_Worker]) -> None:
+    alive = [w for w in procs if w.process.poll() is None]
+    for worker in alive:
+        worker.process.terminate()
+    deadline = time.monotonic() + STOP_GRACE_S
+    for worker in alive:
+        try:
+            worker.process.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            worker.process.kill()
+            worker.process.wait()
+
+
+def launch_ray(worker_fn: Any, args: tuple, workers: int, ray_address: str, run_dir: Path,
+               timeout_s: float, worker_cpus: float = 1.0, worker_gpus: float = 0.0) -> Any:
+    """Run ``worker_fn(*args)`` as ``workers`` Ray actors forming one process group; returns rank 0's result."""
+    from distrl.strategies.ray_engine import RankActor, ray_session
+
+    with ray_session(ray_address, run_dir) as ray:
+        actor_cls = ray.remote(RankActor)
+        actors = [actor_cls.options(num_cpus=worker_cpus, num_gpus=worker_gpus).remote(rank, workers)
+                  for rank in range(workers)]
+        try:
+            host, port = ray.get(actors[0].rendezvous_address.remote(), timeout=timeout_s)
+            refs = [actor.run.remote(host, port, worker_fn, *args) for actor in actors]
+            results = _wait_ray(ray, refs)
+        finally:
+            for actor in actors:
+                ray.kill(actor)
+        return results[0]
+
+
+def _wait_ray(ray: Any, refs: list) -> list:
+    pending = list(refs)
+    results: dict[int, Any] = {}
+    while pending:
+        done, pending = ray.wait(pending, num_returns=1)
+        ref = done[0]
+        rank = refs.index(ref)
+        try:
+            results[rank] = ray.get(ref)
+        except Exception as exc:  # noqa: BLE001 - any actor failure ends the job, named by rank
+            cause = getattr(exc, "cause", None) or exc
+            raise WorkerFailed(f"rank {rank} failed: {type(cause).__name__}: {cause}") from None
+    return [results[r] for r in range(len(refs))]

@@ -1,0 +1,96 @@
+"""Ray as an engine: one session per run and the actor that hosts a ddp rank.
+
+With no address, an embedded local Ray instance starts with the run (bound to
+127.0.0.1, no dashboard) and stops with it; with an address the run joins that cluster.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from distrl.config import ConfigError
+
+
+def import_ray() -> Any:
+    try:
+        import ray
+    except ImportError:
+        raise ConfigError("Ray is not installed: pip install 'distrl[ray]'") from None
+    return ray
+
+
+@contextmanager
+def ray_session(address: str, run_dir: Path | None = None) -> Iterator[Any]:
+    """Yield the ``ray`` module with a connected session; shut it down after if this call started it."""
+    ray = import_ray()
+    started = False
+    if not ray.is_initialized():
+        kwargs: dict[str, Any] = {"logging_level": logging.WARNING, "log_to_driver": False}
+        if address:
+            _probe(address)
+            try:
+                ray.init(address=address, **kwargs)
+            except Exception as exc:  # noqa: BLE001 - Ray raises several types for an unreachable cluster
+                raise ConfigError(f"ray_address={address!r}: cannot connect to a Ray cluster ({exc})") from None
+        else:
+            ray.init(num_cpus=os.cpu_count(), include_dashboard=False, _node_ip_address="127.0.0.1", **kwargs)
+        started = True
+        if run_dir is not None:
+            _link_session_logs(ray, run_dir)
+    try:
+        yield ray
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def _probe(address: str, timeout_s: float = 5.0) -> None:
+    """Fail fast when HOST:PORT does not accept connections (Ray itself retries for minutes)."""
+    if address == "auto" or address.startswith("ray://") or ":" not in address:
+        return
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout_s):
+            pass
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"ray_address={address!r}: cannot connect to a Ray cluster ({exc})") from None
+
+
+def _link_session_logs(ray: Any, run_dir: Path) -> None:
+    """Point ``run_dir/ray-logs`` at this Ray session's log directory."""
+    try:
+        session_dir = Path(ray.get_runtime_context().get_session_dir() if hasattr(ray.get_runtime_context(), "get_session_dir")
+                           else ray._private.worker._global_node.get_session_dir_path())
+    except Exception:  # noqa: BLE001 - logs are a convenience, never a reason to fail a run
+        return
+    run_dir.mkdir(parents=True, exist_ok=True)
+    link = run_dir / "ray-logs"
+    if not link.exists() and (session_dir / "logs").exists():
+        link.symlink_to(session_dir / "logs")
+
+
+class RankActor:
+    """A Ray actor that runs one rank of a torch.distributed group."""
+
+    def __init__(self, rank: int, world_size: int):
+        self.rank = rank
+        self.world_size = world_size
+
+    def rendezvous_address(self) -> tuple[str, int]:
+        """This node's address and a free port, for rank 0 to host the group's store."""
+        import ray
+
+        from distrl.strategies.launch import free_port
+
+        return ray.util.get_node_ip_address(), free_port()
+
+    def run(self, host: str, port: int, fn: Any, *args: Any) -> Any:
+        os.environ.update(RANK=str(self.rank), WORLD_SIZE=str(self.world_size), MASTER_ADDR=host,
+                          MASTER_PORT=str(port), LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
+        return fn(*args)

@@ -1,0 +1,54 @@
+"""Run a function as the ranks of a gloo process group, in spawned processes (tests only)."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import queue
+import traceback
+from datetime import timedelta
+
+from distrl.strategies.launch import free_port
+
+
+def _entry(fn, rank, world_size, port, results, args):
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port), LOCAL_RANK=str(rank))
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", timeout=timedelta(seconds=60))
+    try:
+        results.put((rank, fn(rank, world_size, *args), None))
+    except BaseException:  # noqa: BLE001 - report everything to the parent
+        results.put((rank, None, traceback.format_exc()))
+    finally:
+        dist.destroy_process_group()
+
+
+def run_ranks(fn, world_size: int, *args, timeout: float = 120.0) -> list:
+    """``fn(rank, world_size, *args)`` on every rank; returns the results in rank order."""
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_entry, args=(fn, r, world_size, port, results, args)) for r in range(world_size)]
+    for p in procs:
+        p.start()
+    out, errors = {}, []
+    try:
+        for _ in range(world_size):
+            rank, value, error = results.get(timeout=timeout)
+            if error:
+                errors.append(f"rank {rank}:\n{error}")
+            out[rank] = value
+    except queue.Empty:
+        errors.append(f"ranks {sorted(set(range(world_size)) - set(out))} did not answer within {timeout}s")
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+    if errors:
+        raise AssertionError("\n".join(errors))
+    return [out[r] for r in range(world_size)]

@@ -1,0 +1,195 @@
+"""ddp: equivalence with single, start-up agreement, KL agreement, straggler preemption."""
+
+import dataclasses
+
+import pytest
+import torch
+from gymnasium import spaces
+
+from distrl.algos.ppo import PPOAlgo, _Table
+from distrl.config import ConfigError, PPOConfig, RunConfig, StrategyConfig, scaled
+from distrl.data.rollout import RolloutBatch
+from distrl.nets import ActorCritic
+from distrl.strategies.single import LocalSync
+from distrl.train import OnPolicyTrainer
+from distributed import run_ranks
+
+pytestmark = pytest.mark.multiprocess
+
+N = 64
+UPDATE_CFG = PPOConfig(n_envs=1, n_steps=N, batch_size=N, n_epochs=4, learning_rate=0.01, max_grad_norm=0.05,
+                       ent_coef=0.01, clip_range_vf=0.2)
+
+
+def fixed_batch(seed: int = 0, n: int = N) -> RolloutBatch:
+    agent = ActorCritic(4, spaces.Discrete(2), (16, 16), seed=0)
+    g = torch.Generator().manual_seed(seed)
+    obs = torch.randn(n, 4, generator=g)
+    actions = torch.randint(0, 2, (n,), generator=g)
+    valid = torch.ones(n)
+    valid[::7] = 0.0
+    return RolloutBatch(obs=obs, actions=actions, log_probs=agent.log_prob(obs, actions) + 0.2 * torch.randn(n, generator=g),
+                        values=torch.randn(n, generator=g), advantages=3 * torch.randn(n, generator=g) + 1,
+                        returns=torch.randn(n, generator=g), valid=valid, policy_version=0)
+
+
+def shard(batch: RolloutBatch, rank: int, world: int) -> RolloutBatch:
+    size = batch.size // world
+    part = slice(rank * size, (rank + 1) * size)
+    return RolloutBatch(**{f.name: (getattr(batch, f.name)[part] if f.name != "policy_version" else 0)
+                           for f in dataclasses.fields(batch)})
+
+
+def update_on_shard(rank, world, cfg):
+    from distrl.strategies.ddp import DistributedSync
+
+    agent = ActorCritic(4, spaces.Discrete(2), (16, 16), seed=0)
+    algo = PPOAlgo(dataclasses.replace(cfg, batch_size=cfg.batch_size // world), agent, seed=0)
+    metrics = algo.update(shard(fixed_batch(), rank, world), DistributedSync(torch.device("cpu"), 60))
+    return agent.params.data.clone(), metrics
+
+
+def single_update(cfg):
+    agent = ActorCritic(4, spaces.Discrete(2), (16, 16), seed=0)
+    metrics = PPOAlgo(cfg, agent, seed=0).update(fixed_batch(), LocalSync())
+    return agent.params.data.clone(), metrics
+
+
+def clip_then_average(cfg):
+    """What clipping each worker's gradient before averaging would give (the wrong order)."""
+    agents = [ActorCritic(4, spaces.Discrete(2), (16, 16), seed=0) for _ in range(2)]
+    algos = [PPOAlgo(dataclasses.replace(cfg, batch_size=N // 2), a, seed=0) for a in agents]
+
+    class ClipFirst(LocalSync):
+        def gradients(self, grad, stats):
+            count = float(stats[0])
+            grad.div_(count).mul_(min(1.0, cfg.max_grad_norm / (float(grad.norm()) + 1e-6))).mul_(count)
+
+    batch = fixed_batch()
+    shards = [shard(batch, r, 2) for r in range(2)]
+    valid_adv = batch.advantages[batch.valid > 0]
+    mean_adv, std_adv = valid_adv.mean(), valid_adv.std(unbiased=False)  # global statistics, as ddp uses
+    for _ in range(cfg.n_epochs):
+        grads = []
+        for algo, part in zip(algos, shards):
+            table = _Table(part, (part.advantages - mean_adv) / (std_adv + 1e-8) * part.valid)
+            stats = algo._minibatch_gradient(table.all_rows(), 0.2)
+            ClipFirst().gradients(algo.agent.params.grad, stats)
+            grads.append(algo.agent.params.grad / float(stats[0]))
+        mean = (grads[0] + grads[1]) / 2
+        for algo in algos:
+            algo.agent.params.grad.copy_(mean)
+            algo.optimizer.max_grad_norm = None
+            algo.optimizer.step(cfg.learning_rate)
+    return agents[0].params.data.clone()
+
+
+def test_one_update_with_two_ranks_equals_single_process_with_binding_clip():
+    (p0, m0), (p1, _) = run_ranks(update_on_shard, 2, UPDATE_CFG)
+    single, metrics = single_update(UPDATE_CFG)
+    assert metrics["losses/grad_norm"] > 5 * UPDATE_CFG.max_grad_norm  # the clip binds
+    assert torch.equal(p0, p1)
+    torch.testing.assert_close(p0, single, rtol=0, atol=1e-6)
+    assert m0["losses/gradient_steps"] == metrics["losses/gradient_steps"] == UPDATE_CFG.n_epochs
+    wrong = clip_then_average(UPDATE_CFG)
+    assert float((wrong - single).abs().max()) > 1e-4  # so clipping before the sync would fail this test
+
+
+def kl_update(rank, world):
+    from distrl.strategies.ddp import DistributedSync
+
+    agent = ActorCritic(4, spaces.Discrete(2), (16, 16), seed=0)
+    cfg = PPOConfig(n_envs=1, n_steps=32, batch_size=8, n_epochs=5, learning_rate=1e-3, target_kl=0.02)
+    algo = PPOAlgo(cfg, agent, seed=rank)
+    batch = shard(fixed_batch(), rank, world)
+    if rank == 1:  # far-off behaviour log-probs: a large local KL on this rank only
+        batch = dataclasses.replace(batch, log_probs=batch.log_probs - 3.0)
+    metrics = algo.update(batch, DistributedSync(torch.device("cpu"), 30))
+    return metrics["losses/gradient_steps"], metrics["losses/stopped_early"], metrics["losses/approx_kl"]
+
+
+def test_target_kl_stop_agrees_on_all_ranks():
+    (steps0, stop0, kl0), (steps1, stop1, kl1) = run_ranks(kl_update, 2, timeout=90)
+    assert stop0 == stop1 == 1.0
+    assert steps0 == steps1 == 0  # the first minibatch already exceeds 1.5 * target_kl globally
+    assert kl0 == kl1 > 0.03
+
+
+def startup(rank, world):
+    from distrl.strategies.ddp import DistributedSync, checksum
+
+    run = RunConfig(env="CartPole-v1", total_steps=10_000, seed=rank * 17, vec="sync", quiet=True)
+    trainer = OnPolicyTrainer(run, PPOConfig(n_envs=2, n_steps=8, batch_size=16), sync=DistributedSync(torch.device("cpu"), 30))
+    before = checksum(trainer.agent.params.data)
+    trainer.broadcast_state()
+    trainer.sync.verify_identical(trainer.agent.params.data, "parameters")
+    after = checksum(torch.cat([trainer.agent.params.data, trainer.algo.optimizer.exp_avg]))
+    trainer.close()
+    return before, after
+
+
+def test_startup_broadcast_gives_every_rank_rank0s_parameters():
+    (before0, after0), (before1, after1) = run_ranks(startup, 2)
+    assert before0 != before1  # different seeds: different initial weights
+    assert after0 == after1
+
+
+def whole_run(rank, world, cfg, iterations):
+    from distrl.strategies.ddp import DistributedSync
+
+    run = RunConfig(env="CartPole-v1", total_steps=iterations * cfg.rollout_size * world, seed=5, vec="sync", quiet=True)
+    trainer = OnPolicyTrainer(run, cfg, sync=DistributedSync(torch.device("cpu"), 30))
+    trainer.broadcast_state()
+    trainer.train()
+    trainer.close()
+    return trainer.agent.params.data.clone(), trainer.steps
+
+
+def test_whole_run_with_two_ranks_equals_single_process_on_the_same_envs():
+    cfg = PPOConfig(n_envs=4, n_steps=16, batch_size=64, n_epochs=3, learning_rate=3e-3, normalize_obs=True)
+    (p0, steps), (p1, _) = run_ranks(whole_run, 2, cfg, 4)
+    single_cfg = dataclasses.replace(cfg, n_envs=8, batch_size=128)
+    run = RunConfig(env="CartPole-v1", total_steps=steps, seed=5, vec="sync", quiet=True)
+    single = OnPolicyTrainer(run, single_cfg)
+    single.train()
+    single.close()
+    assert single.steps == steps == 4 * 128
+    assert torch.equal(p0, p1)
+    torch.testing.assert_close(p0, single.agent.params.data, rtol=0, atol=2e-5)
+
+
+def straggler(rank, world):
+    from distrl.strategies.ddp import DistributedSync
+
+    strategy = StrategyConfig(strategy="ddp", workers=2, sync_frac=0.5, min_rollout_frac=0.25)
+    cfg = PPOConfig(n_envs=1, n_steps=64, batch_size=16, n_epochs=1)
+    run = RunConfig(env="distrl_testenvs:SlowOnRank1CartPole", total_steps=10**6, seed=0, vec="sync", quiet=True)
+    trainer = OnPolicyTrainer(run, cfg, sync=DistributedSync(torch.device("cpu"), 30), strategy=strategy)
+    trainer.broadcast_state()
+    rows = []
+    for _ in range(3):
+        trainer.train(stop_at=trainer.steps + 1)
+        m = trainer.last_metrics
+        rows.append((m["time/collected_steps"], m["time/collect_s"], m["charts/local_samples"], m["losses/trained_samples"]))
+    trainer.close()
+    return rows
+
+
+def test_straggler_preemption_follows_the_fast_rank_and_trains_on_every_sample():
+    fast, slow = run_ranks(straggler, 2, timeout=120)
+    for (f_steps, _, f_samples, total), (s_steps, s_time, s_samples, total1) in zip(fast, slow):
+        assert f_steps == 64
+        assert 16 <= s_steps < 64  # stopped early, after at least min_rollout_frac of its rollout
+        assert s_time < 0.6 * 64 * 0.01  # far less than its full rollout (64 steps x 10 ms)
+        assert total == total1 == f_samples + s_samples  # the update saw every collected sample
+
+
+def test_equivalent_scaling_divides_steps_and_multiplies_lr():
+    cfg = PPOConfig(n_envs=2, n_steps=512, batch_size=64, learning_rate=1e-3)
+    out = scaled(cfg, StrategyConfig(strategy="ddp", workers=4, scaling="equivalent"), 4)
+    assert (out.n_steps, out.learning_rate) == (128, 4e-3)
+    assert scaled(cfg, StrategyConfig(strategy="ddp", workers=4), 4) is cfg
+    with pytest.raises(ConfigError, match="n_steps=512 .*divisible by the 3 workers"):
+        scaled(cfg, StrategyConfig(strategy="ddp", workers=3, scaling="equivalent"), 3)
+    with pytest.raises(ConfigError, match="workers=2 .* --strategy ddp"):
+        StrategyConfig(workers=2)

@@ -1,0 +1,133 @@
+"""ddp launch paths end to end: local launcher, torchrun, Ray; failures; resume."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+pytestmark = pytest.mark.multiprocess
+
+SMALL = ["--n-envs", "4", "--n-steps", "32", "--batch-size", "64", "--n-epochs", "2", "--quiet"]
+
+
+def distrl(*args, timeout=180, **kwargs):
+    return subprocess.run([sys.executable, "-m", "distrl", *args], capture_output=True, text=True, timeout=timeout, **kwargs)
+
+
+def summary(run_dir):
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def test_local_launcher_runs_two_ranks_and_merges_their_episodes(tmp_path):
+    run_dir = tmp_path / "run"
+    result = distrl("train", "ppo", "CartPole-v1", "--strategy", "ddp", "--workers", "2", "--total-steps", "4096",
+                    *SMALL, "--run-dir", str(run_dir))
+    assert result.returncode == 0, result.stderr
+    s = summary(run_dir)
+    assert s["workers"] == 2 and s["strategy"] == "ddp" and s["total_steps"] == 4096
+    merged = (run_dir / "monitor.csv").read_text().splitlines()[2:]
+    per_rank = [(run_dir / "ranks" / f"rank-{r}.monitor.csv").read_text().splitlines()[2:] for r in range(2)]
+    assert len(per_rank[0]) > 0 and len(per_rank[1]) > 0
+    assert len(merged) == len(per_rank[0]) + len(per_rank[1])
+    config = json.loads((run_dir / "config.json").read_text())
+    assert config["strategy"]["workers"] == 2
+
+
+def test_torchrun_launch_uses_the_same_code_path(tmp_path):
+    run_dir = tmp_path / "run"
+    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                             "-m", "distrl", "train", "ppo", "CartPole-v1", "--strategy", "ddp", "--total-steps", "2048",
+                             *SMALL, "--run-dir", str(run_dir)], capture_output=True, text=True, timeout=180)
+    assert result.returncode == 0, result.stderr
+    assert summary(run_dir)["workers"] == 2 and summary(run_dir)["total_steps"] == 2048
+
+
+def test_equivalent_scaling_is_recorded_and_impossible_scaling_fails_before_start(tmp_path):
+    run_dir = tmp_path / "run"
+    ok = distrl("train", "ppo", "CartPole-v1", "--strategy", "ddp", "--workers", "2", "--scaling", "equivalent",
+                "--total-steps", "1024", *SMALL, "--run-dir", str(run_dir))
+    assert ok.returncode == 0, ok.stderr
+    effective = json.loads((run_dir / "config.json").read_text())["ppo_effective"]
+    assert effective["n_steps"] == 16 and effective["learning_rate"] == pytest.approx(2 * 2e-3)  # preset lr 2e-3
+    bad = distrl("train", "ppo", "CartPole-v1", "--strategy", "ddp", "--workers", "2", "--scaling", "equivalent",
+                 "--n-steps", "33", "--n-envs", "2", "--batch-size", "33", "--run-dir", str(tmp_path / "bad"))
+    assert bad.returncode == 2 and "n_steps=33" in bad.stderr and not (tmp_path / "bad").exists()
+
+
+def test_a_rank_that_raises_ends_the_job_naming_the_rank(tmp_path):
+    start = time.monotonic()
+    result = distrl("train", "ppo", "distrl_testenvs:ExplodingOnRank1", "--strategy", "ddp", "--workers", "2",
+                    "--vec", "sync", "--total-steps", "100000", *SMALL, "--run-dir", str(tmp_path / "run"))
+    assert time.monotonic() - start < 60
+    assert result.returncode == 1
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("distrl: error: rank 1 failed") and "boom from rank 1's env" in last
+
+
+def test_a_killed_rank_ends_the_job_within_60s_and_leaves_no_process(tmp_path):
+    psutil = pytest.importorskip("psutil")
+    launcher = subprocess.Popen([sys.executable, "-m", "distrl", "train", "ppo", "CartPole-v1", "--strategy", "ddp",
+                                 "--workers", "2", "--total-steps", "10000000", *SMALL, "--run-dir", str(tmp_path / "run")],
+                                stderr=subprocess.PIPE, text=True)
+    parent = psutil.Process(launcher.pid)
+    deadline = time.monotonic() + 60
+    victim = None
+    while victim is None and time.monotonic() < deadline:
+        for child in parent.children():
+            try:
+                if child.environ().get("RANK") == "1" and (tmp_path / "run" / "monitor.csv").exists():
+                    victim = child
+            except psutil.Error:
+                pass
+        time.sleep(0.2)
+    assert victim is not None, "rank 1 never started"
+    time.sleep(1.0)
+    children = parent.children()
+    os.kill(victim.pid, signal.SIGKILL)
+    killed_at = time.monotonic()
+    _, err = launcher.communicate(timeout=60)
+    assert time.monotonic() - killed_at < 60
+    assert launcher.returncode == 1
+    assert "rank 1 failed (killed by SIGKILL)" in err
+    time.sleep(0.5)
+    assert not [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
+
+
+def test_ddp_run_resumes_from_its_checkpoint(tmp_path):
+    run_dir = tmp_path / "run"
+    args = ["train", "ppo", "CartPole-v1", "--strategy", "ddp", "--workers", "2", *SMALL]
+    first = distrl(*args, "--total-steps", "1024", "--checkpoint-every", "512", "--run-dir", str(run_dir))
+    assert first.returncode == 0, first.stderr
+    again = distrl(*args, "--resume", str(run_dir), "--total-steps", "2048")
+    assert again.returncode == 0, again.stderr
+    assert summary(run_dir)["total_steps"] == 2048
+
+
+def test_ray_launcher_places_ranks_as_actors(tmp_path):
+    pytest.importorskip("ray")
+    run_dir = tmp_path / "run"
+    result = distrl("train", "ppo", "CartPole-v1", "--strategy", "ddp", "--workers", "2", "--launcher", "ray",
+                    "--total-steps", "2048", *SMALL, "--run-dir", str(run_dir), timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert summary(run_dir)["workers"] == 2 and summary(run_dir)["total_steps"] == 2048
+
+
+def test_unreachable_ray_cluster_is_a_clear_error(tmp_path):
+    pytest.importorskip("ray")
+    result = distrl("train", "ppo", "CartPole-v1", "--strategy", "ddp", "--workers", "2",
+                    "--ray-address", "127.0.0.1:1", "--total-steps", "1024", *SMALL, "--run-dir", str(tmp_path / "r"))
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1].startswith("distrl: error: ray_address='127.0.0.1:1'")
+
+
+@pytest.mark.slow
+def test_ddp_with_two_workers_solves_cartpole(tmp_path):
+    run_dir = tmp_path / "run"
+    result = distrl("train", "ppo", "CartPole-v1", "--strategy", "ddp", "--workers", "2", "--quiet",
+                    "--run-dir", str(run_dir), timeout=600)
+    assert result.returncode == 0, result.stderr
+    assert summary(run_dir)["final_eval_mean_return"] >= 475
