@@ -118,6 +118,7 @@ class RunLogger:
         self.console = Console(total_steps, quiet)
         self.recent_returns: deque[float] = deque(maxlen=100)
         self._tb: Any = None
+        self._last_scalars = float("-inf")
 
     @property
     def tb(self) -> Any:
@@ -140,7 +141,12 @@ class RunLogger:
             self.tb.add_scalar("charts/episodic_return", float(np.mean(returns)), step)
             self.tb.add_scalar("charts/episodic_length", float(np.mean(lengths)), step)
 
-    def scalars(self, values: dict[str, float], step: int) -> None:
+    def scalars(self, values: dict[str, float], step: int, every_s: float = 0.0) -> None:
+        """Write scalars to TensorBoard; with ``every_s``, at most that often (short iterations)."""
+        now = time.monotonic()
+        if every_s and now - self._last_scalars < every_s:
+            return
+        self._last_scalars = now
         for name, value in values.items():
             self.tb.add_scalar(name, value, step)
 

@@ -87,6 +87,7 @@ class MLP:
         self.activation = activation
         n = len(sizes) - 1
         self.weights = [params.view(f"{prefix}.{i}.weight") for i in range(n)]
+        self.weights_t = [w.t() for w in self.weights]  # views: they follow in-place updates
         self.biases = [params.view(f"{prefix}.{i}.bias") for i in range(n)]
         self.weight_grads = [params.grad_view(f"{prefix}.{i}.weight") for i in range(n)]
         self.bias_grads = [params.grad_view(f"{prefix}.{i}.bias") for i in range(n)]
@@ -143,7 +144,7 @@ class MLP:
                 torch.sum(grad, 0, out=self.bias_grads[i])
             if i == 0 and not input_grad:
                 return None
-            grad = grad @ self.weights[i].t()
+            grad = grad.mm(self.weights_t[i])
             if i > 0:  # inputs[i] is the activation output of layer i - 1
                 if self.activation == "tanh":
                     grad = torch.ops.aten.tanh_backward(grad, inputs[i])

@@ -28,8 +28,8 @@ class Sync(Protocol):
         """Element-wise sum of a small float64 array over workers."""
         ...
 
-    def gather(self, values: np.ndarray) -> list[np.ndarray]:
-        """Every worker's float64 array [n_r, ...] (lengths may differ), in rank order."""
+    def gather(self, values: np.ndarray, counts: list[int] | None = None) -> list[np.ndarray]:
+        """Every worker's float64 array [n_r, ...] (lengths may differ, ``counts`` when known), in rank order."""
         ...
 
     def broadcast_(self, tensor: torch.Tensor) -> None:

@@ -107,6 +107,7 @@ class OnPolicyTrainer:
         self.episodes = 0
         self.policy_version = 0
         self.train_s = 0.0
+        self.update_s = 0.0
         self.eval_s = 0.0
         self.last_eval: tuple[float, float] | None = None
         self.last_metrics: dict[str, float] = {}
@@ -144,23 +145,23 @@ class OnPolicyTrainer:
             rollout = self.collector.collect(self.policy_version, preempt, min_steps)
             if preempt is not None and rollout.collected_steps == self.cfg.n_steps:
                 self.sync.mark_finished(self.iteration)
-            self._update_normalizers(rollout)
-            local = np.array([rollout.steps, len(rollout.episode_returns), rollout.valid.sum()], dtype=np.float64)
-            global_steps, global_episodes, global_samples = self.sync.all_sum(local)
-            self.steps += int(global_steps)
-            self.episodes += int(global_episodes)
             batch = self.algo.prepare(rollout)
+            totals = self._sum_over_workers(rollout, batch)
+            self.steps += int(totals["steps"][0])
+            self.episodes += int(totals["episodes"].sum())
             update_start = time.perf_counter()
-            metrics = self.algo.update(batch, self.sync, progress_remaining=max(0.0, 1.0 - self.steps / total))
+            metrics = self.algo.update(batch, self.sync, progress_remaining=max(0.0, 1.0 - self.steps / total),
+                                       advantage_moments=totals["advantages"])
             self.policy_version += 1
             self.iteration += 1
             now = time.perf_counter()
             self.train_s += now - start
-            metrics.update({"charts/samples": float(global_samples), "charts/local_samples": float(local[2]),
+            self.update_s += now - update_start
+            metrics.update({"charts/samples": float(totals["samples"][0]), "charts/local_samples": float(rollout.valid.sum()),
                             "time/collect_s": rollout.collect_s,
                             "time/update_s": now - update_start, "time/collected_steps": float(rollout.collected_steps)})
             self.last_metrics = metrics
-            self._log(rollout.episode_returns, rollout.episode_lengths, metrics)
+            self._log(rollout.episode_returns, rollout.episode_lengths, totals["episodes"], metrics)
             if self._crossed(self.run.eval_every) and self._evaluate_and_check_target():
                 break
             if self._crossed(self.run.checkpoint_every) and self.steps < total:
@@ -182,15 +183,36 @@ class OnPolicyTrainer:
         per_iteration = self.cfg.rollout_size * self.sync.world_size
         return self.steps // every > (self.steps - per_iteration) // every
 
-    def _update_normalizers(self, rollout: Any) -> None:
-        if self.cfg.normalize_obs:
-            assert rollout.obs_moments is not None
-            self.obs_normalizer.update(self.sync.all_sum(rollout.obs_moments))
-        if self.cfg.normalize_reward:
-            self.reward_scaler.update(self.sync.all_sum(self.reward_scaler.take_moments()))
+    def _sum_over_workers(self, rollout: Any, batch: Any) -> dict[str, np.ndarray]:
+        """One all-reduce per iteration for every count and statistic the workers must share.
 
-    def _log(self, returns: list[float], lengths: list[int], metrics: dict[str, float]) -> None:
-        episodes = self.sync.gather(np.stack([np.asarray(returns, np.float64), np.asarray(lengths, np.float64)], 1))
+        Steps, valid samples, per-worker episode counts, advantage moments and the
+        normalisers' moments travel together; collectives cost about a millisecond each
+        on small machines, so they are batched. Updates the normalisers.
+        """
+        episodes = np.zeros(self.sync.world_size)
+        episodes[self.sync.rank] = len(rollout.episode_returns)
+        parts = {"steps": np.array([rollout.steps]), "samples": np.array([rollout.valid.sum()]), "episodes": episodes,
+                 "advantages": self.algo.advantage_moments(batch)}
+        if self.cfg.normalize_obs:
+            parts["obs"] = rollout.obs_moments
+        if self.cfg.normalize_reward:
+            parts["reward"] = self.reward_scaler.take_moments()
+        summed = self.sync.all_sum(np.concatenate([np.asarray(v, dtype=np.float64) for v in parts.values()]))
+        out, offset = {}, 0
+        for name, value in parts.items():
+            out[name] = summed[offset:offset + len(value)]
+            offset += len(value)
+        if "obs" in out:
+            self.obs_normalizer.update(out["obs"])
+        if "reward" in out:
+            self.reward_scaler.update(out["reward"])
+        return out
+
+    def _log(self, returns: list[float], lengths: list[int], counts: np.ndarray, metrics: dict[str, float]) -> None:
+        """Log this iteration; every worker's finished episodes go to the main worker's monitor files."""
+        local = np.stack([np.asarray(returns, np.float64), np.asarray(lengths, np.float64)], 1)
+        episodes = self.sync.gather(local, counts.astype(int).tolist()) if counts.sum() else [local[:0]] * len(counts)
         if self.logger is None:
             return
         sps = self.steps / max(self.train_s, 1e-9)
@@ -198,7 +220,7 @@ class OnPolicyTrainer:
         for rank, part in enumerate(episodes):
             self.logger.episodes(part[:, 0].tolist(), part[:, 1].astype(int).tolist(), self.steps,
                                  rank if self.sync.world_size > 1 else None)
-        self.logger.scalars(metrics, self.steps)
+        self.logger.scalars(metrics, self.steps, every_s=0.2)  # many short iterations: about 5 points a second
         self.logger.console.update(self.steps, sps, self.logger.mean_return)
 
     def evaluate_now(self) -> tuple[float, float]:
@@ -221,6 +243,7 @@ class OnPolicyTrainer:
             "algo": self.run.algo, "env": self.env_id, "strategy": self.strategy.strategy,
             "workers": self.sync.world_size, "total_steps": self.steps, "iterations": self.iteration,
             "episodes": self.episodes, "train_s": self.train_s, "eval_s": self.eval_s,
+            "update_s": self.update_s, "sync_s": getattr(self.sync, "sync_s", 0.0),
             "sps": self.steps / max(self.train_s, 1e-9), "final_mean_return": mean_return,
             "final_eval_mean_return": self.last_eval[0] if self.last_eval else None,
             "final_eval_std_return": self.last_eval[1] if self.last_eval else None,

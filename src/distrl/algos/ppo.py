@@ -142,24 +142,33 @@ class PPOAlgo:
             policy_version=rollout.policy_version,
         )
 
-    def normalized_advantages(self, batch: RolloutBatch, sync: Sync) -> torch.Tensor:
-        """Advantages standardised with the mean and std over every worker's valid steps."""
+    @staticmethod
+    def advantage_moments(batch: RolloutBatch) -> np.ndarray:
+        """[count, sum, sum of squares] of the advantages over valid steps (summable over workers)."""
+        adv = batch.advantages.double()
+        return np.array([float(batch.valid.sum()), float((adv * batch.valid).sum()),
+                         float((adv.square() * batch.valid).sum())])
+
+    def normalized_advantages(self, batch: RolloutBatch, sync: Sync, moments: np.ndarray | None = None) -> torch.Tensor:
+        """Advantages standardised with the mean and std over every worker's valid steps.
+
+        ``moments`` are the already summed :meth:`advantage_moments` of all workers; without
+        them this sums them itself (one more collective).
+        """
         if not self.cfg.normalize_advantage:
             return batch.advantages
-        adv = batch.advantages.double()
-        local = np.array([float(batch.valid.sum()), float((adv * batch.valid).sum()),
-                          float((adv.square() * batch.valid).sum())])
-        count, total, total_sq = sync.all_sum(local)
+        count, total, total_sq = moments if moments is not None else sync.all_sum(self.advantage_moments(batch))
         mean = total / max(count, 1.0)
         std = np.sqrt(max(total_sq / max(count, 1.0) - mean * mean, 0.0))
         return ((batch.advantages - mean) / (std + 1e-8)) * batch.valid
 
-    def update(self, batch: RolloutBatch, sync: Sync, progress_remaining: float = 1.0) -> dict[str, float]:
+    def update(self, batch: RolloutBatch, sync: Sync, progress_remaining: float = 1.0,
+               advantage_moments: np.ndarray | None = None) -> dict[str, float]:
         """``n_epochs`` x minibatches of: loss gradient → ``sync.gradients`` → clip → Adam step."""
         cfg = self.cfg
         lr = linear(cfg.learning_rate, progress_remaining, cfg.lr_schedule)
         clip_range = linear(cfg.clip_range, progress_remaining, cfg.clip_schedule)
-        table = _Table(batch, self.normalized_advantages(batch, sync))
+        table = _Table(batch, self.normalized_advantages(batch, sync, advantage_moments))
         grad = self.agent.params.grad
         totals = torch.zeros(len(_STATS), dtype=torch.float64)
         grad_norms: list[float] = []

@@ -42,6 +42,8 @@ class DistributedSync:
         self.timeout_s = timeout_s
         self._buffer: torch.Tensor | None = None
         self._store: Any = None
+        self.sync_s = 0.0
+        """Seconds spent in gradient all-reduces (including waiting for slower workers)."""
 
     def gradients(self, grad: torch.Tensor, stats: torch.Tensor) -> None:
         """One all-reduce (sum) of the flat gradient and the statistics, packed in one buffer."""
@@ -51,7 +53,9 @@ class DistributedSync:
         buffer = self._buffer
         buffer[:n].copy_(grad)
         buffer[n:].copy_(stats)
+        start = time.perf_counter()
         dist.all_reduce(buffer)
+        self.sync_s += time.perf_counter() - start
         grad.copy_(buffer[:n])
         stats.copy_(buffer[n:])
 
@@ -60,18 +64,20 @@ class DistributedSync:
         dist.all_reduce(tensor)
         return tensor.cpu().numpy()
 
-    def gather(self, values: np.ndarray) -> list[np.ndarray]:
+    def gather(self, values: np.ndarray, counts: list[int] | None = None) -> list[np.ndarray]:
         values = np.asarray(values, dtype=np.float64)
         row_shape = values.shape[1:]
-        counts = torch.zeros(self.world_size, dtype=torch.float64, device=self.device)
-        counts[self.rank] = len(values)
-        dist.all_reduce(counts)
-        longest = int(counts.max())
+        if counts is None:
+            sizes = torch.zeros(self.world_size, dtype=torch.float64, device=self.device)
+            sizes[self.rank] = len(values)
+            dist.all_reduce(sizes)
+            counts = [int(c) for c in sizes.tolist()]
+        longest = max(counts)
         padded = torch.zeros((max(longest, 1), *row_shape), dtype=torch.float64, device=self.device)
         padded[:len(values)] = torch.from_numpy(values).to(self.device)
         parts = [torch.empty_like(padded) for _ in range(self.world_size)]
         dist.all_gather(parts, padded)
-        return [part[:int(c)].cpu().numpy() for part, c in zip(parts, counts.tolist())]
+        return [part[:c].cpu().numpy() for part, c in zip(parts, counts)]
 
     def broadcast_(self, tensor: torch.Tensor) -> None:
         if tensor.device != self.device:

@@ -18,7 +18,7 @@ class LocalSync:
     def all_sum(self, values: np.ndarray) -> np.ndarray:
         return values
 
-    def gather(self, values: np.ndarray) -> list[np.ndarray]:
+    def gather(self, values: np.ndarray, counts: list[int] | None = None) -> list[np.ndarray]:
         return [values]
 
     def broadcast_(self, tensor: torch.Tensor) -> None:

@@ -1,0 +1,131 @@
+"""ddp scaling: steps/s and wall time with 1 and 2 workers, speedup against ideal.
+
+    python benchmarks/scaling.py            # Hopper-v5 and CartPole-v1, writes docs/benchmarks.md + docs/scaling.png
+    python benchmarks/scaling.py --quick
+
+Every configuration trains the same total number of environment steps (``--scaling
+per-worker``: each worker keeps the single-process settings and the run ends sooner).
+Configurations alternate and repeat; medians are reported. The share of update time
+spent in the gradient all-reduce (including waiting for the other worker) comes from
+each run's summary.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).parents[1]
+WORKLOADS = {
+    # SB3's default PPO settings, one env per worker: 320 minibatches (all-reduces) per 2048 steps.
+    "Hopper-v5, SB3 defaults (batch 64)": ("Hopper-v5", ["--preset", "none", "--n-envs", "1"]),
+    # the same with 512-sample minibatches, as DD-PPO-style runs use: 40 all-reduces per 2048 steps.
+    "Hopper-v5, batch 512": ("Hopper-v5", ["--preset", "none", "--n-envs", "1", "--batch-size", "512"]),
+    # the CartPole preset: 32 native envs per worker, update-bound (20 all-reduces per 512 steps).
+    "CartPole-v1, preset": ("CartPole-v1", ["--preset", "auto"]),
+}
+CONFIGS = [("single", 1), ("ddp", 1), ("ddp", 2)]
+
+
+def run_once(workload: str, strategy: str, workers: int, steps: int) -> dict:
+    env, extra = WORKLOADS[workload]
+    with tempfile.TemporaryDirectory() as tmp:
+        run_dir = Path(tmp) / "run"
+        cmd = [sys.executable, "-m", "distrl", "train", "ppo", env, *extra, "--total-steps", str(steps),
+               "--strategy", strategy, "--workers", str(workers), "--quiet", "--run-dir", str(run_dir)]
+        start = time.perf_counter()
+        subprocess.run(cmd, check=True, capture_output=True, text=True)
+        wall = time.perf_counter() - start
+        summary = json.loads((run_dir / "summary.json").read_text())
+    summary["process_wall_s"] = wall
+    return summary
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    repeats = 1 if args.quick else args.repeats
+    rows = []
+    for env in WORKLOADS:
+        results: dict[tuple[str, int], list[dict]] = {c: [] for c in CONFIGS}
+        for i in range(repeats):
+            for config in (CONFIGS if i % 2 == 0 else CONFIGS[::-1]):
+                total = (51_200 if args.quick else 102_400) if env.startswith("CartPole") else (20_480 if args.quick else 61_440)
+                r = run_once(env, *config, total)
+                results[config].append(r)
+                print(f"{env} {config[0]:6s} x{config[1]}: {r['sps']:,.0f} SPS, train {r['train_s']:.1f}s", flush=True)
+        base_sps = statistics.median(r["sps"] for r in results[("single", 1)])
+        for config, runs in results.items():
+            sps = statistics.median(r["sps"] for r in runs)
+            train_s = statistics.median(r["train_s"] for r in runs)
+            share = statistics.median(r["sync_s"] / max(r["update_s"], 1e-9) for r in runs)
+            rows.append({"env": env, "strategy": config[0], "workers": config[1], "steps": runs[0]["total_steps"],
+                         "sps": sps, "train_s": train_s, "speedup": sps / base_sps, "ideal": float(config[1]),
+                         "sync_share": share})
+    write_report(rows, repeats)
+
+
+def write_report(rows: list[dict], repeats: int) -> None:
+    lines = [
+        "## ddp scaling",
+        "",
+        f"`python benchmarks/scaling.py` — {time.strftime('%Y-%m-%d')}, 2-core machine, {repeats} runs per "
+        "configuration, alternating, medians. Same total environment steps in every configuration; "
+        "`--scaling per-worker`. Speedup = SPS / SPS of `single`; ideal = number of workers. "
+        "All-reduce share = time in the gradient all-reduce (including waiting for the other worker) / update time.",
+        "",
+        "| workload | strategy | workers | total steps | SPS | training s | speedup | ideal | all-reduce share of update |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(f"| {r['env']} | {r['strategy']} | {r['workers']} | {r['steps']:,} | {r['sps']:,.0f} | "
+                     f"{r['train_s']:.1f} | {r['speedup']:.2f}× | {r['ideal']:.0f}× | {100 * r['sync_share']:.0f}% |")
+    lines += ["", "![ddp speedup against ideal](scaling.png)", ""]
+    section = "\n".join(lines)
+    out = ROOT / "docs" / "benchmarks.md"
+    text = out.read_text() if out.exists() else "# Benchmarks\n"
+    start = text.find("## ddp scaling")
+    if start >= 0:
+        end = text.find("\n## ", start + 1)
+        text = text[:start] + section + (text[end + 1:] if end >= 0 else "")
+    else:
+        text = text.rstrip() + "\n\n" + section
+    out.write_text(text)
+    print(section)
+    plot(rows, ROOT / "docs" / "scaling.png")
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    envs = list(dict.fromkeys(r["env"] for r in rows))
+    fig, axes = plt.subplots(1, len(envs), figsize=(5 * len(envs), 4), squeeze=False)
+    for ax, env in zip(axes[0], envs):
+        sub = [r for r in rows if r["env"] == env]
+        labels = [f"{r['strategy']}\n×{r['workers']}" for r in sub]
+        x = range(len(sub))
+        ax.bar([i - 0.2 for i in x], [r["ideal"] for r in sub], width=0.4, color="#cccccc", label="ideal")
+        ax.bar([i + 0.2 for i in x], [r["speedup"] for r in sub], width=0.4, color="#3366aa", label="measured")
+        for i, r in zip(x, sub):
+            ax.text(i + 0.2, r["speedup"] + 0.03, f"{r['speedup']:.2f}×", ha="center", fontsize=9)
+        ax.set_xticks(list(x), labels)
+        ax.set_ylabel("speedup over single (SPS ratio)")
+        ax.set_title(f"PPO {env}", fontsize=10)
+        ax.legend(loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+if __name__ == "__main__":
+    main()
