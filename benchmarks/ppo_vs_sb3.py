@@ -47,7 +47,7 @@ def _sps(lib: str, env_id: str, hp: dict, linear: bool, seed: int, steps: int) -
     warmup = hp["n_envs"] * hp["n_steps"]
     if lib == "distrl":
         from distrl.config import PPOConfig, RunConfig
-        from distrl.train import OnPolicyTrainer
+        from distrl.training import OnPolicyTrainer
 
         schedule = "linear" if linear else "constant"
         cfg = PPOConfig(**hp, lr_schedule=schedule, clip_schedule=schedule)
@@ -82,7 +82,7 @@ def _solve(lib: str, seed: int) -> dict:
     """Training seconds (evaluation excluded) until a 10-episode deterministic eval >= 475."""
     if lib == "distrl":
         from distrl.presets import ppo_configs
-        from distrl.train import OnPolicyTrainer
+        from distrl.training import OnPolicyTrainer
 
         run, cfg, _ = ppo_configs("CartPole-v1", "auto", {"seed": seed, "quiet": True, "eval_every": EVAL_EVERY,
                                                            "target_return": TARGET, "total_steps": 200_000})

@@ -6,7 +6,7 @@ import torch
 
 from distrl import checkpoint
 from distrl.config import ConfigError, PPOConfig, RunConfig
-from distrl.train import OnPolicyTrainer
+from distrl.training import OnPolicyTrainer
 
 SMALL = PPOConfig(n_envs=4, n_steps=16, batch_size=32, n_epochs=2, learning_rate=1e-3, lr_schedule="linear",
                   normalize_obs=True, normalize_reward=True)

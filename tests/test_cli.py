@@ -25,6 +25,9 @@ def run_cli(*args, cwd=None):
     (["train", "ppo", "FrozenLake-v1"], "observation space"),
     (["train", "ppo"], "ENV is missing"),
     (["eval", "/no/such/run"], "does not exist"),
+    (["train", "sac", "CartPole-v1"], "has a Discrete action space; sac needs Box"),
+    (["train", "sac", "Pendulum-v1", "--buffer-size", "100"], "buffer_size=100 is not allowed: must be >= batch_size"),
+    (["train", "sac", "Pendulum-v1", "--ent-coef", "lots"], "ent_coef='lots'"),
 ])
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys, args, message):
     code = main([*args, "--run-dir", str(tmp_path / "run")] if args[0] == "train" and len(args) > 2 else args)
@@ -78,3 +81,19 @@ def test_resume_from_cli_continues_to_new_total(tmp_path):
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["total_steps"] == 512
     assert sum(1 for _ in open(run_dir / "monitor.csv")) > 3
+
+
+def test_sac_trains_saves_its_replay_and_resumes(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    args = ["train", "sac", "Pendulum-v1", "--learning-starts", "50", "--batch-size", "32", "--net-arch", "32", "32",
+            "--save-replay", "--quiet"]
+    assert main([*args, "--total-steps", "300", "--checkpoint-every", "200", "--run-dir", str(run_dir)]) == 0
+    assert (run_dir / "checkpoints" / f"step-{200:012d}" / "replay.safetensors").exists()
+    assert (run_dir / "model" / "replay.safetensors").exists()
+    assert main([*args, "--resume", str(run_dir), "--total-steps", "400"]) == 0
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["algo"] == "sac" and summary["total_steps"] == 400
+    capsys.readouterr()
+    assert main(["eval", str(run_dir), "--episodes", "2", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["episodes"] == 2 and -2000 < out["mean_return"] < 0

@@ -3,6 +3,7 @@
 >>> model = PPO("CartPole-v1", seed=0, n_envs=8).learn(100_000)   # doctest: +SKIP
 >>> model.save("cartpole-ppo"); model = PPO.load("cartpole-ppo")    # doctest: +SKIP
 >>> action = model.predict(obs, deterministic=True)                # doctest: +SKIP
+>>> SAC("Pendulum-v1", learning_rate=1e-3).learn(20_000).evaluate(10)  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -14,84 +15,118 @@ from typing import Any
 import numpy as np
 
 from distrl import checkpoint
-from distrl.config import RunConfig
-from distrl.evaluation import evaluate
+from distrl.config import ConfigError, RunConfig
 from distrl.envs import make_env
-from distrl.presets import ppo_configs
-from distrl.train import EVAL_SEED_OFFSET, OnPolicyTrainer, configs_from_checkpoint
+from distrl.evaluation import evaluate
+from distrl.presets import algo_configs
+from distrl.training import EVAL_SEED_OFFSET, OffPolicyTrainer, OnPolicyTrainer, TrainerBase, configs_from_checkpoint
+from distrl.training import make_trainer
 
 _RUN_FIELDS = {f.name for f in dataclasses.fields(RunConfig)}
 
 
-class PPO:
-    """PPO on a Gymnasium environment, trained in this process (``--strategy single``).
+class Model:
+    """An algorithm trained in this process (``--strategy single``). Use :class:`PPO` or :class:`SAC`.
 
     Args:
         env: Gymnasium id, short name or 'package.module:ClassName'.
         seed: seed for networks, sampling and environments.
         preset: 'none' (library defaults, as stable-baselines3), 'auto' or a preset name.
         run_dir: where to write logs (Monitor CSV, TensorBoard); None writes nothing.
-        **hyperparameters: any :class:`~distrl.config.PPOConfig` field (n_envs, n_steps,
-            batch_size, learning_rate, ...) or run field (device, vec, quiet, ...).
+        **hyperparameters: any field of the algorithm's config (n_envs, learning_rate, ...)
+            or of :class:`~distrl.config.RunConfig` (device, vec, quiet, ...).
     """
+
+    algo = ""
 
     def __init__(self, env: str, *, seed: int = 0, preset: str = "none", run_dir: str | Path | None = None,
                  **hyperparameters: Any):
         run = {k: v for k, v in hyperparameters.items() if k in _RUN_FIELDS}
-        ppo = {k: v for k, v in hyperparameters.items() if k not in _RUN_FIELDS}
+        params = {k: v for k, v in hyperparameters.items() if k not in _RUN_FIELDS}
         run.setdefault("quiet", True)
-        run_cfg, cfg, _ = ppo_configs(env, preset, {"seed": seed, **run}, ppo)
-        self._trainer = OnPolicyTrainer(run_cfg, cfg, run_dir=Path(run_dir) if run_dir else None)
+        run_cfg, cfg, _ = algo_configs(self.algo, env, preset, {"seed": seed, **run}, params)
+        self._trainer: TrainerBase = make_trainer(self.algo, run_cfg, cfg, run_dir=Path(run_dir) if run_dir else None)
 
     @property
     def num_steps(self) -> int:
         """Environment steps trained so far."""
         return self._trainer.steps
 
-    def learn(self, total_steps: int) -> PPO:
+    def learn(self, total_steps: int) -> Model:
         """Train for ``total_steps`` more environment steps; schedules anneal over the run's total."""
         self._trainer.train(total_steps=self._trainer.steps + total_steps)
         return self
 
+    def _act(self, obs: np.ndarray, deterministic: bool, rng: np.random.Generator) -> np.ndarray:
+        raise NotImplementedError
+
     def predict(self, obs: np.ndarray, deterministic: bool = True, rng: np.random.Generator | None = None) -> np.ndarray:
-        """Action(s) for one observation [obs_dim] or a batch [B, obs_dim], clipped to the env's bounds."""
-        trainer = self._trainer
+        """Env action(s) for one observation [obs_dim] or a batch [B, obs_dim]."""
         obs = np.asarray(obs, dtype=np.float32)
         single = obs.ndim == 1
-        batch = obs[None] if single else obs
-        noise = None
-        if not deterministic:
-            rng = rng if rng is not None else np.random.default_rng()
-            shape = (len(batch), *trainer.agent.noise_shape())
-            noise = rng.random(shape, dtype=np.float32) if trainer.agent.discrete else rng.standard_normal(shape, dtype=np.float32)
-        actions = trainer.agent.env_action(trainer.agent.act(trainer.obs_normalizer(batch), noise))
+        actions = self._act(obs[None] if single else obs, deterministic, rng if rng is not None else np.random.default_rng())
         return actions[0] if single else actions
 
     def evaluate(self, n_episodes: int = 10, deterministic: bool = True, seed: int | None = None) -> tuple[float, float]:
         """Mean and std of the return over ``n_episodes`` episodes."""
         trainer = self._trainer
         env = make_env(trainer.env_id, n_episodes, trainer.run.vec)
+        rng = np.random.default_rng(seed)
         try:
             seed = trainer.run.seed + EVAL_SEED_OFFSET if seed is None else seed
-            returns = evaluate(trainer.agent, trainer.obs_normalizer, env, seed, deterministic)
+            returns = evaluate(lambda obs: self._act(obs, deterministic, rng), env, seed)
         finally:
             env.close()
         return float(returns.mean()), float(returns.std())
 
     def save(self, path: str | Path) -> Path:
-        """Write the model (weights, optimizer, normalisation statistics, config) as a checkpoint directory."""
+        """Write the model (weights, optimizer state, statistics, config) as a checkpoint directory."""
         tensors, state = self._trainer.checkpoint_contents()
         return checkpoint.save(Path(path), tensors, state)
 
     @classmethod
-    def load(cls, path: str | Path, device: str = "auto") -> PPO:
+    def load(cls, path: str | Path, device: str = "auto") -> Model:
         """Load a model saved by :meth:`save`, a checkpoint directory, or a run directory's newest checkpoint."""
         path = checkpoint.find_latest(Path(path))
-        run_cfg, _, cfg, _ = configs_from_checkpoint(path)
-        model = cls.__new__(cls)
-        model._trainer = OnPolicyTrainer(run_cfg.replace(device=device, quiet=True), cfg, run_dir=None)
+        run_cfg, _, cfg, state = configs_from_checkpoint(path)
+        algo = state["algo"]
+        if cls is not Model and algo != cls.algo:
+            raise ConfigError(f"checkpoint={str(path)!r} holds a {algo!r} model; load it with {algo.upper()}.load")
+        model_cls = cls if cls is not Model else MODELS[algo]
+        model = model_cls.__new__(model_cls)
+        model._trainer = make_trainer(algo, run_cfg.replace(device=device, quiet=True), cfg, run_dir=None)
         model._trainer.load_checkpoint(path)
         return model
 
     def close(self) -> None:
         self._trainer.close()
+
+
+class PPO(Model):
+    """Proximal Policy Optimization; hyperparameters as :class:`~distrl.config.PPOConfig`."""
+
+    algo = "ppo"
+    _trainer: OnPolicyTrainer
+
+    def _act(self, obs: np.ndarray, deterministic: bool, rng: np.random.Generator) -> np.ndarray:
+        agent = self._trainer.agent
+        noise = None
+        if not deterministic:
+            shape = (len(obs), *agent.noise_shape())
+            noise = rng.random(shape, dtype=np.float32) if agent.discrete else rng.standard_normal(shape, dtype=np.float32)
+        return agent.env_action(agent.act(self._trainer.obs_normalizer(obs), noise))
+
+
+class SAC(Model):
+    """Soft Actor-Critic; hyperparameters as :class:`~distrl.config.SACConfig`."""
+
+    algo = "sac"
+    _trainer: OffPolicyTrainer
+
+    def _act(self, obs: np.ndarray, deterministic: bool, rng: np.random.Generator) -> np.ndarray:
+        trainer = self._trainer
+        noise = None if deterministic else rng.standard_normal((len(obs), trainer.action_dim), dtype=np.float32)
+        return trainer.to_env(trainer.algo.actor.act(obs, noise))
+
+
+MODELS: dict[str, type[Model]] = {"ppo": PPO, "sac": SAC}

@@ -13,17 +13,17 @@ import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
+from typing import Any
 
 import tyro
 
 from distrl import checkpoint
-from distrl.config import ConfigError, Device, PPOConfig, RunConfig, StrategyConfig, scaled
+from distrl.config import ConfigError, Device, PPOConfig, RunConfig, SACConfig, StrategyConfig, scaled
 from distrl.envs import resolve_env_id
-from distrl.presets import ppo_configs, preset_names
-from distrl.train import OnPolicyTrainer, configs_from_checkpoint, default_run_dir
+from distrl.presets import algo_configs, preset_names
+from distrl.training import TRAINERS, configs_from_checkpoint, default_run_dir, make_trainer
 
-ALGOS = ("ppo",)
+ALGOS = ("ppo", "sac")
 
 USAGE = """\
 usage: distrl COMMAND ...
@@ -42,6 +42,16 @@ class PPOTrainArgs:
     run: RunConfig
     strategy: StrategyConfig
     ppo: PPOConfig
+
+
+@dataclass(frozen=True)
+class SACTrainArgs:
+    run: RunConfig
+    strategy: StrategyConfig
+    sac: SACConfig
+
+
+TRAIN_ARGS = {"ppo": PPOTrainArgs, "sac": SACTrainArgs}
 
 
 @dataclass(frozen=True)
@@ -121,19 +131,23 @@ def train_command(argv: list[str]) -> int:
         if resolve_env_id(env) != run_cfg.env:
             raise ConfigError(f"env={env!r} differs from the resumed run's env {run_cfg.env!r}")
         run_cfg = run_cfg.replace(resume=resume_arg, run_dir=resume_arg)
+        if run_cfg.algo != algo:
+            raise ConfigError(f"algo={algo!r} differs from the resumed run's algorithm {run_cfg.algo!r}")
     else:
-        run_cfg, cfg, _ = ppo_configs(env, _flag_value(rest, "--preset") or "auto")
-    description = (f"Train PPO on {run_cfg.env}. Defaults shown include the preset "
-                   f"(available: auto, none, {', '.join(preset_names('ppo'))}); flags override them.")
-    args = tyro.cli(tyro.conf.OmitArgPrefixes[PPOTrainArgs], args=rest, default=PPOTrainArgs(run_cfg, strategy, cfg),
+        run_cfg, cfg, _ = algo_configs(algo, env, _flag_value(rest, "--preset") or "auto")
+    description = (f"Train {algo.upper()} on {run_cfg.env}. Defaults shown include the preset "
+                   f"(available: auto, none, {', '.join(preset_names(algo))}); flags override them.")
+    args_cls = TRAIN_ARGS[algo]
+    args = tyro.cli(tyro.conf.OmitArgPrefixes[args_cls], args=rest, default=args_cls(run_cfg, strategy, cfg),
                     prog=f"distrl train {algo} {env}", description=description)
+    algo_cfg = getattr(args, algo)
     run = args.run
     if not run.run_dir:  # every worker must agree on the run directory: fix it before launching
         run = run.replace(run_dir=str(default_run_dir(run, resolve_env_id(run.env))))
     if args.strategy.strategy == "single":
-        run_training(run, args.ppo, resume_path)
+        run_training(run, algo_cfg, resume_path)
     else:
-        run_ddp(run, args.strategy, args.ppo, resume_path, ["train", algo, env, *rest, "--run-dir", run.run_dir])
+        run_ddp(run, args.strategy, algo_cfg, resume_path, ["train", algo, env, *rest, "--run-dir", run.run_dir])
     return 0
 
 
@@ -143,12 +157,12 @@ def _check_run_dir(run_dir: Path, resume_path: Path | None) -> None:
                           "choose another --run-dir or continue it with --resume")
 
 
-def run_training(run: RunConfig, cfg: PPOConfig, resume_path: Path | None = None) -> dict:
+def run_training(run: RunConfig, cfg: Any, resume_path: Path | None = None) -> dict:
     """Train in this process (``--strategy single``) and write the run directory."""
     run_dir = Path(run.run_dir)
     _check_run_dir(run_dir, resume_path)
     start = time.perf_counter()
-    trainer = OnPolicyTrainer(run, cfg, run_dir=run_dir)
+    trainer = make_trainer(run.algo, run, cfg, run_dir=run_dir)
     try:
         if resume_path is not None:
             trainer.load_checkpoint(resume_path)
@@ -159,7 +173,7 @@ def run_training(run: RunConfig, cfg: PPOConfig, resume_path: Path | None = None
     return trainer.finish(time.perf_counter() - start)
 
 
-def run_ddp(run: RunConfig, strategy: StrategyConfig, cfg: PPOConfig, resume_path: Path | None,
+def run_ddp(run: RunConfig, strategy: StrategyConfig, cfg: Any, resume_path: Path | None,
             argv: list[str]) -> dict | None:
     """``--strategy ddp``: be one rank (under a launcher or torchrun), or launch the ranks."""
     from distrl.strategies import launch
@@ -170,7 +184,7 @@ def run_ddp(run: RunConfig, strategy: StrategyConfig, cfg: PPOConfig, resume_pat
         return _as_rank(run_worker, run, strategy, cfg, run_dir, resume_path)
     _check_run_dir(run_dir, resume_path)
     scaled(cfg, strategy, strategy.workers)  # impossible scalings fail before any process starts
-    OnPolicyTrainer.check_env(run, cfg)
+    TRAINERS[run.algo].check_env(run)
     try:
         if strategy.uses_ray:
             return launch.launch_ray(run_worker, (run, strategy, cfg, run_dir, resume_path), strategy.workers,
@@ -196,12 +210,12 @@ def _as_rank(fn, *args):  # noqa: ANN001, ANN202
 
 
 def eval_command(argv: list[str]) -> int:
-    from distrl.api import PPO
+    from distrl.api import Model
 
     args = tyro.cli(EvalArgs, args=argv, prog="distrl eval")
     if args.episodes <= 0:
         raise ConfigError(f"episodes={args.episodes} is not allowed: must be > 0")
-    model = PPO.load(args.path, device=args.device)
+    model = Model.load(args.path, device=args.device)
     try:
         mean, std = model.evaluate(args.episodes, deterministic=not args.stochastic, seed=args.seed)
     finally:

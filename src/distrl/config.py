@@ -127,6 +127,69 @@ class PPOConfig:
         return self.n_envs * self.n_steps
 
 
+@dataclass(frozen=True)
+class SACConfig:
+    """Soft Actor-Critic (Haarnoja et al. 2018, arXiv:1801.01290 and arXiv:1812.05905).
+
+    Names and defaults follow stable-baselines3.
+    """
+
+    n_envs: int = 1
+    """Environments stepped together by each worker."""
+    learning_rate: float = 3e-4
+    """Adam step size for actor, critics and entropy coefficient."""
+    buffer_size: int = 1_000_000
+    """Replay capacity in transitions (over all envs of a worker)."""
+    learning_starts: int = 100
+    """Steps of uniformly random actions before learning starts."""
+    batch_size: int = 256
+    """Transitions per gradient step."""
+    tau: float = 0.005
+    """Polyak coefficient of the target critics."""
+    gamma: float = 0.99
+    """Discount factor."""
+    train_freq: int = 1
+    """Vector steps between training phases."""
+    gradient_steps: int = 1
+    """Gradient steps per training phase."""
+    ent_coef: str = "auto"
+    """'auto' (learned, starting at 1.0), 'auto_0.1' (learned, starting at 0.1) or a fixed value like '0.2'."""
+    target_entropy: float | None = None
+    """Entropy target of the automatic tuning; None means -action_dim."""
+    target_update_interval: int = 1
+    """Gradient steps between target-critic updates."""
+    net_arch: tuple[int, ...] = (256, 256)
+    """Hidden layers of the actor and of each critic."""
+    activation: Activation = "relu"
+    """Hidden activation."""
+    save_replay: bool = False
+    """Store the replay buffer with each checkpoint (safetensors) so --resume restores it."""
+
+    def __post_init__(self) -> None:
+        _positive(self, "n_envs", "learning_rate", "buffer_size", "batch_size", "train_freq", "gradient_steps",
+                  "target_update_interval")
+        require(self.learning_starts >= 0, "learning_starts", self.learning_starts, ">= 0")
+        _fraction(self, "tau", inclusive_zero=False)
+        _fraction(self, "gamma")
+        require(self.buffer_size >= self.batch_size, "buffer_size", self.buffer_size,
+                f">= batch_size ({self.batch_size})", "a buffer smaller than a batch cannot be sampled")
+        require(len(self.net_arch) > 0 and all(h > 0 for h in self.net_arch),
+                "net_arch", self.net_arch, "one or more positive layer sizes")
+        self.entropy_setting()  # validates ent_coef
+
+    def entropy_setting(self) -> tuple[bool, float]:
+        """(learned?, initial or fixed value) parsed from ``ent_coef``."""
+        text = self.ent_coef.strip()
+        learned = text.startswith("auto")
+        value_text = text[5:] if text.startswith("auto_") else ("1.0" if learned else text)
+        try:
+            value = float(value_text)
+        except ValueError:
+            value = -1.0
+        require(value > 0, "ent_coef", self.ent_coef, "'auto', 'auto_<initial value>' or a positive number")
+        return learned, value
+
+
 def _nearest_divisor(n: int, target: int) -> int:
     divisors = [d for d in range(1, n + 1) if n % d == 0]
     return min(divisors, key=lambda d: (abs(d - target), d))
@@ -162,13 +225,16 @@ class RunConfig:
     """Episodes per evaluation."""
     target_return: float | None = None
     """Stop training once an evaluation reaches this mean return."""
+    threads: int = 1
+    """Intra-op torch threads per process. 1 suits small networks and several workers per machine;
+    wide networks (SAC's 256x256) gain from more when the process has the cores to itself."""
     quiet: bool = False
     """No progress display."""
     debug: bool = False
     """Show full tracebacks for errors."""
 
     def __post_init__(self) -> None:
-        _positive(self, "total_steps", "eval_episodes")
+        _positive(self, "total_steps", "eval_episodes", "threads")
         require(self.seed >= 0, "seed", self.seed, ">= 0")
         require(self.checkpoint_every >= 0, "checkpoint_every", self.checkpoint_every, ">= 0")
         require(self.eval_every >= 0, "eval_every", self.eval_every, ">= 0")
@@ -215,13 +281,24 @@ class StrategyConfig:
         return self.launcher == "ray" or (self.launcher == "auto" and bool(self.ray_address))
 
 
-def scaled(cfg: PPOConfig, strategy: StrategyConfig, world_size: int) -> PPOConfig:
-    """The PPO config each worker runs: unchanged per worker, or scaled to match one process."""
+def scaled(cfg: Any, strategy: StrategyConfig, world_size: int) -> Any:
+    """The algorithm config each worker runs: unchanged per worker, or scaled to match one process.
+
+    PPO: n_steps / N and learning_rate * N. SAC: buffer_size / N, learning_starts / N and
+    learning_rate * N (the recipes of Horovod's distributed PPO and SAC).
+    """
     if strategy.scaling == "per-worker" or world_size == 1:
         return cfg
+    if isinstance(cfg, SACConfig):
+        return dataclasses.replace(cfg, buffer_size=max(cfg.batch_size, cfg.buffer_size // world_size),
+                                   learning_starts=cfg.learning_starts // world_size,
+                                   learning_rate=cfg.learning_rate * world_size)
     require(cfg.n_steps % world_size == 0, "n_steps", cfg.n_steps,
             f"divisible by the {world_size} workers with --scaling equivalent")
     return dataclasses.replace(cfg, n_steps=cfg.n_steps // world_size, learning_rate=cfg.learning_rate * world_size)
+
+
+ALGO_CONFIGS: dict[str, type] = {"ppo": PPOConfig, "sac": SACConfig}
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:

@@ -2,33 +2,24 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
-from distrl.data.normalize import ObsNormalizer
 from distrl.envs import VecEnv
-from distrl.nets import ActorCritic
 
 
-def evaluate(agent: ActorCritic, obs_normalizer: ObsNormalizer, env: VecEnv, seed: int,
-             deterministic: bool = True, rng: np.random.Generator | None = None,
-             max_steps: int = 1_000_000) -> np.ndarray:
+def evaluate(act: Callable[[np.ndarray], np.ndarray], env: VecEnv, seed: int, max_steps: int = 1_000_000) -> np.ndarray:
     """Undiscounted returns of one episode in each of ``env``'s environments.
 
-    Deterministic evaluation takes the argmax (discrete) or the mean (Gaussian);
-    stochastic evaluation samples with noise from ``rng``.
+    Args:
+        act: maps raw observations [n_envs, obs_dim] to env actions (deterministic or not).
+        env: its environments are reset with seeds ``seed + i``.
     """
-    rng = rng if rng is not None else np.random.default_rng(seed)
     obs = env.reset(seed=seed)
     returns = np.full(env.n_envs, np.nan)
     for _ in range(max_steps):
-        if deterministic:
-            noise = None
-        elif agent.discrete:
-            noise = rng.random(env.n_envs, dtype=np.float32)
-        else:
-            noise = rng.standard_normal((env.n_envs, agent.action_dim), dtype=np.float32)
-        action = agent.act(obs_normalizer(obs), noise)
-        step = env.step(agent.env_action(action))
+        step = env.step(act(obs))
         obs = step.obs
         ended = step.terminated | step.truncated
         if ended.any():

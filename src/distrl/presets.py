@@ -10,13 +10,27 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from distrl.config import ConfigError, PPOConfig, RunConfig
+from distrl.config import ALGO_CONFIGS, ConfigError, RunConfig
 
 # MuJoCo PPO settings follow rl-baselines3-zoo's tuned v3 values (1M steps).
 _MUJOCO_PPO = dict(normalize_obs=True, normalize_reward=True, n_envs=1, n_steps=512, activation="relu",
                    net_arch=(256, 256), log_std_init=-2.0, ortho_init=False)
 
+# MuJoCo SAC settings follow rl-baselines3-zoo: library defaults, 10k random steps first.
+_MUJOCO_SAC = dict(total_steps=1_000_000, learning_starts=10_000)
+
 PRESETS: dict[str, dict[str, dict[str, Any]]] = {
+    "sac": {
+        "Pendulum-v1": dict(total_steps=20_000, learning_rate=1e-3),
+        # rl-baselines3-zoo's setting without gSDE (distrl has none): exploration may stall.
+        "MountainCarContinuous-v0": dict(total_steps=50_000, learning_rate=3e-4, buffer_size=50_000, batch_size=512,
+                                         ent_coef="0.1", train_freq=32, gradient_steps=32, gamma=0.9999, tau=0.01,
+                                         learning_starts=0, net_arch=(64, 64)),
+        "Hopper-v5": dict(_MUJOCO_SAC),
+        "HalfCheetah-v5": dict(_MUJOCO_SAC),
+        "Walker2d-v5": dict(_MUJOCO_SAC),
+        "Ant-v5": dict(_MUJOCO_SAC),
+    },
     "ppo": {
         # distrl's own fast CartPole settings: 32 native envs, short rollouts. Solved
         # (10-episode eval >= 475) at 10-30k steps on seeds 0-4, and >= 475 at 100k on seeds 0-7.
@@ -60,19 +74,22 @@ def resolve_preset(algo: str, env_id: str, preset: str) -> tuple[str, dict[str, 
     return preset, dict(table[preset])
 
 
-def ppo_configs(env: str, preset: str = "auto", run: dict[str, Any] | None = None,
-                ppo: dict[str, Any] | None = None) -> tuple[RunConfig, PPOConfig, str]:
-    """Run and PPO configs for ``env``: library defaults, then the preset, then ``run``/``ppo`` overrides."""
+def algo_configs(algo: str, env: str, preset: str = "auto", run: dict[str, Any] | None = None,
+                 params: dict[str, Any] | None = None) -> tuple[RunConfig, Any, str]:
+    """Run and algorithm configs for ``env``: library defaults, then the preset, then ``run``/``params`` overrides."""
     from distrl.envs import resolve_env_id
 
+    if algo not in ALGO_CONFIGS:
+        raise ConfigError(f"algo={algo!r} is not known: must be one of {', '.join(ALGO_CONFIGS)}")
+    cls = ALGO_CONFIGS[algo]
     env_id = resolve_env_id(env)
-    name, values = resolve_preset("ppo", env_id, preset)
+    name, values = resolve_preset(algo, env_id, preset)
     run_values = {"total_steps": values.pop("total_steps")} if "total_steps" in values else {}
     run_values.update(run or {})
-    _check_names(PPOConfig, {**values, **(ppo or {})})
+    _check_names(cls, {**values, **(params or {})})
     _check_names(RunConfig, run_values)
-    run_cfg = RunConfig(algo="ppo", env=env_id, preset=preset, **run_values)
-    return run_cfg, PPOConfig(**{**values, **(ppo or {})}), name
+    run_cfg = RunConfig(algo=algo, env=env_id, preset=preset, **run_values)
+    return run_cfg, cls(**{**values, **(params or {})}), name
 
 
 def _check_names(cls: type, values: dict[str, Any]) -> None:

@@ -97,6 +97,18 @@ def test_a_killed_rank_ends_the_job_within_60s_and_leaves_no_process(tmp_path):
     assert not [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
 
 
+def test_sac_runs_under_ddp(tmp_path):
+    run_dir = tmp_path / "run"
+    result = distrl("train", "sac", "Pendulum-v1", "--strategy", "ddp", "--workers", "2", "--scaling", "equivalent",
+                    "--total-steps", "600", "--learning-starts", "200", "--batch-size", "32", "--net-arch", "32", "32",
+                    "--quiet", "--run-dir", str(run_dir))
+    assert result.returncode == 0, result.stderr
+    s = summary(run_dir)
+    assert s["workers"] == 2 and s["total_steps"] == 600
+    effective = json.loads((run_dir / "config.json").read_text())["sac_effective"]
+    assert effective["learning_starts"] == 100 and effective["learning_rate"] == pytest.approx(2 * 1e-3)  # preset 1e-3
+
+
 def test_ddp_run_resumes_from_its_checkpoint(tmp_path):
     run_dir = tmp_path / "run"
     args = ["train", "ppo", "CartPole-v1", "--strategy", "ddp", "--workers", "2", *SMALL]

@@ -21,8 +21,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from distrl.config import ConfigError, PPOConfig, RunConfig, StrategyConfig, scaled
-from distrl.train import OnPolicyTrainer, resolve_device
+from distrl.config import ConfigError, RunConfig, StrategyConfig, scaled
+from distrl.training import make_trainer, resolve_device
 
 ENV_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
@@ -135,7 +135,7 @@ def init_process_group(run: RunConfig, strategy: StrategyConfig) -> torch.device
     return device
 
 
-def run_worker(run: RunConfig, strategy: StrategyConfig, cfg: PPOConfig, run_dir: Path,
+def run_worker(run: RunConfig, strategy: StrategyConfig, cfg: Any, run_dir: Path,
                resume_path: Path | None = None) -> dict[str, Any] | None:
     """Train as one rank of an already described group; rank 0 returns the run's summary."""
     start = time.perf_counter()
@@ -147,14 +147,15 @@ def run_worker(run: RunConfig, strategy: StrategyConfig, cfg: PPOConfig, run_dir
             raise ConfigError(f"workers={strategy.workers} differs from the process group's world size {world}")
         strategy = dataclasses.replace(strategy, workers=world)
         effective = scaled(cfg, strategy, world)
-        trainer = OnPolicyTrainer(run.replace(device=str(device.type)), effective, sync=sync,
-                                  run_dir=run_dir if sync.rank == 0 else None, strategy=strategy,
-                                  requested=cfg, device=device)
+        trainer = make_trainer(run.algo, run.replace(device=str(device.type)), effective, sync=sync,
+                               run_dir=run_dir if sync.rank == 0 else None, strategy=strategy,
+                               requested=cfg, device=device)
         try:
             if resume_path is not None and sync.rank == 0:
                 trainer.load_checkpoint(resume_path)
             trainer.broadcast_state()
-            sync.verify_identical(trainer.agent.params.data, "parameters after the start-up broadcast")
+            for i, tensor in enumerate(trainer.broadcast_tensors()):
+                sync.verify_identical(tensor, f"start-up tensor {i} (parameters or optimizer state)")
             trainer.train()
         except BaseException:
             trainer.close()

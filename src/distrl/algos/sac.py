@@ -1,0 +1,167 @@
+"""Soft Actor-Critic (Haarnoja et al. 2018, arXiv:1801.01290; automatic entropy tuning, arXiv:1812.05905).
+
+One gradient step, in stable-baselines3's order:
+
+1. entropy coefficient alpha = exp(log_alpha), fixed for this step;
+2. critic target ``y = r + gamma (1 - terminated) (min_i Q'_i(s', a') - alpha log pi(a'|s'))``
+   with ``a' ~ pi(.|s')`` and the target critics Q';
+3. critic loss ``1/2 sum_i (Q_i(s, a) - y)^2`` and entropy loss
+   ``-log_alpha (log pi(a~|s) + target_entropy)``: one sync, one Adam step (log_alpha
+   lives in the critic's parameter buffer);
+4. actor loss ``alpha log pi(a~|s) - min_i Q_i(s, a~)`` against the updated critics: one sync,
+   one Adam step;
+5. Polyak update of the target critics.
+
+Losses are summed over samples; ``Sync.gradients`` sums gradients and sample counts over
+workers and each gradient is divided by the global count, as in PPO.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from distrl.algos.optim import ClippedAdam
+from distrl.config import SACConfig
+from distrl.data.replay import Transitions
+from distrl.nets.sac import SquashedGaussianActor, TwinQ
+from distrl.protocols import Sync
+
+
+def critic_target(rewards: torch.Tensor, terminated: torch.Tensor, next_q1: torch.Tensor, next_q2: torch.Tensor,
+                  next_log_prob: torch.Tensor, alpha: float, gamma: float) -> torch.Tensor:
+    """``r + gamma (1 - terminated) (min(Q'_1, Q'_2) - alpha log pi(a'|s'))`` per sample.
+
+    Truncated episodes are not ``terminated``: they bootstrap from the stored true final
+    observation.
+    """
+    soft_value = torch.minimum(next_q1, next_q2) - alpha * next_log_prob
+    return rewards + gamma * (1.0 - terminated) * soft_value
+
+
+def polyak(target: torch.Tensor, source: torch.Tensor, tau: float) -> None:
+    """``target <- (1 - tau) target + tau source``, in place."""
+    target.lerp_(source, tau)
+
+
+class SACAlgo:
+    """SAC over a squashed Gaussian actor and twin critics with target copies."""
+
+    def __init__(self, cfg: SACConfig, obs_dim: int, action_dim: int, device: torch.device, seed: int):
+        self.cfg = cfg
+        self.device = device
+        self.action_dim = action_dim
+        self.actor = SquashedGaussianActor(obs_dim, action_dim, cfg.net_arch, cfg.activation, device, seed)
+        self.critic = TwinQ(obs_dim, action_dim, cfg.net_arch, cfg.activation, device, seed, {"log_alpha": (1,)})
+        self.critic_target = TwinQ(obs_dim, action_dim, cfg.net_arch, cfg.activation, device, seed, {"log_alpha": (1,)})
+        self.learn_alpha, alpha0 = cfg.entropy_setting()
+        self.critic.params.view("log_alpha").fill_(math.log(alpha0))
+        self.critic_target.params.data.copy_(self.critic.params.data)
+        self.target_entropy = cfg.target_entropy if cfg.target_entropy is not None else -float(action_dim)
+        # Adam's default eps, as stable-baselines3 uses for SAC; no gradient clipping.
+        self.actor_optimizer = ClippedAdam(self.actor.params, cfg.learning_rate, eps=1e-8)
+        self.critic_optimizer = ClippedAdam(self.critic.params, cfg.learning_rate, eps=1e-8)
+        self.gradient_steps = 0
+        self.generator = torch.Generator(device=device)
+        self.reseed(seed, 0, 0)
+
+    def reseed(self, seed: int, rank: int, segment: int) -> None:
+        """Restart the reparameterisation noise from ``(seed, rank, segment)``."""
+        self.generator.manual_seed(int(np.random.SeedSequence([seed, rank, segment, 0x5AC]).generate_state(1)[0]))
+
+    @property
+    def alpha(self) -> float:
+        return float(self.critic.params.view("log_alpha").exp())
+
+    def update(self, batch: Transitions, sync: Sync, eps_next: torch.Tensor | None = None,
+               eps_pi: torch.Tensor | None = None) -> dict[str, float]:
+        """One gradient step; ``eps_*`` fix the reparameterisation noise [B, A] (drawn if None)."""
+        cfg = self.cfg
+        n, shape = batch.size, (batch.size, self.action_dim)
+        eps_next = eps_next if eps_next is not None else torch.randn(shape, generator=self.generator, device=self.device)
+        eps_pi = eps_pi if eps_pi is not None else torch.randn(shape, generator=self.generator, device=self.device)
+        alpha = self.alpha
+        ones = torch.ones(n, device=self.device)
+
+        with torch.no_grad():
+            nxt = self.actor.sample(batch.next_obs, eps_next)
+            target_q = self.critic_target.forward(batch.next_obs, nxt.action)
+            y = critic_target(batch.rewards, batch.terminated, target_q.q1, target_q.q2, nxt.log_prob, alpha, cfg.gamma)
+        pi = self.actor.sample(batch.obs, eps_pi)
+
+        # critic and entropy coefficient: d/dQ_i of 1/2 (Q_i - y)^2 is Q_i - y
+        fwd = self.critic.forward(batch.obs, batch.actions)
+        d_q1, d_q2 = fwd.q1 - y, fwd.q2 - y
+        self.critic.backward(fwd, d_q1, d_q2)
+        entropy_gap = pi.log_prob.detach() + self.target_entropy
+        log_alpha_grad = -entropy_gap.sum() if self.learn_alpha else torch.zeros((), device=self.device)
+        self.critic.params.grad_view("log_alpha").copy_(log_alpha_grad)
+        critic_loss = 0.5 * (d_q1.square() + d_q2.square())
+        stats = torch.stack([ones.sum(), critic_loss.sum(), (-self.critic.params.view("log_alpha")[0] * entropy_gap).sum(),
+                             fwd.q1.sum()]).double()
+        sync.gradients(self.critic.params.grad, stats)
+        count = float(stats[0])
+        self.critic.params.grad.div_(count)
+        self.critic_optimizer.step()
+
+        # actor, against the updated critics: d/da of -min(Q1, Q2), d/d log_pi of alpha log_pi
+        q_pi = self.critic.forward(batch.obs, pi.action)
+        first = (q_pi.q1 <= q_pi.q2).float()
+        d_action = self.critic.action_grad(q_pi, -first, first - 1.0)
+        self.actor.backward(pi, d_action, alpha * ones)
+        actor_loss = alpha * pi.log_prob - torch.minimum(q_pi.q1, q_pi.q2)
+        actor_stats = torch.stack([ones.sum(), actor_loss.sum(), pi.log_prob.sum()]).double()
+        sync.gradients(self.actor.params.grad, actor_stats)
+        self.actor.params.grad.div_(float(actor_stats[0]))
+        self.actor_optimizer.step()
+        self.actor.refresh_acting_copy()
+
+        self.gradient_steps += 1
+        if self.gradient_steps % cfg.target_update_interval == 0:
+            polyak(self.critic_target.params.data, self.critic.params.data, cfg.tau)
+        return {
+            "losses/critic_loss": float(stats[1]) / count,
+            "losses/ent_coef_loss": float(stats[2]) / count,
+            "losses/actor_loss": float(actor_stats[1]) / count,
+            "losses/entropy": -float(actor_stats[2]) / count,
+            "losses/q_mean": float(stats[3]) / count,
+            "losses/ent_coef": alpha,
+        }
+
+    # ---- state ----
+
+    def state_tensors(self) -> dict[str, torch.Tensor]:
+        tensors = {}
+        for name, params, optim in (("actor", self.actor.params, self.actor_optimizer),
+                                    ("critic", self.critic.params, self.critic_optimizer)):
+            tensors.update({f"{name}/{k}": v for k, v in params.state_dict().items()})
+            tensors.update({f"{name}_optim/{k}": v for k, v in optim.state_dict().items()})
+        tensors.update({f"critic_target/{k}": v for k, v in self.critic_target.params.state_dict().items()})
+        tensors["gradient_steps"] = torch.tensor([self.gradient_steps], dtype=torch.int64)
+        return tensors
+
+    def load_state_tensors(self, tensors: dict[str, torch.Tensor]) -> None:
+        def part(prefix: str) -> dict[str, torch.Tensor]:
+            return {k[len(prefix) + 1:]: v for k, v in tensors.items() if k.startswith(prefix + "/")}
+
+        self.actor.params.load_state_dict(part("actor"))
+        self.critic.params.load_state_dict(part("critic"))
+        self.critic_target.params.load_state_dict(part("critic_target"))
+        self.actor_optimizer.load_state_dict(part("actor_optim"))
+        self.critic_optimizer.load_state_dict(part("critic_optim"))
+        self.gradient_steps = int(tensors["gradient_steps"][0])
+        self.actor.refresh_acting_copy()
+
+    def broadcast_tensors(self) -> list[torch.Tensor]:
+        """Everything that must be equal on every worker, as tensors (counters packed in the last one)."""
+        counters = torch.tensor([self.actor_optimizer.steps, self.critic_optimizer.steps, self.gradient_steps],
+                                dtype=torch.float64)
+        return [self.actor.params.data, self.critic.params.data, self.critic_target.params.data,
+                self.actor_optimizer.exp_avg, self.actor_optimizer.exp_avg_sq,
+                self.critic_optimizer.exp_avg, self.critic_optimizer.exp_avg_sq, counters]
+
+    def after_broadcast(self, counters: torch.Tensor) -> None:
+        self.actor_optimizer.steps, self.critic_optimizer.steps, self.gradient_steps = (int(v) for v in counters.tolist())
+        self.actor.refresh_acting_copy()

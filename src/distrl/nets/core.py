@@ -1,0 +1,177 @@
+"""Networks over one flat parameter buffer, with hand-written backward passes.
+
+Small RL networks spend most of their update time in per-operation overhead, not
+in arithmetic (docs/architecture.md, "Why a flat buffer and closed-form gradients").
+distrl keeps every parameter of a model in one contiguous tensor and every gradient
+in another, so that averaging gradients over workers is one all-reduce, clipping is
+one norm and Adam is a handful of element-wise operations. Algorithms state the
+gradient of their loss with respect to each sample's log-probability, entropy and
+value; the functions here carry it through the distribution heads and the MLP
+trunks. ``tests/test_nets.py`` and ``tests/algos/`` check every gradient against
+autograd.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+
+class ParamBuffer:
+    """Named parameters laid out in one flat tensor, gradients in another of equal size."""
+
+    def __init__(self, shapes: dict[str, tuple[int, ...]], device: torch.device | str = "cpu"):
+        self.shapes = dict(shapes)
+        self.offsets: dict[str, tuple[int, int]] = {}
+        start = 0
+        for name, shape in self.shapes.items():
+            size = math.prod(shape)
+            self.offsets[name] = (start, start + size)
+            start += size
+        self.size = start
+        self.param = torch.nn.Parameter(torch.zeros(start, device=device))
+        self.param.grad = torch.zeros(start, device=device)
+
+    @property
+    def data(self) -> torch.Tensor:
+        return self.param.data
+
+    @property
+    def grad(self) -> torch.Tensor:
+        assert self.param.grad is not None
+        return self.param.grad
+
+    def view(self, name: str) -> torch.Tensor:
+        start, end = self.offsets[name]
+        return self.data[start:end].view(self.shapes[name])
+
+    def grad_view(self, name: str) -> torch.Tensor:
+        start, end = self.offsets[name]
+        return self.grad[start:end].view(self.shapes[name])
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {name: self.view(name).detach().cpu().clone() for name in self.shapes}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        missing = set(self.shapes) - set(state)
+        unexpected = set(state) - set(self.shapes)
+        if missing or unexpected:
+            raise KeyError(f"parameter names differ: missing {sorted(missing)}, unexpected {sorted(unexpected)}")
+        for name, tensor in state.items():
+            if tuple(tensor.shape) != self.shapes[name]:
+                raise ValueError(f"{name}: shape {tuple(tensor.shape)} != {self.shapes[name]}")
+            self.view(name).copy_(tensor)
+
+
+def mlp_shapes(prefix: str, sizes: tuple[int, ...]) -> dict[str, tuple[int, ...]]:
+    """Parameter shapes of an MLP with layer widths ``sizes`` (input first, output last)."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    for i, (fan_in, fan_out) in enumerate(zip(sizes[:-1], sizes[1:])):
+        shapes[f"{prefix}.{i}.weight"] = (fan_in, fan_out)  # [in, out]: x @ W, no transpose
+        shapes[f"{prefix}.{i}.bias"] = (fan_out,)
+    return shapes
+
+
+class MLP:
+    """Dense layers with tanh or ReLU between them and a linear output, over buffer views."""
+
+    def __init__(self, params: ParamBuffer, prefix: str, sizes: tuple[int, ...], activation: str):
+        self.params = params
+        self.sizes = sizes
+        self.activation = activation
+        n = len(sizes) - 1
+        self.weights = [params.view(f"{prefix}.{i}.weight") for i in range(n)]
+        self.weights_t = [w.t() for w in self.weights]  # views: they follow in-place updates
+        self.biases = [params.view(f"{prefix}.{i}.bias") for i in range(n)]
+        self.weight_grads = [params.grad_view(f"{prefix}.{i}.weight") for i in range(n)]
+        self.bias_grads = [params.grad_view(f"{prefix}.{i}.bias") for i in range(n)]
+        self._act = torch.tanh if activation == "tanh" else torch.relu
+
+    def init_orthogonal(self, hidden_gain: float, output_gain: float, generator: torch.Generator) -> None:
+        """Orthogonal weights, zero biases (Engstrom et al. 2020, "Implementation Matters")."""
+        for i, (weight, bias) in enumerate(zip(self.weights, self.biases)):
+            gain = output_gain if i == len(self.weights) - 1 else hidden_gain
+            w = torch.empty(weight.shape[1], weight.shape[0])
+            torch.nn.init.orthogonal_(w, gain=gain, generator=generator)
+            weight.copy_(w.t())
+            bias.zero_()
+
+    def init_uniform(self, generator: torch.Generator) -> None:
+        """U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for weights and biases, as torch.nn.Linear does."""
+        for weight, bias in zip(self.weights, self.biases):
+            bound = 1.0 / math.sqrt(weight.shape[0])
+            weight.copy_(torch.empty(weight.shape).uniform_(-bound, bound, generator=generator))
+            bias.copy_(torch.empty(bias.shape).uniform_(-bound, bound, generator=generator))
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        last = len(self.weights) - 1
+        for i, (weight, bias) in enumerate(zip(self.weights, self.biases)):
+            x = torch.addmm(bias, x, weight)
+            if i < last:
+                x = self._act(x)
+        return x
+
+    def forward_cached(self, x: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Output and the input of every layer, for :meth:`backward`."""
+        inputs = []
+        last = len(self.weights) - 1
+        for i, (weight, bias) in enumerate(zip(self.weights, self.biases)):
+            inputs.append(x)
+            x = torch.addmm(bias, x, weight)
+            if i < last:
+                x = self._act(x)
+        return x, inputs
+
+    def backward(self, inputs: list[torch.Tensor], grad_out: torch.Tensor, accumulate: bool = True,
+                 input_grad: bool = False, param_grads: bool = True) -> torch.Tensor | None:
+        """Add (or, with ``accumulate=False``, write) d(loss)/d(parameters) into the buffer.
+
+        Returns d(loss)/d(input) when ``input_grad`` is set, else None. With
+        ``param_grads=False`` only the input gradient is computed (the buffer is untouched).
+        """
+        grad = grad_out
+        for i in range(len(self.weights) - 1, -1, -1):
+            if not param_grads:
+                pass
+            elif accumulate:
+                self.weight_grads[i].addmm_(inputs[i].t(), grad)
+                self.bias_grads[i].add_(grad.sum(0))
+            else:
+                torch.mm(inputs[i].t(), grad, out=self.weight_grads[i])
+                torch.sum(grad, 0, out=self.bias_grads[i])
+            if i == 0 and not input_grad:
+                return None
+            grad = grad.mm(self.weights_t[i])
+            if i > 0:  # inputs[i] is the activation output of layer i - 1
+                if self.activation == "tanh":
+                    grad = torch.ops.aten.tanh_backward(grad, inputs[i])
+                else:
+                    grad = torch.ops.aten.threshold_backward(grad, inputs[i], 0.0)
+        return grad
+
+    def numpy_forward(self) -> NumpyMLP:
+        """A numpy view of this MLP (CPU only): the same weights, far less per-call overhead."""
+        return NumpyMLP([w.numpy() for w in self.weights], [b.numpy() for b in self.biases], self.activation)
+
+
+class NumpyMLP:
+    """Forward pass over numpy views of an :class:`MLP`'s weights, for acting step by step.
+
+    Acting runs on a handful of observations at a time, where a torch call's fixed cost
+    (several microseconds) exceeds the arithmetic; numpy's is a fraction of that.
+    """
+
+    def __init__(self, weights: list[np.ndarray], biases: list[np.ndarray], activation: str):
+        self.layers = list(zip(weights, biases))
+        self.tanh = activation == "tanh"
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        last = len(self.layers) - 1
+        for i, (weight, bias) in enumerate(self.layers):
+            x = x @ weight
+            x += bias
+            if i < last:
+                x = np.tanh(x, out=x) if self.tanh else np.maximum(x, 0.0, out=x)
+        return x

@@ -1,0 +1,20 @@
+"""Training loops: on-policy (PPO) and off-policy (SAC), sharing TrainerBase."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from distrl.training.common import (EVAL_SEED_OFFSET, TrainerBase, configs_from_checkpoint, default_run_dir,
+                                    resolve_device)
+from distrl.training.off_policy import OffPolicyTrainer
+from distrl.training.on_policy import OnPolicyTrainer
+
+TRAINERS: dict[str, type[TrainerBase]] = {"ppo": OnPolicyTrainer, "sac": OffPolicyTrainer}
+
+
+def make_trainer(algo: str, *args: Any, **kwargs: Any) -> TrainerBase:
+    return TRAINERS[algo](*args, **kwargs)
+
+
+__all__ = ["EVAL_SEED_OFFSET", "OffPolicyTrainer", "OnPolicyTrainer", "TRAINERS", "TrainerBase",
+           "configs_from_checkpoint", "default_run_dir", "make_trainer", "resolve_device"]

@@ -1,0 +1,290 @@
+"""What every training loop shares: placement, logging, evaluation, checkpoints.
+
+A trainer runs on one worker. Strategies differ only in the ``Sync`` they pass in
+and in which worker is the main one (it logs and writes checkpoints); the loop, the
+algorithm and the collector are the same everywhere.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from gymnasium import spaces
+
+import distrl
+from distrl import checkpoint
+from distrl.config import ALGO_CONFIGS, ConfigError, RunConfig, StrategyConfig, from_dict, to_dict
+from distrl.envs import VecEnv, check_spaces, make_env, resolve_env_id
+from distrl.evaluation import evaluate
+from distrl.logs import RunLogger, write_json_atomic
+from distrl.protocols import Sync
+from distrl.strategies.single import LocalSync
+
+EVAL_SEED_OFFSET = 1_000_000
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device='cuda' is not available on this machine: use --device cpu or auto")
+    return torch.device(device)
+
+
+def default_run_dir(run: RunConfig, env_id: str) -> Path:
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    return Path("runs") / f"{run.algo}-{env_id.replace('/', '_')}-s{run.seed}-{stamp}"
+
+
+def space_to_json(space: spaces.Space) -> dict[str, Any]:
+    if isinstance(space, spaces.Discrete):
+        return {"type": "Discrete", "n": int(space.n)}
+    assert isinstance(space, spaces.Box)
+    return {"type": "Box", "low": space.low.tolist(), "high": space.high.tolist(), "shape": list(space.shape)}
+
+
+def configs_from_checkpoint(path: Path) -> tuple[RunConfig, StrategyConfig, Any, dict[str, Any]]:
+    """The run, strategy and (requested) algorithm configs stored in a checkpoint, and its JSON state."""
+    _, state = checkpoint.load(path)
+    config = state["config"]
+    algo = state.get("algo", "ppo")
+    if algo not in ALGO_CONFIGS:
+        raise ConfigError(f"checkpoint={str(path)!r} holds an unknown algorithm {algo!r}")
+    return (from_dict(RunConfig, config["run"]), from_dict(StrategyConfig, config["strategy"]),
+            from_dict(ALGO_CONFIGS[algo], config[algo]), state)
+
+
+class TrainerBase:
+    """Placement, logging, evaluation and checkpoint plumbing around an algorithm's loop.
+
+    Subclasses build their algorithm and collector in ``__init__`` and implement
+    ``train``, ``act_for_eval``, ``state_tensors``/``load_state_tensors`` and ``start_segment``.
+    """
+
+    algo_name = ""
+    action_spaces: tuple[type, ...] = (spaces.Discrete, spaces.Box)
+
+    def __init__(self, run: RunConfig, cfg: Any, sync: Sync | None, run_dir: Path | None, log: bool,
+                 strategy: StrategyConfig | None, requested: Any, device: torch.device | None):
+        self.run = run
+        self.cfg = cfg
+        self.sync = sync if sync is not None else LocalSync()
+        self.strategy = strategy if strategy is not None else StrategyConfig()
+        self.requested = requested if requested is not None else cfg
+        self.is_main = self.sync.rank == 0
+        self.device = device if device is not None else resolve_device(run.device)
+        if self.device.type == "cpu":
+            torch.set_num_threads(run.threads)  # default 1: for small networks a second thread only contends
+        self.env_id = resolve_env_id(run.env)
+        self.env = make_env(self.env_id, cfg.n_envs, run.vec)
+        try:
+            check_spaces(self.algo_name, self.env, self.action_spaces)
+        except ConfigError:
+            self.env.close()
+            raise
+        self.obs_shape = self.env.single_observation_space.shape
+        self.obs_dim = int(np.prod(self.obs_shape))
+        self.steps = 0
+        self.iteration = 0
+        self.episodes = 0
+        self.policy_version = 0
+        self.train_s = 0.0
+        self.update_s = 0.0
+        self.eval_s = 0.0
+        self.last_eval: tuple[float, float] | None = None
+        self.last_metrics: dict[str, float] = {}
+        self._eval_steps = -1
+        self._eval_env: VecEnv | None = None
+        self.run_dir = run_dir
+        self.logger: RunLogger | None = None
+        if self.is_main and log and run_dir is not None:
+            self.logger = RunLogger(run_dir, self.env_id, run.total_steps, run.quiet)
+            write_json_atomic(run_dir / "config.json", self.config_dict())
+
+    @classmethod
+    def check_env(cls, run: RunConfig) -> None:
+        """Fail now, in the launching process, if workers could not build this env."""
+        env = make_env(run.env, 1, run.vec)
+        try:
+            check_spaces(cls.algo_name, env, cls.action_spaces)
+        finally:
+            env.close()
+
+    # ---- hooks for subclasses ----
+
+    def train(self, total_steps: int | None = None, stop_at: int | None = None) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def act_for_eval(self, obs: np.ndarray) -> np.ndarray:
+        """Deterministic env actions for raw observations [B, obs_dim]."""
+        raise NotImplementedError
+
+    def state_tensors(self) -> dict[str, torch.Tensor]:
+        raise NotImplementedError
+
+    def load_state_tensors(self, tensors: dict[str, torch.Tensor], path: Path) -> None:
+        raise NotImplementedError
+
+    def start_segment(self) -> None:
+        raise NotImplementedError
+
+    def broadcast_tensors(self) -> list[torch.Tensor]:
+        """Tensors that rank 0 sends to every worker at start-up (parameters, optimizer state,
+        packed statistics); parameters and optimizer state are the live tensors themselves."""
+        raise NotImplementedError
+
+    # ---- shared loop pieces ----
+
+    def _crossed(self, every: int, per_iteration: int) -> bool:
+        """Whether the last iteration (``per_iteration`` steps) crossed a multiple of ``every`` steps."""
+        if every <= 0:
+            return False
+        return self.steps // every > (self.steps - per_iteration) // every
+
+    def _evaluate_and_check_target(self) -> bool:
+        """Evaluate on the main worker; True (on every worker) once the target return is reached."""
+        reached = 0.0
+        if self.is_main:
+            mean, _ = self.evaluate_now()
+            reached = float(self.run.target_return is not None and mean >= self.run.target_return)
+        return bool(self.sync.all_sum(np.array([reached]))[0] > 0)
+
+    def _log(self, returns: list[float], lengths: list[int], counts: np.ndarray, metrics: dict[str, float]) -> None:
+        """Log this iteration; every worker's finished episodes go to the main worker's monitor files."""
+        self.last_metrics = metrics
+        local = np.stack([np.asarray(returns, np.float64), np.asarray(lengths, np.float64)], 1)
+        episodes = self.sync.gather(local, counts.astype(int).tolist()) if counts.sum() else [local[:0]] * len(counts)
+        if self.logger is None:
+            return
+        sps = self.steps / max(self.train_s, 1e-9)
+        metrics["charts/SPS"] = sps
+        for rank, part in enumerate(episodes):
+            self.logger.episodes(part[:, 0].tolist(), part[:, 1].astype(int).tolist(), self.steps,
+                                 rank if self.sync.world_size > 1 else None)
+        self.logger.scalars(metrics, self.steps, every_s=0.2)  # many short iterations: about 5 points a second
+        self.logger.console.update(self.steps, sps, self.logger.mean_return)
+
+    def evaluate_now(self) -> tuple[float, float]:
+        """Deterministic evaluation over ``eval_episodes`` episodes; returns (mean, std)."""
+        start = time.perf_counter()
+        if self._eval_env is None:
+            self._eval_env = make_env(self.env_id, self.run.eval_episodes, self.run.vec)
+        returns = evaluate(self.act_for_eval, self._eval_env, self.run.seed + EVAL_SEED_OFFSET)
+        self.last_eval = (float(returns.mean()), float(returns.std()))
+        self._eval_steps = self.steps
+        self.eval_s += time.perf_counter() - start
+        if self.logger is not None:
+            self.logger.scalars({"eval/mean_return": self.last_eval[0], "eval/std_return": self.last_eval[1]}, self.steps)
+            self.logger.console.line(f"eval at {self.steps:,} steps: {self.last_eval[0]:.1f} ± {self.last_eval[1]:.1f}")
+        return self.last_eval
+
+    def summary(self) -> dict[str, Any]:
+        mean_return = self.logger.mean_return if self.logger is not None else None
+        return {
+            "algo": self.run.algo, "env": self.env_id, "strategy": self.strategy.strategy,
+            "workers": self.sync.world_size, "total_steps": self.steps, "iterations": self.iteration,
+            "episodes": self.episodes, "train_s": self.train_s, "eval_s": self.eval_s,
+            "update_s": self.update_s, "sync_s": getattr(self.sync, "sync_s", 0.0),
+            "sps": self.steps / max(self.train_s, 1e-9), "final_mean_return": mean_return,
+            "final_eval_mean_return": self.last_eval[0] if self.last_eval else None,
+            "final_eval_std_return": self.last_eval[1] if self.last_eval else None,
+            "distrl_version": distrl.__version__,
+        }
+
+    def finish(self, wall_s: float) -> dict[str, Any]:
+        """Final evaluation, model and summary.json (main worker), then close."""
+        if self.is_main and self._eval_steps != self.steps:
+            self.evaluate_now()
+        summary = {**self.summary(), "wall_s": wall_s}
+        if self.is_main and self.run_dir is not None:
+            self.save_checkpoint(self.run_dir / checkpoint.MODEL_DIR)
+            write_json_atomic(self.run_dir / "summary.json", summary)
+            if self.logger is not None:
+                ret = summary["final_eval_mean_return"]
+                self.logger.console.line(f"done: {self.steps:,} steps in {summary['train_s']:.1f}s "
+                                         f"({summary['sps']:,.0f} SPS), eval return {ret:.1f}, run dir {self.run_dir}")
+        self.close()
+        return summary
+
+    def close(self) -> None:
+        self.env.close()
+        if self._eval_env is not None:
+            self._eval_env.close()
+            self._eval_env = None
+        if self.logger is not None:
+            self.logger.close()
+            self.logger = None
+
+    # ---- checkpoints ----
+
+    def config_dict(self) -> dict[str, Any]:
+        return {"run": to_dict(self.run.replace(env=self.env_id)), "strategy": to_dict(self.strategy),
+                self.algo_name: to_dict(self.requested), f"{self.algo_name}_effective": to_dict(self.cfg)}
+
+    def counters(self) -> dict[str, Any]:
+        return {"steps": self.steps, "iteration": self.iteration, "episodes": self.episodes,
+                "policy_version": self.policy_version, "train_s": self.train_s}
+
+    def checkpoint_contents(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        state = {
+            "algo": self.algo_name, "env_id": self.env_id, "config": self.config_dict(), **self.counters(),
+            "observation_dim": self.obs_dim, "action_space": space_to_json(self.env.single_action_space),
+            "distrl_version": distrl.__version__,
+        }
+        return self.state_tensors(), state
+
+    def save_checkpoint(self, path: Path | None = None) -> Path | None:
+        """Write a checkpoint (main worker); a periodic one (no ``path``) also starts a new segment.
+
+        Each periodic checkpoint is an episode boundary: every worker restarts its
+        environments and random streams from seeds derived from the step count (see
+        ``start_segment``), so a run resumed from it continues exactly as the
+        uninterrupted run does.
+        """
+        written = None
+        if self.is_main and (path is not None or self.run_dir is not None):
+            target = path or self.run_dir / checkpoint.CHECKPOINTS_DIR / f"step-{self.steps:012d}"  # type: ignore[operator]
+            tensors, state = self.checkpoint_contents()
+            written = checkpoint.save(target, tensors, state)
+            self.after_checkpoint(target)
+        if path is None:
+            self.start_segment()
+        return written
+
+    def after_checkpoint(self, path: Path) -> None:
+        """Hook: write what does not belong in the checkpoint's tensors (a replay buffer)."""
+
+    def load_checkpoint(self, path: Path) -> None:
+        tensors, state = checkpoint.load(path)
+        if state.get("algo") != self.algo_name:
+            raise ConfigError(f"checkpoint={str(path)!r} holds a {state.get('algo')!r} model, not {self.algo_name}")
+        try:
+            self.load_state_tensors(tensors, path)
+        except (KeyError, ValueError, RuntimeError) as exc:
+            raise ConfigError(f"checkpoint={str(path)!r} does not fit this model: {exc}") from None
+        self.steps, self.iteration = state["steps"], state["iteration"]
+        self.episodes, self.policy_version = state["episodes"], state["policy_version"]
+        self.train_s = state.get("train_s", 0.0)
+        self.start_segment()
+
+    def broadcast_state(self) -> None:
+        """Make every worker hold the main worker's tensors, statistics and counters."""
+        tensors = self.broadcast_tensors()
+        for tensor in tensors:
+            self.sync.broadcast_(tensor)
+        counters = torch.tensor([self.steps, self.iteration, self.episodes, self.policy_version, self.train_s],
+                                dtype=torch.float64)
+        self.sync.broadcast_(counters)
+        steps, iteration, episodes, version, train_s = counters.tolist()
+        self.steps, self.iteration, self.episodes = int(steps), int(iteration), int(episodes)
+        self.policy_version, self.train_s = int(version), float(train_s)
+        self.after_broadcast(tensors)
+        self.start_segment()
+
+    def after_broadcast(self, tensors: list[torch.Tensor]) -> None:
+        """Hook: unpack what :meth:`broadcast_tensors` packed; refresh acting copies and caches."""

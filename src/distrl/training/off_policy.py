@@ -1,0 +1,122 @@
+"""The off-policy loop (SAC): act → store in the replay buffer → gradient steps → log → evaluate → checkpoint."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from gymnasium import spaces
+
+from distrl.algos.sac import SACAlgo
+from distrl.config import RunConfig, SACConfig, StrategyConfig
+from distrl.data.replay import ReplayBuffer
+from distrl.protocols import Sync
+from distrl.training.common import TrainerBase
+
+REPLAY_FILE = "replay.safetensors"
+
+
+class OffPolicyTrainer(TrainerBase):
+    """Trains SAC on one worker's environments and replay buffer; the main worker logs and checkpoints."""
+
+    algo_name = "sac"
+    action_spaces = (spaces.Box,)
+
+    def __init__(self, run: RunConfig, cfg: SACConfig, sync: Sync | None = None,
+                 run_dir: Path | None = None, log: bool = True, strategy: StrategyConfig | None = None,
+                 requested: SACConfig | None = None, device: torch.device | None = None):
+        super().__init__(run, cfg, sync, run_dir, log, strategy, requested, device)
+        space = self.env.single_action_space
+        assert isinstance(space, spaces.Box)
+        self.action_dim = int(np.prod(space.shape))
+        self.low, self.high = space.low.astype(np.float32), space.high.astype(np.float32)
+        self.algo = SACAlgo(cfg, self.obs_dim, self.action_dim, self.device, run.seed)
+        self.replay = ReplayBuffer(cfg.buffer_size, self.obs_dim, self.action_dim)
+        self.env_offset = self.sync.rank * cfg.n_envs
+        self.start_segment()
+
+    def to_env(self, action: np.ndarray) -> np.ndarray:
+        """Rescale actions from [-1, 1] to the env's bounds."""
+        return self.low + 0.5 * (action + 1.0) * (self.high - self.low)
+
+    def start_segment(self) -> None:
+        """Restart environments, exploration noise, replay sampling and update noise from the step count."""
+        seed, n = self.run.seed, self.cfg.n_envs
+        self.obs = self.env.reset(seed=seed + self.steps + self.env_offset).astype(np.float32)
+        self.noise_rngs = [np.random.default_rng([seed, self.env_offset + i, self.steps]) for i in range(n)]
+        self.sample_rng = np.random.default_rng([seed, self.sync.rank, self.steps, 0x5AC])
+        self.algo.reseed(seed, self.sync.rank, self.steps)
+
+    def _explore(self) -> np.ndarray:
+        """Actions in [-1, 1]: uniform before ``learning_starts``, then sampled from the policy."""
+        shape = (self.action_dim,)
+        if self.steps < self.cfg.learning_starts * self.sync.world_size:  # steps count all workers
+            return np.stack([rng.uniform(-1.0, 1.0, shape) for rng in self.noise_rngs]).astype(np.float32)
+        noise = np.stack([rng.standard_normal(shape, dtype=np.float32) for rng in self.noise_rngs])
+        return self.algo.actor.act(self.obs, noise)
+
+    def train(self, total_steps: int | None = None, stop_at: int | None = None) -> dict[str, Any]:
+        total = total_steps if total_steps is not None else self.run.total_steps
+        limit = min(total, stop_at) if stop_at is not None else total
+        cfg = self.cfg
+        per_iteration = cfg.n_envs * cfg.train_freq * self.sync.world_size
+        while self.steps < limit:
+            start = time.perf_counter()
+            returns: list[float] = []
+            lengths: list[int] = []
+            for _ in range(cfg.train_freq):
+                action = self._explore()
+                step = self.env.step(self.to_env(action))
+                next_obs = step.obs.astype(np.float32)
+                self.replay.add(self.obs, action, step.reward, next_obs, step.terminated.astype(np.float32), step.valid)
+                self.obs = next_obs
+                returns.extend(step.episode_returns.tolist())
+                lengths.extend(step.episode_lengths.tolist())
+            self.steps += per_iteration
+            episodes = np.zeros(self.sync.world_size)
+            episodes[self.sync.rank] = len(returns)
+            episodes = self.sync.all_sum(episodes) if self.sync.world_size > 1 else episodes
+            self.episodes += int(episodes.sum())
+            update_start = time.perf_counter()
+            metrics: dict[str, float] = {}
+            if self.steps >= cfg.learning_starts * self.sync.world_size and self.replay.size >= 1:
+                for _ in range(cfg.gradient_steps):
+                    batch = self.replay.sample(cfg.batch_size, self.sample_rng, self.device)
+                    metrics = self.algo.update(batch, self.sync)
+                self.policy_version += 1
+            self.iteration += 1
+            now = time.perf_counter()
+            self.train_s += now - start
+            self.update_s += now - update_start
+            self._log(returns, lengths, episodes, metrics)
+            if self._crossed(self.run.eval_every, per_iteration) and self._evaluate_and_check_target():
+                break
+            if self._crossed(self.run.checkpoint_every, per_iteration) and self.steps < total:
+                self.save_checkpoint()
+        return self.summary()
+
+    def act_for_eval(self, obs: np.ndarray) -> np.ndarray:
+        return self.to_env(self.algo.actor.act(obs.astype(np.float32), None))
+
+    # ---- state ----
+
+    def state_tensors(self) -> dict[str, torch.Tensor]:
+        return self.algo.state_tensors()
+
+    def load_state_tensors(self, tensors: dict[str, torch.Tensor], path: Path) -> None:
+        self.algo.load_state_tensors(tensors)
+        if self.cfg.save_replay and (path / REPLAY_FILE).exists():
+            self.replay.load(path / REPLAY_FILE)
+
+    def after_checkpoint(self, path: Path) -> None:
+        if self.cfg.save_replay:
+            self.replay.save(path / REPLAY_FILE)
+
+    def broadcast_tensors(self) -> list[torch.Tensor]:
+        return self.algo.broadcast_tensors()
+
+    def after_broadcast(self, tensors: list[torch.Tensor]) -> None:
+        self.algo.after_broadcast(tensors[-1])

@@ -1,0 +1,157 @@
+"""The on-policy loop (PPO): collect a rollout → share statistics → update → log → evaluate → checkpoint."""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from distrl.algos.ppo import PPOAlgo
+from distrl.config import PPOConfig, RunConfig, StrategyConfig
+from distrl.data.normalize import ObsNormalizer, RewardScaler
+from distrl.data.rollout import Rollout, RolloutBatch, RolloutCollector
+from distrl.nets import ActorCritic
+from distrl.protocols import Sync
+from distrl.training.common import TrainerBase
+
+
+class OnPolicyTrainer(TrainerBase):
+    """Trains PPO on one worker's environments; the main worker logs and checkpoints."""
+
+    algo_name = "ppo"
+
+    def __init__(self, run: RunConfig, cfg: PPOConfig, sync: Sync | None = None,
+                 run_dir: Path | None = None, log: bool = True, strategy: StrategyConfig | None = None,
+                 requested: PPOConfig | None = None, device: torch.device | None = None):
+        """
+        Args:
+            run, cfg: what to train; ``cfg`` is the config this worker runs (after scaling).
+            sync: how updates agree with other workers (default: a single process).
+            run_dir: where the main worker writes logs and checkpoints (None: nowhere).
+            strategy: the strategy settings, recorded in config.json and checkpoints.
+            requested: the PPO config as the user gave it, before ``--scaling``.
+            device: overrides ``run.device`` (a ddp rank's own GPU).
+        """
+        super().__init__(run, cfg, sync, run_dir, log, strategy, requested, device)
+        self.agent = ActorCritic(self.obs_dim, self.env.single_action_space, cfg.net_arch, cfg.activation,
+                                 cfg.log_std_init, cfg.ortho_init, self.device, run.seed)
+        self.obs_normalizer = ObsNormalizer(self.obs_shape, cfg.normalize_obs, cfg.clip_obs)
+        self.reward_scaler = RewardScaler(cfg.n_envs, cfg.gamma, cfg.normalize_reward)
+        self.collector = RolloutCollector(self.env, self.agent, self.obs_normalizer, self.reward_scaler,
+                                          cfg.n_steps, run.seed, env_offset=self.sync.rank * cfg.n_envs)
+        self.algo = PPOAlgo(cfg, self.agent, run.seed)
+        self.start_segment()
+
+    def train(self, total_steps: int | None = None, stop_at: int | None = None) -> dict[str, Any]:
+        """Train until ``total_steps`` (schedules anneal over it); ``stop_at`` ends early, as an interruption would."""
+        total = total_steps if total_steps is not None else self.run.total_steps
+        limit = min(total, stop_at) if stop_at is not None else total
+        per_iteration = self.cfg.rollout_size * self.sync.world_size
+        preempt, min_steps = None, 0
+        if self.strategy.sync_frac < 1.0 and self.sync.world_size > 1:
+            needed = math.ceil(self.strategy.sync_frac * self.sync.world_size)
+            preempt = lambda: self.sync.count_finished(self.iteration) >= needed  # noqa: E731
+            min_steps = math.ceil(self.strategy.min_rollout_frac * self.cfg.n_steps)
+        while self.steps < limit:
+            start = time.perf_counter()
+            rollout = self.collector.collect(self.policy_version, preempt, min_steps)
+            if preempt is not None and rollout.collected_steps == self.cfg.n_steps:
+                self.sync.mark_finished(self.iteration)
+            batch = self.algo.prepare(rollout)
+            totals = self._sum_over_workers(rollout, batch)
+            self.steps += int(totals["steps"][0])
+            self.episodes += int(totals["episodes"].sum())
+            update_start = time.perf_counter()
+            metrics = self.algo.update(batch, self.sync, progress_remaining=max(0.0, 1.0 - self.steps / total),
+                                       advantage_moments=totals["advantages"])
+            self.policy_version += 1
+            self.iteration += 1
+            now = time.perf_counter()
+            self.train_s += now - start
+            self.update_s += now - update_start
+            metrics.update({"charts/samples": float(totals["samples"][0]), "charts/local_samples": float(rollout.valid.sum()),
+                            "time/collect_s": rollout.collect_s, "time/update_s": now - update_start,
+                            "time/collected_steps": float(rollout.collected_steps)})
+            self._log(rollout.episode_returns, rollout.episode_lengths, totals["episodes"], metrics)
+            if self._crossed(self.run.eval_every, per_iteration) and self._evaluate_and_check_target():
+                break
+            if self._crossed(self.run.checkpoint_every, per_iteration) and self.steps < total:
+                self.save_checkpoint()
+        return self.summary()
+
+    def _sum_over_workers(self, rollout: Rollout, batch: RolloutBatch) -> dict[str, np.ndarray]:
+        """One all-reduce per iteration for every count and statistic the workers must share.
+
+        Steps, valid samples, per-worker episode counts, advantage moments and the
+        normalisers' moments travel together: a collective costs about a millisecond on
+        small machines, so they are batched. Updates the normalisers.
+        """
+        episodes = np.zeros(self.sync.world_size)
+        episodes[self.sync.rank] = len(rollout.episode_returns)
+        parts = {"steps": np.array([rollout.steps]), "samples": np.array([rollout.valid.sum()]), "episodes": episodes,
+                 "advantages": self.algo.advantage_moments(batch)}
+        if self.cfg.normalize_obs:
+            parts["obs"] = rollout.obs_moments
+        if self.cfg.normalize_reward:
+            parts["reward"] = self.reward_scaler.take_moments()
+        summed = self.sync.all_sum(np.concatenate([np.asarray(v, dtype=np.float64) for v in parts.values()]))
+        out, offset = {}, 0
+        for name, value in parts.items():
+            out[name] = summed[offset:offset + len(value)]
+            offset += len(value)
+        if "obs" in out:
+            self.obs_normalizer.update(out["obs"])
+        if "reward" in out:
+            self.reward_scaler.update(out["reward"])
+        return out
+
+    def act_for_eval(self, obs: np.ndarray) -> np.ndarray:
+        return self.agent.env_action(self.agent.act(self.obs_normalizer(obs), None))
+
+    def start_segment(self) -> None:
+        """Restart environments, sampling noise and minibatch shuffling from seeds derived from the step count."""
+        self.collector.reset(self.run.seed, self.steps)
+        self.algo.reseed(self.run.seed, self.sync.rank, self.steps)
+
+    # ---- state ----
+
+    def _stats(self) -> list[Any]:
+        return [self.obs_normalizer.stats, self.reward_scaler.stats]
+
+    def state_tensors(self) -> dict[str, torch.Tensor]:
+        tensors = {f"params/{k}": v for k, v in self.agent.params.state_dict().items()}
+        tensors.update({f"optim/{k}": v for k, v in self.algo.state_dict().items()})
+        for prefix, stats in zip(("obs_norm", "reward_norm"), self._stats()):
+            tensors.update({f"{prefix}/{k}": torch.from_numpy(np.atleast_1d(v)) for k, v in stats.state().items()})
+        return tensors
+
+    def load_state_tensors(self, tensors: dict[str, torch.Tensor], path: Path) -> None:
+        self.agent.params.load_state_dict({k[7:]: v for k, v in tensors.items() if k.startswith("params/")})
+        self.algo.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("optim/")})
+        for prefix, stats in zip(("obs_norm", "reward_norm"), self._stats()):
+            stats.load({k.split("/", 1)[1]: v.numpy() for k, v in tensors.items() if k.startswith(prefix + "/")})
+        self._refresh()
+
+    def broadcast_tensors(self) -> list[torch.Tensor]:
+        packed = [np.concatenate([s.mean.ravel(), s.var.ravel(), [s.count]]) for s in self._stats()]
+        packed.append(np.array([self.algo.optimizer.steps], dtype=np.float64))
+        optim = self.algo.optimizer
+        return [self.agent.params.data, optim.exp_avg, optim.exp_avg_sq, torch.from_numpy(np.concatenate(packed))]
+
+    def after_broadcast(self, tensors: list[torch.Tensor]) -> None:
+        values, offset = tensors[-1].numpy(), 0
+        for stats in self._stats():
+            size = stats.mean.size
+            stats.load({"mean": values[offset:offset + size], "var": values[offset + size:offset + 2 * size],
+                        "count": values[offset + 2 * size]})
+            offset += 2 * size + 1
+        self.algo.optimizer.steps = int(values[offset])
+        self._refresh()
+
+    def _refresh(self) -> None:
+        self.obs_normalizer.refresh()
+        self.agent.refresh_acting_copy()
