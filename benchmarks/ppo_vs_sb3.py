@@ -12,14 +12,10 @@ Needs the bench extra: pip install -e ".[bench,mujoco]".
 from __future__ import annotations
 
 import argparse
-import json
 import platform
-import resource
-import statistics
-import subprocess
-import sys
 import time
-from pathlib import Path
+
+from harness import alternate, child_main, comparison_table, median, write_section
 
 ZOO_CARTPOLE = dict(n_envs=8, n_steps=32, batch_size=256, n_epochs=20, gae_lambda=0.8, gamma=0.98,
                     learning_rate=1e-3, ent_coef=0.0, clip_range=0.2)  # lr and clip linear from these
@@ -124,39 +120,11 @@ def _solve(lib: str, seed: int) -> dict:
 
 # ---------------------------------------------------------------- parent: alternate, aggregate, report
 
-def measure(lib: str, task: str, seed: int, steps: int) -> dict:
-    out = subprocess.run([sys.executable, __file__, "--child", lib, task, str(seed), str(steps)],
-                         capture_output=True, text=True, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
-def run_task(task: str, repeats: int, steps: int, key: str) -> dict[str, list]:
-    results: dict[str, list] = {"distrl": [], "sb3": []}
-    rss: dict[str, list] = {"distrl": [], "sb3": []}
-    for i in range(repeats):
-        for lib in (("distrl", "sb3") if i % 2 == 0 else ("sb3", "distrl")):
-            r = measure(lib, task, seed=i, steps=steps)
-            results[lib].append(r[key])
-            rss[lib].append(r["max_rss_mb"])
-            print(f"  {task} {lib:6s} seed {i}: {key}={r[key]} rss={r['max_rss_mb']:.0f} MB", flush=True)
-    return {"values": results, "rss": rss}
-
-
-def median(values: list) -> float | None:
-    values = [v for v in values if v is not None]
-    return statistics.median(values) if values else None
-
-
 def main() -> None:
-    if len(sys.argv) > 1 and sys.argv[1] == "--child":
-        lib, task, seed, steps = sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
-        result = child(lib, task, seed, steps)
-        result["max_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-        print(json.dumps(result))
+    if child_main(lambda lib, task, seed, steps: child(lib, task, seed, int(steps))):
         return
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--out", default=str(Path(__file__).parents[1] / "docs" / "benchmarks.md"))
     args = parser.parse_args()
     repeats = 2 if args.quick else 5
     rows = []
@@ -165,33 +133,25 @@ def main() -> None:
              ("sps-hopper", "sps", 6_144 if args.quick else 20_480, "SPS, Hopper-v5, SB3 default PPO", True)]
     for task, key, steps, label, higher_better in tasks:
         print(f"{label} ...", flush=True)
-        res = run_task(task, repeats, steps, key)
+        res = alternate(__file__, task, repeats, steps, key, ("distrl", "sb3"))
         d, s = median(res["values"]["distrl"]), median(res["values"]["sb3"])
         ratio = (d / s if higher_better else s / d) if d and s else None
         rows.append((label, d, s, ratio, median(res["rss"]["distrl"]), median(res["rss"]["sb3"]), res))
-    write_report(rows, repeats, Path(args.out))
+    write_report(rows, repeats)
 
 
-def write_report(rows: list, repeats: int, out: Path) -> None:
+def write_report(rows: list, repeats: int) -> None:
     import distrl
     import stable_baselines3
     import torch
 
     fmt = lambda v: "n/a" if v is None else (f"{v:,.0f}" if v >= 100 else f"{v:.2f}")  # noqa: E731
     lines = [
-        "## PPO: distrl vs stable-baselines3",
-        "",
-        f"`python benchmarks/ppo_vs_sb3.py` — {time.strftime('%Y-%m-%d')}, {platform.processor() or platform.machine()}, "
+        f"`python benchmarks/ppo_vs_sb3.py` — {time.strftime('%Y-%m-%d')}, {platform.machine()}, "
         f"{repeats} runs each (seeds 0..{repeats - 1}), alternating, medians; one torch thread each; "
         f"distrl {distrl.__version__}, stable-baselines3 {stable_baselines3.__version__}, torch {torch.__version__}.",
         "",
-        "| measure | distrl | SB3 | distrl advantage | peak RSS distrl / SB3 (MB) |",
-        "|---|---|---|---|---|",
-    ]
-    for label, d, s, ratio, rss_d, rss_s, _ in rows:
-        lines.append(f"| {label} | {fmt(d)} | {fmt(s)} | {'n/a' if ratio is None else f'{ratio:.2f}×'} | "
-                     f"{rss_d:.0f} / {rss_s:.0f} |")
-    lines += [
+        *comparison_table(rows, fmt),
         "",
         "- rl-zoo CartPole settings: 8 envs, n_steps 32, batch 256, 20 epochs, gae_lambda 0.8, gamma 0.98, "
         "lr and clip linear from 1e-3 and 0.2, ent_coef 0. distrl steps the 8 envs with Gymnasium's native "
@@ -205,17 +165,9 @@ def write_report(rows: list, repeats: int, out: Path) -> None:
         "",
     ]
     for label, *_, res in rows:
-        lines.append(f"  - {label}: distrl {res['values']['distrl']}, SB3 {res['values']['sb3']}")
-    section = "\n".join(lines) + "\n"
-    text = out.read_text() if out.exists() else "# Benchmarks\n\nMeasured on the project's 2-core CI machines.\n\n"
-    start = text.find("## PPO: distrl vs stable-baselines3")
-    if start >= 0:
-        end = text.find("\n## ", start + 1)
-        text = text[:start] + section + (text[end + 1:] if end >= 0 else "")
-    else:
-        text = text.rstrip() + "\n\n" + section
-    out.write_text(text)
-    print(section)
+        values = {lib: [round(v, 2) if v is not None else None for v in vs] for lib, vs in res["values"].items()}
+        lines.append(f"  - {label}: distrl {values['distrl']}, SB3 {values['sb3']}")
+    write_section("PPO: distrl vs stable-baselines3", "\n".join(lines))
 
 
 if __name__ == "__main__":

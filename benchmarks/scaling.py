@@ -30,20 +30,30 @@ WORKLOADS = {
     # the CartPole preset: 32 native envs per worker, update-bound (20 all-reduces per 512 steps).
     "CartPole-v1, preset": ("CartPole-v1", ["--preset", "auto"]),
 }
-CONFIGS = [("single", 1), ("ddp", 1), ("ddp", 2)]
+# "independent" runs two unrelated single-process trainings at once, each with half the steps:
+# the most two processes can do on this machine, with no communication at all.
+CONFIGS = [("single", 1), ("ddp", 1), ("ddp", 2), ("independent", 2)]
 
 
 def run_once(workload: str, strategy: str, workers: int, steps: int) -> dict:
     env, extra = WORKLOADS[workload]
     with tempfile.TemporaryDirectory() as tmp:
-        run_dir = Path(tmp) / "run"
-        cmd = [sys.executable, "-m", "distrl", "train", "ppo", env, *extra, "--total-steps", str(steps),
-               "--strategy", strategy, "--workers", str(workers), "--quiet", "--run-dir", str(run_dir)]
-        start = time.perf_counter()
-        subprocess.run(cmd, check=True, capture_output=True, text=True)
-        wall = time.perf_counter() - start
-        summary = json.loads((run_dir / "summary.json").read_text())
-    summary["process_wall_s"] = wall
+        if strategy == "independent":
+            runs = [(Path(tmp) / f"run{i}", ["--strategy", "single", "--seed", str(i)]) for i in range(workers)]
+            steps //= workers
+        else:
+            runs = [(Path(tmp) / "run", ["--strategy", strategy, "--workers", str(workers)])]
+        procs = [subprocess.Popen([sys.executable, "-m", "distrl", "train", "ppo", env, *extra, "--total-steps",
+                                   str(steps), *flags, "--quiet", "--run-dir", str(run_dir)],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for run_dir, flags in runs]
+        for p in procs:
+            if p.wait() != 0:
+                raise RuntimeError(p.stderr.read().decode() if p.stderr else "run failed")
+        summaries = [json.loads((run_dir / "summary.json").read_text()) for run_dir, _ in runs]
+    summary = dict(summaries[0])
+    summary["sps"] = sum(s["sps"] for s in summaries)
+    summary["total_steps"] = sum(s["total_steps"] for s in summaries)
+    summary["train_s"] = max(s["train_s"] for s in summaries)
     return summary
 
 
@@ -80,7 +90,9 @@ def write_report(rows: list[dict], repeats: int) -> None:
         f"`python benchmarks/scaling.py` — {time.strftime('%Y-%m-%d')}, 2-core machine, {repeats} runs per "
         "configuration, alternating, medians. Same total environment steps in every configuration; "
         "`--scaling per-worker`. Speedup = SPS / SPS of `single`; ideal = number of workers. "
-        "All-reduce share = time in the gradient all-reduce (including waiting for the other worker) / update time.",
+        "All-reduce share = time in the gradient all-reduce (including waiting for the other worker) / update time. "
+        "`independent` = two unrelated single-process runs at once, half the steps each: what two processes "
+        "reach on this machine with no communication (the practical ceiling for `ddp` ×2).",
         "",
         "| workload | strategy | workers | total steps | SPS | training s | speedup | ideal | all-reduce share of update |",
         "|---|---|---|---|---|---|---|---|---|",

@@ -1,0 +1,74 @@
+"""Shared pieces of the side-by-side benchmarks: one subprocess per measurement, alternation, medians,
+and a section of docs/benchmarks.md rewritten in place."""
+
+from __future__ import annotations
+
+import json
+import resource
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+BENCHMARKS_MD = Path(__file__).parents[1] / "docs" / "benchmarks.md"
+
+
+def child_main(run: Callable[..., dict]) -> bool:
+    """In a child (``--child LIB TASK SEED ARG``): run one measurement, print it as JSON with peak RSS."""
+    if len(sys.argv) < 2 or sys.argv[1] != "--child":
+        return False
+    lib, task, seed, arg = sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5]
+    result = run(lib, task, seed, arg)
+    result["max_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(json.dumps(result))
+    return True
+
+
+def measure(script: str, lib: str, task: str, seed: int, arg: Any) -> dict:
+    out = subprocess.run([sys.executable, script, "--child", lib, task, str(seed), str(arg)],
+                         capture_output=True, text=True)
+    if out.returncode != 0:
+        raise RuntimeError(f"{lib} {task} seed {seed} failed:\n{out.stderr[-2000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def alternate(script: str, task: str, repeats: int, arg: Any, key: str, libs: tuple[str, str]) -> dict[str, dict[str, list]]:
+    """Run ``task`` ``repeats`` times per library, alternating which goes first."""
+    values: dict[str, list] = {lib: [] for lib in libs}
+    rss: dict[str, list] = {lib: [] for lib in libs}
+    for i in range(repeats):
+        for lib in (libs if i % 2 == 0 else libs[::-1]):
+            r = measure(script, lib, task, i, arg)
+            values[lib].append(r[key])
+            rss[lib].append(r["max_rss_mb"])
+            print(f"  {task} {lib:6s} seed {i}: {key}={r[key]} rss={r['max_rss_mb']:.0f} MB", flush=True)
+    return {"values": values, "rss": rss}
+
+
+def median(values: list) -> float | None:
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def write_section(title: str, body: str, out: Path = BENCHMARKS_MD) -> None:
+    """Replace the ``## title`` section of ``out`` (or append it)."""
+    section = f"## {title}\n\n{body.rstrip()}\n"
+    text = out.read_text() if out.exists() else "# Benchmarks\n\nMeasured on the project's 2-core CI machines.\n"
+    start = text.find(f"## {title}\n")
+    if start >= 0:
+        end = text.find("\n## ", start + 1)
+        text = text[:start] + section + (text[end + 1:] if end >= 0 else "")
+    else:
+        text = text.rstrip() + "\n\n" + section
+    out.write_text(text)
+    print(section)
+
+
+def comparison_table(rows: list[tuple], fmt: Callable[[float | None], str]) -> list[str]:
+    """Rows of (label, distrl, reference, advantage, rss distrl, rss reference, raw) as a markdown table."""
+    lines = ["| measure | distrl | SB3 | distrl advantage | peak RSS distrl / SB3 (MB) |", "|---|---|---|---|---|"]
+    for label, d, s, ratio, rss_d, rss_s, _ in rows:
+        lines.append(f"| {label} | {fmt(d)} | {fmt(s)} | {'n/a' if ratio is None else f'{ratio:.2f}×'} | "
+                     f"{rss_d:.0f} / {rss_s:.0f} |")
+    return lines

@@ -1,0 +1,143 @@
+"""distrl SAC against stable-baselines3 SAC on Pendulum-v1, side by side in one run.
+
+    python benchmarks/sac_vs_sb3.py            # writes its section of docs/benchmarks.md
+    python benchmarks/sac_vs_sb3.py --quick
+
+Identical hyperparameters (rl-baselines3-zoo's Pendulum-v1 SAC: learning rate 1e-3, the
+rest SB3's defaults: 256x256 ReLU networks, batch 256, buffer 1e6, 100 random steps,
+train_freq 1, gradient_steps 1, tau 0.005, automatic entropy tuning). Each measurement
+runs in its own subprocess, libraries alternate, medians are reported; both libraries run
+with the same number of torch threads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import time
+
+from harness import alternate, child_main, comparison_table, median, write_section
+
+HP = dict(learning_rate=1e-3, buffer_size=1_000_000, learning_starts=100, batch_size=256, tau=0.005, gamma=0.99,
+          train_freq=1, gradient_steps=1)
+EVAL_EVERY, TARGET, BUDGET = 1_000, -200.0, 20_000
+
+
+def child(lib: str, task: str, seed: int, arg: str) -> dict:
+    import torch
+
+    threads, steps = (int(v) for v in arg.split(":"))
+    torch.set_num_threads(threads)
+    if task == "sps":
+        return _sps(lib, seed, steps, threads)
+    return _solve(lib, seed, threads)
+
+
+def _distrl(seed: int, threads: int, **run):
+    from distrl.config import RunConfig, SACConfig
+    from distrl.training import OffPolicyTrainer
+
+    return OffPolicyTrainer(RunConfig(algo="sac", env="Pendulum-v1", seed=seed, quiet=True, threads=threads,
+                                      total_steps=BUDGET, **run), SACConfig(**HP))
+
+
+def _sb3(seed: int):
+    from stable_baselines3 import SAC
+    from stable_baselines3.common.env_util import make_vec_env
+
+    return SAC("MlpPolicy", make_vec_env("Pendulum-v1", n_envs=1, seed=seed), seed=seed, device="cpu", verbose=0, **HP)
+
+
+def _sps(lib: str, seed: int, steps: int, threads: int) -> dict:
+    warmup = 500  # past learning_starts: every measured step includes a gradient step
+    if lib == "distrl":
+        trainer = _distrl(seed, threads)
+        trainer.train(stop_at=warmup)
+        s0, t0 = trainer.steps, trainer.train_s
+        trainer.train(stop_at=warmup + steps)
+        return {"sps": (trainer.steps - s0) / (trainer.train_s - t0)}
+    model = _sb3(seed)
+    model.learn(warmup)
+    start = time.perf_counter()
+    model.learn(steps, reset_num_timesteps=False)
+    return {"sps": steps / (time.perf_counter() - start)}
+
+
+def _solve(lib: str, seed: int, threads: int) -> dict:
+    """Training seconds (evaluation excluded) until a 10-episode deterministic eval >= -200, every 1000 steps."""
+    if lib == "distrl":
+        trainer = _distrl(seed, threads, eval_every=EVAL_EVERY, target_return=TARGET)
+        trainer.train()
+        solved = trainer.last_eval is not None and trainer.last_eval[0] >= TARGET
+        return {"train_s": trainer.train_s if solved else None, "steps": trainer.steps}
+
+    from stable_baselines3.common.callbacks import BaseCallback
+    from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.evaluation import evaluate_policy
+
+    model = _sb3(seed)
+    eval_env = make_vec_env("Pendulum-v1", n_envs=1, seed=seed + 1_000_000)
+
+    class EvalTimer(BaseCallback):
+        def __init__(self):
+            super().__init__()
+            self.eval_s, self.solved = 0.0, False
+
+        def _on_step(self) -> bool:
+            if self.num_timesteps % EVAL_EVERY:
+                return True
+            start = time.perf_counter()
+            mean, _ = evaluate_policy(self.model, eval_env, n_eval_episodes=10, deterministic=True)
+            self.eval_s += time.perf_counter() - start
+            self.solved = mean >= TARGET
+            return not self.solved
+
+    timer = EvalTimer()
+    start = time.perf_counter()
+    model.learn(BUDGET, callback=timer)
+    wall = time.perf_counter() - start
+    return {"train_s": wall - timer.eval_s if timer.solved else None, "steps": model.num_timesteps}
+
+
+def main() -> None:
+    if child_main(child):
+        return
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    repeats = 2 if args.quick else 3
+    steps = 1_000 if args.quick else 3_000
+    rows = []
+    for label, task, arg, key, higher in [
+        ("SPS, 1 thread each", "sps", f"1:{steps}", "sps", True),
+        ("SPS, 2 threads each", "sps", f"2:{steps}", "sps", True),
+        ("training s to eval >= -200, 2 threads each", "solve", "2:0", "train_s", False),
+    ]:
+        print(f"{label} ...", flush=True)
+        res = alternate(__file__, task, repeats, arg, key, ("distrl", "sb3"))
+        d, s = median(res["values"]["distrl"]), median(res["values"]["sb3"])
+        ratio = (d / s if higher else s / d) if d and s else None
+        rows.append((label, d, s, ratio, median(res["rss"]["distrl"]), median(res["rss"]["sb3"]), res))
+    import distrl
+    import stable_baselines3
+
+    fmt = lambda v: "n/a" if v is None else f"{v:,.1f}"  # noqa: E731
+    lines = [
+        f"`python benchmarks/sac_vs_sb3.py` — {time.strftime('%Y-%m-%d')}, {platform.machine()}, Pendulum-v1, "
+        f"{repeats} runs each (seeds 0..{repeats - 1}), alternating, medians; distrl {distrl.__version__}, "
+        f"stable-baselines3 {stable_baselines3.__version__}. Identical hyperparameters: rl-baselines3-zoo's "
+        "(lr 1e-3; 256×256 ReLU networks, batch 256, 1 gradient step per env step, automatic entropy).",
+        "",
+        *comparison_table(rows, fmt),
+        "",
+        "- SPS is measured after learning starts, so every step includes one gradient step.",
+        "- Time to solve: 10-episode deterministic evaluation every 1,000 steps, training seconds until it "
+        "reaches -200 (evaluation excluded).",
+        "- Raw values: " + "; ".join(f"{r[0]}: distrl {[None if v is None else round(v, 1) for v in r[6]['values']['distrl']]}, "
+                                     f"SB3 {[None if v is None else round(v, 1) for v in r[6]['values']['sb3']]}" for r in rows),
+    ]
+    write_section("SAC: distrl vs stable-baselines3", "\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
