@@ -114,7 +114,8 @@ class PPO(Model):
         if not deterministic:
             shape = (len(obs), *agent.noise_shape())
             noise = rng.random(shape, dtype=np.float32) if agent.discrete else rng.standard_normal(shape, dtype=np.float32)
-        return agent.env_action(agent.act(self._trainer.obs_normalizer(obs), noise))
+        normalizer = getattr(self._trainer, "obs_normalizer", None)
+        return agent.env_action(agent.act(normalizer(obs) if normalizer is not None else obs, noise))
 
 
 class SAC(Model):
@@ -129,4 +130,10 @@ class SAC(Model):
         return trainer.to_env(trainer.algo.actor.act(obs, noise))
 
 
-MODELS: dict[str, type[Model]] = {"ppo": PPO, "sac": SAC}
+class REINFORCE(PPO):
+    """REINFORCE; hyperparameters as :class:`~distrl.config.REINFORCEConfig` (its policy acts like PPO's)."""
+
+    algo = "reinforce"
+
+
+MODELS: dict[str, type[Model]] = {"ppo": PPO, "sac": SAC, "reinforce": REINFORCE}

@@ -18,12 +18,12 @@ from typing import Any
 import tyro
 
 from distrl import checkpoint
-from distrl.config import ConfigError, Device, PPOConfig, RunConfig, SACConfig, StrategyConfig, scaled
+from distrl.config import ConfigError, Device, PPOConfig, REINFORCEConfig, RunConfig, SACConfig, StrategyConfig, scaled
 from distrl.envs import resolve_env_id
 from distrl.presets import algo_configs, preset_names
 from distrl.training import TRAINERS, configs_from_checkpoint, default_run_dir, make_trainer
 
-ALGOS = ("ppo", "sac")
+ALGOS = ("ppo", "sac", "reinforce")
 
 USAGE = """\
 usage: distrl COMMAND ...
@@ -51,7 +51,14 @@ class SACTrainArgs:
     sac: SACConfig
 
 
-TRAIN_ARGS = {"ppo": PPOTrainArgs, "sac": SACTrainArgs}
+@dataclass(frozen=True)
+class REINFORCETrainArgs:
+    run: RunConfig
+    strategy: StrategyConfig
+    reinforce: REINFORCEConfig
+
+
+TRAIN_ARGS = {"ppo": PPOTrainArgs, "sac": SACTrainArgs, "reinforce": REINFORCETrainArgs}
 
 
 @dataclass(frozen=True)
@@ -146,6 +153,15 @@ def train_command(argv: list[str]) -> int:
         run = run.replace(run_dir=str(default_run_dir(run, resolve_env_id(run.env))))
     if args.strategy.strategy == "single":
         run_training(run, algo_cfg, resume_path)
+    elif args.strategy.strategy == "actor-learner":
+        from distrl.strategies.actor_learner import WorkerError, run_actor_learner
+
+        _check_run_dir(Path(run.run_dir), resume_path)
+        try:
+            run_actor_learner(run, args.strategy, algo_cfg, Path(run.run_dir), resume_path)
+        except WorkerError as exc:
+            print(f"distrl: error: {exc}", file=sys.stderr)
+            raise SystemExit(1) from None
     else:
         run_ddp(run, args.strategy, algo_cfg, resume_path, ["train", algo, env, *rest, "--run-dir", run.run_dir])
     return 0

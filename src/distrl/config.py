@@ -14,7 +14,8 @@ from typing import Annotated, Any, Literal
 import tyro
 
 Schedule = Literal["constant", "linear"]
-Strategy = Literal["single", "ddp"]
+Strategy = Literal["single", "ddp", "actor-learner"]
+OnWorkerError = Literal["restart", "abort"]
 Scaling = Literal["per-worker", "equivalent"]
 Launcher = Literal["auto", "local", "ray"]
 Device = Literal["auto", "cpu", "cuda"]
@@ -190,6 +191,46 @@ class SACConfig:
         return learned, value
 
 
+@dataclass(frozen=True)
+class REINFORCEConfig:
+    """REINFORCE (Williams 1992): the policy gradient of whole episodes' discounted returns."""
+
+    n_envs: int = 1
+    """Environments stepped together by each collector."""
+    episodes_per_iter: int = 16
+    """Whole episodes per update (over all workers)."""
+    learning_rate: float = 1e-3
+    """Adam step size."""
+    gamma: float = 0.99
+    """Discount factor of the returns."""
+    normalize_returns: bool = True
+    """Standardise the returns (or advantages, with a baseline) over the batch."""
+    baseline: bool = False
+    """Learn a state-value baseline and use G - V(s) as the advantage."""
+    vf_coef: float = 0.5
+    """Weight of the baseline's squared error."""
+    ent_coef: float = 0.0
+    """Entropy bonus coefficient."""
+    max_grad_norm: float = 1.0
+    """Clip the global gradient norm to this value."""
+    net_arch: tuple[int, ...] = (64, 64)
+    """Hidden layers of the policy (and of the baseline)."""
+    activation: Activation = "tanh"
+    """Hidden activation."""
+    log_std_init: float = 0.0
+    """Initial log standard deviation of Gaussian policies (the std is learned)."""
+    max_episode_steps: int = 10_000
+    """Steps after which an unfinished episode is cut (guards against envs that never end)."""
+
+    def __post_init__(self) -> None:
+        _positive(self, "n_envs", "episodes_per_iter", "learning_rate", "max_grad_norm", "max_episode_steps")
+        _fraction(self, "gamma")
+        require(self.vf_coef >= 0, "vf_coef", self.vf_coef, ">= 0")
+        require(self.ent_coef >= 0, "ent_coef", self.ent_coef, ">= 0")
+        require(len(self.net_arch) > 0 and all(h > 0 for h in self.net_arch),
+                "net_arch", self.net_arch, "one or more positive layer sizes")
+
+
 def _nearest_divisor(n: int, target: int) -> int:
     divisors = [d for d in range(1, n + 1) if n % d == 0]
     return min(divisors, key=lambda d: (abs(d - target), d))
@@ -225,6 +266,8 @@ class RunConfig:
     """Episodes per evaluation."""
     target_return: float | None = None
     """Stop training once an evaluation reaches this mean return."""
+    iterations: int = 0
+    """Stop after this many updates instead of at total_steps (0: use total_steps)."""
     threads: int = 1
     """Intra-op torch threads per process. 1 suits small networks and several workers per machine;
     wide networks (SAC's 256x256) gain from more when the process has the cores to itself."""
@@ -235,6 +278,7 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         _positive(self, "total_steps", "eval_episodes", "threads")
+        require(self.iterations >= 0, "iterations", self.iterations, ">= 0")
         require(self.seed >= 0, "seed", self.seed, ">= 0")
         require(self.checkpoint_every >= 0, "checkpoint_every", self.checkpoint_every, ">= 0")
         require(self.eval_every >= 0, "eval_every", self.eval_every, ">= 0")
@@ -266,14 +310,26 @@ class StrategyConfig:
     """Ray cluster to join ('auto' or HOST:PORT); empty starts an embedded local instance when needed."""
     timeout_s: float = 120.0
     """Longest wait on another worker (collectives, start-up) before the run fails naming it."""
+    worker_cpus: float = 1.0
+    """CPUs Ray reserves for each rollout worker (actor-learner) or rank (ddp on Ray)."""
+    worker_gpus: float = 0.0
+    """GPUs Ray reserves for each rollout worker or rank."""
+    max_worker_restarts: int = 3
+    """actor-learner: how many times each rollout worker may be restarted after dying or failing."""
+    on_worker_error: OnWorkerError = "restart"
+    """actor-learner: what an exception raised inside a worker's env does: restart the worker, or abort the run."""
 
     def __post_init__(self) -> None:
         _positive(self, "workers", "timeout_s")
+        require(self.worker_cpus >= 0, "worker_cpus", self.worker_cpus, ">= 0")
+        require(self.worker_gpus >= 0, "worker_gpus", self.worker_gpus, ">= 0")
+        require(self.max_worker_restarts >= 0, "max_worker_restarts", self.max_worker_restarts, ">= 0")
         _fraction(self, "sync_frac", inclusive_zero=False)
         _fraction(self, "min_rollout_frac", inclusive_zero=False)
         if self.strategy == "single":
             require(self.workers == 1, "workers", self.workers, "1 with --strategy single", "use --strategy ddp")
-            require(self.sync_frac == 1.0, "sync_frac", self.sync_frac, "1.0 with --strategy single",
+        if self.strategy != "ddp":
+            require(self.sync_frac == 1.0, "sync_frac", self.sync_frac, f"1.0 with --strategy {self.strategy}",
                     "straggler preemption needs --strategy ddp")
 
     @property
@@ -298,7 +354,7 @@ def scaled(cfg: Any, strategy: StrategyConfig, world_size: int) -> Any:
     return dataclasses.replace(cfg, n_steps=cfg.n_steps // world_size, learning_rate=cfg.learning_rate * world_size)
 
 
-ALGO_CONFIGS: dict[str, type] = {"ppo": PPOConfig, "sac": SACConfig}
+ALGO_CONFIGS: dict[str, type] = {"ppo": PPOConfig, "sac": SACConfig, "reinforce": REINFORCEConfig}
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:

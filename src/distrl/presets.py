@@ -20,6 +20,10 @@ _MUJOCO_PPO = dict(normalize_obs=True, normalize_reward=True, n_envs=1, n_steps=
 _MUJOCO_SAC = dict(total_steps=1_000_000, learning_starts=10_000)
 
 PRESETS: dict[str, dict[str, dict[str, Any]]] = {
+    "reinforce": {
+        "CartPole-v1": dict(total_steps=300_000, n_envs=8, episodes_per_iter=16, learning_rate=5e-3, gamma=0.99,
+                            baseline=True),
+    },
     "sac": {
         "Pendulum-v1": dict(total_steps=20_000, learning_rate=1e-3),
         # rl-baselines3-zoo's setting without gSDE (distrl has none): exploration may stall.

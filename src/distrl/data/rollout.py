@@ -72,6 +72,8 @@ class Rollout:
     episode_lengths: list[int] = field(default_factory=list)
     obs_moments: np.ndarray | None = None
     """Moments of the raw observations seen, for the normaliser (see data/normalize.py)."""
+    reward_moments: np.ndarray | None = None
+    """Moments of the discounted returns seen, for the reward scaler."""
     collect_s: float = 0.0
     collected_steps: int = 0
     """Vector steps actually taken (fewer than n_steps when preempted)."""
@@ -188,6 +190,8 @@ class RolloutCollector:
         self._raw_obs = raw_obs[T]
         if normalize:
             rollout.obs_moments = moments(raw_obs[1:T + 1].reshape(T * N, obs_dim))
+        if self.reward_scaler.enabled:
+            rollout.reward_moments = self.reward_scaler.take_moments()
         rollout.collected_steps = T
         rollout.collect_s = time.perf_counter() - start
         return rollout

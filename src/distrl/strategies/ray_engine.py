@@ -26,7 +26,7 @@ def import_ray() -> Any:
 
 
 @contextmanager
-def ray_session(address: str, run_dir: Path | None = None) -> Iterator[Any]:
+def ray_session(address: str, run_dir: Path | None = None, num_cpus: int | None = None) -> Iterator[Any]:
     """Yield the ``ray`` module with a connected session; shut it down after if this call started it."""
     ray = import_ray()
     started = False
@@ -39,7 +39,8 @@ def ray_session(address: str, run_dir: Path | None = None) -> Iterator[Any]:
             except Exception as exc:  # noqa: BLE001 - Ray raises several types for an unreachable cluster
                 raise ConfigError(f"ray_address={address!r}: cannot connect to a Ray cluster ({exc})") from None
         else:
-            ray.init(num_cpus=os.cpu_count(), include_dashboard=False, _node_ip_address="127.0.0.1", **kwargs)
+            ray.init(num_cpus=num_cpus or os.cpu_count(), include_dashboard=False, _node_ip_address="127.0.0.1",
+                     **kwargs)
         started = True
         if run_dir is not None:
             _link_session_logs(ray, run_dir)

@@ -6,15 +6,16 @@ from typing import Any
 
 from distrl.training.common import (EVAL_SEED_OFFSET, TrainerBase, configs_from_checkpoint, default_run_dir,
                                     resolve_device)
+from distrl.training.episodic import EpisodicTrainer
 from distrl.training.off_policy import OffPolicyTrainer
 from distrl.training.on_policy import OnPolicyTrainer
 
-TRAINERS: dict[str, type[TrainerBase]] = {"ppo": OnPolicyTrainer, "sac": OffPolicyTrainer}
+TRAINERS: dict[str, type[TrainerBase]] = {"ppo": OnPolicyTrainer, "sac": OffPolicyTrainer, "reinforce": EpisodicTrainer}
 
 
 def make_trainer(algo: str, *args: Any, **kwargs: Any) -> TrainerBase:
     return TRAINERS[algo](*args, **kwargs)
 
 
-__all__ = ["EVAL_SEED_OFFSET", "OffPolicyTrainer", "OnPolicyTrainer", "TRAINERS", "TrainerBase",
+__all__ = ["EVAL_SEED_OFFSET", "EpisodicTrainer", "OffPolicyTrainer", "OnPolicyTrainer", "TRAINERS", "TrainerBase",
            "configs_from_checkpoint", "default_run_dir", "make_trainer", "resolve_device"]

@@ -98,6 +98,7 @@ class TrainerBase:
         self.eval_s = 0.0
         self.last_eval: tuple[float, float] | None = None
         self.last_metrics: dict[str, float] = {}
+        self.events: list[str] = []
         self._eval_steps = -1
         self._eval_env: VecEnv | None = None
         self.run_dir = run_dir
@@ -169,6 +170,15 @@ class TrainerBase:
         self.logger.scalars(metrics, self.steps, every_s=0.2)  # many short iterations: about 5 points a second
         self.logger.console.update(self.steps, sps, self.logger.mean_return)
 
+    def report(self, message: str) -> None:
+        """An event worth a line: on the console, in ``events.log`` and in summary.json."""
+        stamped = f"{time.strftime('%Y-%m-%d %H:%M:%S')} {message}"
+        self.events.append(stamped)
+        if self.logger is not None:
+            self.logger.console.line(message)
+            with (self.logger.run_dir / "events.log").open("a") as f:
+                f.write(stamped + "\n")
+
     def evaluate_now(self) -> tuple[float, float]:
         """Deterministic evaluation over ``eval_episodes`` episodes; returns (mean, std)."""
         start = time.perf_counter()
@@ -187,13 +197,14 @@ class TrainerBase:
         mean_return = self.logger.mean_return if self.logger is not None else None
         return {
             "algo": self.run.algo, "env": self.env_id, "strategy": self.strategy.strategy,
-            "workers": self.sync.world_size, "total_steps": self.steps, "iterations": self.iteration,
+            "workers": getattr(getattr(self, "collector", None), "n_workers", self.sync.world_size),
+            "total_steps": self.steps, "iterations": self.iteration,
             "episodes": self.episodes, "train_s": self.train_s, "eval_s": self.eval_s,
             "update_s": self.update_s, "sync_s": getattr(self.sync, "sync_s", 0.0),
             "sps": self.steps / max(self.train_s, 1e-9), "final_mean_return": mean_return,
             "final_eval_mean_return": self.last_eval[0] if self.last_eval else None,
             "final_eval_std_return": self.last_eval[1] if self.last_eval else None,
-            "distrl_version": distrl.__version__,
+            "events": self.events, "distrl_version": distrl.__version__,
         }
 
     def finish(self, wall_s: float) -> dict[str, Any]:
@@ -212,6 +223,9 @@ class TrainerBase:
         return summary
 
     def close(self) -> None:
+        close_collector = getattr(getattr(self, "collector", None), "close", None)
+        if close_collector is not None:
+            close_collector()
         self.env.close()
         if self._eval_env is not None:
             self._eval_env.close()

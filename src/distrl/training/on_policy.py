@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,8 @@ class OnPolicyTrainer(TrainerBase):
 
     def __init__(self, run: RunConfig, cfg: PPOConfig, sync: Sync | None = None,
                  run_dir: Path | None = None, log: bool = True, strategy: StrategyConfig | None = None,
-                 requested: PPOConfig | None = None, device: torch.device | None = None):
+                 requested: PPOConfig | None = None, device: torch.device | None = None,
+                 collector_factory: Callable[[TrainerBase], Any] | None = None):
         """
         Args:
             run, cfg: what to train; ``cfg`` is the config this worker runs (after scaling).
@@ -35,14 +37,17 @@ class OnPolicyTrainer(TrainerBase):
             strategy: the strategy settings, recorded in config.json and checkpoints.
             requested: the PPO config as the user gave it, before ``--scaling``.
             device: overrides ``run.device`` (a ddp rank's own GPU).
+            collector_factory: builds a collector in place of the local one (actor-learner's remote workers).
         """
         super().__init__(run, cfg, sync, run_dir, log, strategy, requested, device)
         self.agent = ActorCritic(self.obs_dim, self.env.single_action_space, cfg.net_arch, cfg.activation,
                                  cfg.log_std_init, cfg.ortho_init, self.device, run.seed)
         self.obs_normalizer = ObsNormalizer(self.obs_shape, cfg.normalize_obs, cfg.clip_obs)
         self.reward_scaler = RewardScaler(cfg.n_envs, cfg.gamma, cfg.normalize_reward)
-        self.collector = RolloutCollector(self.env, self.agent, self.obs_normalizer, self.reward_scaler,
-                                          cfg.n_steps, run.seed, env_offset=self.sync.rank * cfg.n_envs)
+        self.collector: Any = RolloutCollector(self.env, self.agent, self.obs_normalizer, self.reward_scaler,
+                                               cfg.n_steps, run.seed, env_offset=self.sync.rank * cfg.n_envs)
+        if collector_factory is not None:
+            self.collector = collector_factory(self)
         self.algo = PPOAlgo(cfg, self.agent, run.seed)
         self.start_segment()
 
@@ -50,7 +55,7 @@ class OnPolicyTrainer(TrainerBase):
         """Train until ``total_steps`` (schedules anneal over it); ``stop_at`` ends early, as an interruption would."""
         total = total_steps if total_steps is not None else self.run.total_steps
         limit = min(total, stop_at) if stop_at is not None else total
-        per_iteration = self.cfg.rollout_size * self.sync.world_size
+        per_iteration = self.cfg.rollout_size * self.sync.world_size * getattr(self.collector, "n_workers", 1)
         preempt, min_steps = None, 0
         if self.strategy.sync_frac < 1.0 and self.sync.world_size > 1:
             needed = math.ceil(self.strategy.sync_frac * self.sync.world_size)
@@ -75,7 +80,8 @@ class OnPolicyTrainer(TrainerBase):
             self.update_s += now - update_start
             metrics.update({"charts/samples": float(totals["samples"][0]), "charts/local_samples": float(rollout.valid.sum()),
                             "time/collect_s": rollout.collect_s, "time/update_s": now - update_start,
-                            "time/collected_steps": float(rollout.collected_steps)})
+                            "time/collected_steps": float(rollout.collected_steps),
+                            "time/overhead_s": getattr(self.collector, "last_overhead_s", 0.0)})
             self._log(rollout.episode_returns, rollout.episode_lengths, totals["episodes"], metrics)
             if self._crossed(self.run.eval_every, per_iteration) and self._evaluate_and_check_target():
                 break
@@ -97,7 +103,7 @@ class OnPolicyTrainer(TrainerBase):
         if self.cfg.normalize_obs:
             parts["obs"] = rollout.obs_moments
         if self.cfg.normalize_reward:
-            parts["reward"] = self.reward_scaler.take_moments()
+            parts["reward"] = rollout.reward_moments
         summed = self.sync.all_sum(np.concatenate([np.asarray(v, dtype=np.float64) for v in parts.values()]))
         out, offset = {}, 0
         for name, value in parts.items():
@@ -108,6 +114,11 @@ class OnPolicyTrainer(TrainerBase):
         if "reward" in out:
             self.reward_scaler.update(out["reward"])
         return out
+
+    def weights(self) -> dict[str, Any]:
+        """What a remote collector needs to act like this learner: version, parameters, normaliser statistics."""
+        return {"version": self.policy_version, "params": self.agent.params.data.cpu().numpy().copy(),
+                "obs_stats": self.obs_normalizer.stats.state(), "reward_stats": self.reward_scaler.stats.state()}
 
     def act_for_eval(self, obs: np.ndarray) -> np.ndarray:
         return self.agent.env_action(self.agent.act(self.obs_normalizer(obs), None))

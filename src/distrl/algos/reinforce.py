@@ -1,0 +1,74 @@
+"""REINFORCE (Williams 1992): ascend ``E[sum_t log pi(a_t|s_t) (G_t - b(s_t))]``.
+
+``G_t`` is the discounted return from step t to the episode's end; with ``baseline`` a
+learned state value is subtracted (and fitted to ``G_t``). Returns (or advantages) are
+standardised over the whole batch, over every worker. One gradient step per batch of
+whole episodes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from distrl.algos.optim import ClippedAdam
+from distrl.config import REINFORCEConfig
+from distrl.data.episodes import EpisodeBatch
+from distrl.data.rollout import discounted_returns
+from distrl.nets import ActorCritic
+from distrl.protocols import Sync
+
+
+def episode_returns_to_go(rewards: np.ndarray, starts: np.ndarray, gamma: float) -> np.ndarray:
+    """Discounted return from every step to the end of its episode, for concatenated episodes."""
+    return np.concatenate([discounted_returns(rewards[a:b], gamma) for a, b in zip(starts[:-1], starts[1:])])
+
+
+def policy_gradient_terms(log_prob: torch.Tensor, advantages: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-sample loss ``-log_prob * A`` and its derivative in ``log_prob`` (``-A``)."""
+    return -log_prob * advantages, -advantages
+
+
+class REINFORCEAlgo:
+    """Monte-Carlo policy gradient over an :class:`ActorCritic` (the critic is the optional baseline)."""
+
+    def __init__(self, cfg: REINFORCEConfig, agent: ActorCritic):
+        self.cfg = cfg
+        self.agent = agent
+        self.optimizer = ClippedAdam(agent.params, cfg.learning_rate, eps=1e-8, max_grad_norm=cfg.max_grad_norm)
+
+    def update(self, batch: EpisodeBatch, sync: Sync) -> dict[str, float]:
+        cfg, agent, device = self.cfg, self.agent, self.agent.device
+        returns = torch.from_numpy(episode_returns_to_go(batch.rewards, batch.starts, cfg.gamma)).float().to(device)
+        obs = torch.from_numpy(batch.obs).to(device)
+        actions = torch.from_numpy(batch.actions).to(device)
+        fwd = agent.forward_train(obs)
+        terms = agent.dist_terms(fwd.head, actions)
+        advantages = returns - fwd.values.detach() if cfg.baseline else returns
+        if cfg.normalize_returns:
+            adv = advantages.double()
+            count, total, total_sq = sync.all_sum(np.array([len(adv), float(adv.sum()), float(adv.square().sum())]))
+            mean = total / max(count, 1.0)
+            std = np.sqrt(max(total_sq / max(count, 1.0) - mean * mean, 0.0))
+            advantages = (advantages - mean) / (std + 1e-8)
+        policy_loss, d_log_prob = policy_gradient_terms(terms.log_prob, advantages)
+        value_error = fwd.values - returns
+        d_values = 2.0 * cfg.vf_coef * value_error if cfg.baseline else torch.zeros_like(value_error)
+        d_entropy = torch.full_like(returns, -cfg.ent_coef) if cfg.ent_coef else None
+        agent.backward(fwd, terms, actions, d_log_prob, d_entropy, d_values)
+        value_loss = value_error.square() if cfg.baseline else torch.zeros_like(value_error)
+        stats = torch.stack([torch.tensor(float(len(returns))), policy_loss.sum(), value_loss.sum(),
+                             terms.entropy.sum()]).double()
+        sync.gradients(agent.params.grad, stats)
+        count = float(stats[0])
+        agent.params.grad.div_(count)
+        grad_norm = self.optimizer.step()
+        agent.refresh_acting_copy()
+        return {"losses/policy_loss": float(stats[1]) / count, "losses/value_loss": float(stats[2]) / count,
+                "losses/entropy": float(stats[3]) / count, "losses/grad_norm": grad_norm}
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, tensors: dict[str, torch.Tensor]) -> None:
+        self.optimizer.load_state_dict(tensors)

@@ -1,0 +1,262 @@
+"""``actor-learner``: N rollout workers (Ray actors) collect; one learner updates.
+
+The IMPALA-style / Flame-Runner pattern. Per iteration the learner puts its weights
+(tagged with the policy version) into Ray's object store once; every worker receives the
+same reference, loads the weights into its policy replica and returns numpy data — whole
+episodes (REINFORCE) or fixed-length fragments (PPO). The learner merges the results in
+worker order (so runs are reproducible whatever order they arrive in) and updates.
+
+:class:`RemoteCollector` has the interface of the local collectors, so the trainers run
+unchanged: only where collection happens differs. A worker whose process dies is
+replaced and its share collected again (up to ``max_worker_restarts`` times per worker);
+an exception raised by an env inside a worker is reported with the worker id, the env id
+and the traceback, and restarts the worker or aborts the run (``on_worker_error``).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from distrl.config import RunConfig, StrategyConfig
+from distrl.data.episodes import EpisodeBatch, merge_episode_batches
+from distrl.data.rollout import Rollout
+
+class WorkerError(RuntimeError):
+    """A rollout worker failed; the message names the worker (and env, for env errors)."""
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """Everything a rollout worker needs to build its env, policy replica and collector."""
+
+    algo: str
+    run: RunConfig
+    cfg: Any
+    worker_id: int
+
+    @property
+    def env_offset(self) -> int:
+        return self.worker_id * self.cfg.n_envs
+
+
+class RolloutWorker:
+    """Runs in a Ray actor: an env, a policy replica and the same collector the learner would use."""
+
+    def __init__(self, spec: WorkerSpec):
+        import torch
+
+        from distrl.envs import make_env
+        from distrl.nets import ActorCritic
+
+        torch.set_num_threads(1)
+        self.spec = spec
+        cfg, run = spec.cfg, spec.run
+        self.env = make_env(run.env, cfg.n_envs, run.vec)
+        obs_dim = int(np.prod(self.env.single_observation_space.shape))
+        ortho = getattr(cfg, "ortho_init", True)
+        self.agent = ActorCritic(obs_dim, self.env.single_action_space, cfg.net_arch, cfg.activation,
+                                 cfg.log_std_init, ortho, torch.device("cpu"), run.seed)
+        if spec.algo == "reinforce":
+            from distrl.data.episodes import EpisodeCollector
+
+            self.collector: Any = EpisodeCollector(self.env, self.agent, run.seed, spec.env_offset, cfg.max_episode_steps)
+            self.obs_normalizer = self.reward_scaler = None
+        else:
+            from distrl.data.normalize import ObsNormalizer, RewardScaler
+            from distrl.data.rollout import RolloutCollector
+
+            self.obs_normalizer = ObsNormalizer(self.env.single_observation_space.shape, cfg.normalize_obs, cfg.clip_obs)
+            self.reward_scaler = RewardScaler(cfg.n_envs, cfg.gamma, cfg.normalize_reward)
+            self.collector = RolloutCollector(self.env, self.agent, self.obs_normalizer, self.reward_scaler,
+                                              cfg.n_steps, run.seed, spec.env_offset)
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def reset(self, seed: int, segment: int) -> None:
+        self.collector.reset(seed, segment)
+
+    def _load(self, payload: dict[str, Any]) -> None:
+        import torch
+
+        self.agent.params.data.copy_(torch.from_numpy(payload["params"]))
+        self.agent.refresh_acting_copy()
+        if self.obs_normalizer is not None and "obs_stats" in payload:
+            self.obs_normalizer.stats.load(payload["obs_stats"])
+            self.obs_normalizer.refresh()
+            self.reward_scaler.stats.load(payload["reward_stats"])
+
+    def collect(self, payload: dict[str, Any], episodes: int) -> Rollout | EpisodeBatch:
+        self._load(payload)
+        try:
+            if self.spec.algo == "reinforce":
+                return self.collector.collect(episodes, payload["version"])
+            return self.collector.collect(payload["version"])
+        except Exception as exc:  # noqa: BLE001 - reported with worker id, env id and traceback
+            first, last = self.spec.env_offset, self.spec.env_offset + self.spec.cfg.n_envs - 1
+            raise WorkerError(f"worker {self.spec.worker_id}, env {self.spec.run.env} (global env indices {first}-{last}): "
+                              f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}") from None
+
+
+def merge_rollouts(parts: list[Rollout]) -> Rollout:
+    """Concatenate fragments from several workers along the env axis (in the given order)."""
+    cat = lambda name: np.concatenate([getattr(p, name) for p in parts], axis=1)  # noqa: E731
+    merged = Rollout(cat("obs"), cat("actions"), cat("rewards"), cat("terminated"), cat("truncated"), cat("valid"),
+                     parts[0].policy_version)
+    for p in parts:
+        merged.episode_returns.extend(p.episode_returns)
+        merged.episode_lengths.extend(p.episode_lengths)
+    if parts[0].obs_moments is not None:
+        merged.obs_moments = sum(p.obs_moments for p in parts)
+    if parts[0].reward_moments is not None:
+        merged.reward_moments = sum(p.reward_moments for p in parts)
+    merged.collected_steps = parts[0].collected_steps
+    merged.collect_s = max(p.collect_s for p in parts)
+    return merged
+
+
+@dataclass
+class Failure:
+    worker: int
+    iteration: int
+    reason: str
+    at: float = field(default_factory=time.time)
+
+
+class RemoteCollector:
+    """Fans collection out to Ray actors and merges their results; same interface as a local collector."""
+
+    def __init__(self, trainer: Any, strategy: StrategyConfig, ray: Any):
+        self.trainer = trainer
+        self.strategy = strategy
+        self.ray = ray
+        self.n_workers = strategy.workers
+        self.algo = trainer.algo_name
+        self.actor_cls = ray.remote(RolloutWorker)
+        self.restarts = [0] * self.n_workers
+        self.failures: list[Failure] = []
+        self.seed, self.segment = trainer.run.seed, 0
+        self.last_overhead_s = 0.0
+        self.actors = [self._spawn(i) for i in range(self.n_workers)]
+
+    def _spawn(self, worker: int) -> Any:
+        spec = WorkerSpec(self.algo, self.trainer.run, self.trainer.cfg, worker)
+        actor = self.actor_cls.options(num_cpus=self.strategy.worker_cpus,
+                                       num_gpus=self.strategy.worker_gpus).remote(spec)
+        return actor
+
+    def worker_pids(self) -> list[int]:
+        return self.ray.get([a.pid.remote() for a in self.actors], timeout=self.strategy.timeout_s)
+
+    def reset(self, seed: int, segment: int = 0) -> None:
+        self.seed, self.segment = seed, segment
+        self._wait_all([a.reset.remote(seed, segment) for a in self.actors], "reset")
+
+    def _wait_all(self, refs: list, what: str) -> list:
+        ready, pending = self.ray.wait(refs, num_returns=len(refs), timeout=self.strategy.timeout_s)
+        if pending:
+            late = [i for i, r in enumerate(refs) if r in pending]
+            raise WorkerError(f"rollout worker(s) {late} did not answer {what} within {self.strategy.timeout_s:.0f}s")
+        return self.ray.get(refs)
+
+    def _shares(self, total: int) -> list[int]:
+        base, extra = divmod(total, self.n_workers)
+        return [base + (1 if i < extra else 0) for i in range(self.n_workers)]
+
+    def collect(self, *args: Any) -> Rollout | EpisodeBatch:
+        """PPO: ``collect(policy_version, ...)``; REINFORCE: ``collect(n_episodes, policy_version)``."""
+        start = time.perf_counter()
+        shares = self._shares(args[0]) if self.algo == "reinforce" else [0] * self.n_workers
+        payload = self.ray.put(self.trainer.weights())  # one object shared by every worker
+        pending = {self.actors[i].collect.remote(payload, shares[i]): i for i in range(self.n_workers)}
+        results: dict[int, Any] = {}
+        while pending:
+            done, _ = self.ray.wait(list(pending), num_returns=1, timeout=self.strategy.timeout_s)
+            if not done:
+                raise WorkerError(f"rollout worker(s) {sorted(pending.values())} did not return a batch within "
+                                  f"{self.strategy.timeout_s:.0f}s")
+            ref = done[0]
+            worker = pending.pop(ref)
+            try:
+                results[worker] = self.ray.get(ref)
+            except Exception as exc:  # noqa: BLE001 - every failure is either retried or reported
+                self._replace(worker, exc)
+                pending[self.actors[worker].collect.remote(payload, shares[worker])] = worker
+        parts = [results[i] for i in range(self.n_workers)]
+        merged = merge_episode_batches(parts) if self.algo == "reinforce" else merge_rollouts(parts)
+        self.last_overhead_s = max(0.0, time.perf_counter() - start - merged.collect_s)
+        return merged
+
+    def _replace(self, worker: int, exc: Exception) -> None:
+        cause = getattr(exc, "cause", None)
+        env_error = isinstance(cause, WorkerError) or "WorkerError" in type(exc).__name__
+        reason = str(cause) if cause is not None else f"{type(exc).__name__}: {exc}"
+        first_line = reason.strip().splitlines()[0] if reason.strip() else type(exc).__name__
+        self.failures.append(Failure(worker, self.trainer.iteration, first_line))
+        if env_error and self.strategy.on_worker_error == "abort":
+            raise WorkerError(reason) from None
+        self.restarts[worker] += 1
+        if self.restarts[worker] > self.strategy.max_worker_restarts:
+            raise WorkerError(f"worker {worker} failed {self.restarts[worker]} times (max_worker_restarts="
+                              f"{self.strategy.max_worker_restarts}); last: {first_line}") from None
+        self.trainer.report(f"worker {worker} failed at iteration {self.trainer.iteration}: {first_line}; "
+                            f"restarting it ({self.restarts[worker]}/{self.strategy.max_worker_restarts})")
+        try:
+            self.ray.kill(self.actors[worker])
+        except Exception:  # noqa: BLE001 - it may already be gone
+            pass
+        self.actors[worker] = self._spawn(worker)
+        # a replacement starts new episodes: seeds depend on the restart count, not on chance
+        segment = self.segment + 1_000_003 * self.restarts[worker]
+        self._wait_all([self.actors[worker].reset.remote(self.seed, segment)], "reset")
+
+    def close(self) -> None:
+        for actor in self.actors:
+            try:
+                self.ray.kill(actor)
+            except Exception:  # noqa: BLE001
+                pass
+
+
+def run_actor_learner(run: RunConfig, strategy: StrategyConfig, cfg: Any, run_dir: Any,
+                      resume_path: Any = None) -> dict[str, Any]:
+    """Train with ``strategy.workers`` Ray rollout workers and this process as the learner."""
+    from distrl.config import ConfigError
+    from distrl.strategies.ray_engine import ray_session
+    from distrl.training import make_trainer
+
+    if run.algo not in ("ppo", "reinforce"):
+        raise ConfigError(f"algo={run.algo!r} is not available with --strategy actor-learner: use ppo or reinforce")
+    start = time.perf_counter()
+    cpus = max(os.cpu_count() or 1, int(np.ceil(strategy.workers * strategy.worker_cpus)))
+    with ray_session(strategy.ray_address, run_dir, num_cpus=cpus) as ray:
+        _check_resources(ray, strategy)
+        trainer = make_trainer(run.algo, run, cfg, run_dir=run_dir, strategy=strategy,
+                               collector_factory=lambda t: RemoteCollector(t, strategy, ray))
+        try:
+            if resume_path is not None:
+                trainer.load_checkpoint(resume_path)
+            trainer.train()
+        except BaseException:
+            trainer.close()
+            raise
+        return trainer.finish(time.perf_counter() - start)
+
+
+def _check_resources(ray: Any, strategy: StrategyConfig) -> None:
+    """Fail clearly, instead of waiting forever, when the cluster cannot place every worker."""
+    from distrl.config import ConfigError
+
+    free = ray.available_resources()
+    for name, per_worker in (("CPU", strategy.worker_cpus), ("GPU", strategy.worker_gpus)):
+        need = per_worker * strategy.workers
+        if need > free.get(name, 0.0) + 1e-9:
+            flag = "--worker-cpus" if name == "CPU" else "--worker-gpus"
+            raise ConfigError(f"workers={strategy.workers} x {flag} {per_worker} needs {need:g} {name}s; "
+                              f"the Ray cluster has {free.get(name, 0.0):g} free")

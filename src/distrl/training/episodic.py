@@ -1,0 +1,116 @@
+"""The episodic loop (REINFORCE): collect whole episodes → one update → report the iteration."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from distrl.algos.reinforce import REINFORCEAlgo
+from distrl.config import REINFORCEConfig, RunConfig, StrategyConfig
+from distrl.data.episodes import EpisodeCollector
+from distrl.nets import ActorCritic
+from distrl.protocols import Sync
+from distrl.training.common import TrainerBase
+
+
+class EpisodicTrainer(TrainerBase):
+    """Trains REINFORCE from whole episodes, collected here or by remote workers (``collector_factory``)."""
+
+    algo_name = "reinforce"
+
+    def __init__(self, run: RunConfig, cfg: REINFORCEConfig, sync: Sync | None = None,
+                 run_dir: Path | None = None, log: bool = True, strategy: StrategyConfig | None = None,
+                 requested: REINFORCEConfig | None = None, device: torch.device | None = None,
+                 collector_factory: Callable[[TrainerBase], Any] | None = None):
+        super().__init__(run, cfg, sync, run_dir, log, strategy, requested, device)
+        self.agent = ActorCritic(self.obs_dim, self.env.single_action_space, cfg.net_arch, cfg.activation,
+                                 cfg.log_std_init, True, self.device, run.seed)
+        self.algo = REINFORCEAlgo(cfg, self.agent)
+        self.last_iteration_return: float | None = None
+        if collector_factory is None:
+            self.collector: Any = EpisodeCollector(self.env, self.agent, run.seed, self.sync.rank * cfg.n_envs,
+                                                   cfg.max_episode_steps)
+        else:
+            self.collector = collector_factory(self)
+        self.start_segment()
+
+    def weights(self) -> dict[str, Any]:
+        """What a remote collector needs to act like this learner: the policy version and parameters."""
+        return {"version": self.policy_version, "params": self.agent.params.data.cpu().numpy().copy()}
+
+    def train(self, total_steps: int | None = None, stop_at: int | None = None) -> dict[str, Any]:
+        total = total_steps if total_steps is not None else self.run.total_steps
+        limit = min(total, stop_at) if stop_at is not None else total
+        iterations = self.run.iterations
+        while (self.iteration < iterations) if iterations else (self.steps < limit):
+            start = time.perf_counter()
+            batch = self.collector.collect(self.cfg.episodes_per_iter, self.policy_version)
+            self.steps += batch.steps
+            self.episodes += batch.n_episodes
+            update_start = time.perf_counter()
+            metrics = self.algo.update(batch, self.sync)
+            self.policy_version += 1
+            self.iteration += 1
+            now = time.perf_counter()
+            self.train_s += now - start
+            self.update_s += now - update_start
+            mean_return = float(np.mean(batch.episode_returns))
+            self.last_iteration_return = mean_return
+            metrics.update({"time/collect_s": batch.collect_s, "time/update_s": now - update_start,
+                            "charts/mean_return": mean_return,
+                            "time/overhead_s": getattr(self.collector, "last_overhead_s", 0.0)})
+            self._log(batch.episode_returns, batch.episode_lengths, np.array([batch.n_episodes]), metrics)
+            if self.logger is not None:
+                of = f"/{iterations}" if iterations else ""
+                self.logger.console.line(f"iteration {self.iteration}{of}: mean reward {mean_return:.2f}, "
+                                         f"loss {metrics['losses/policy_loss']:.4f}, {batch.n_episodes} episodes, "
+                                         f"{self.steps:,} steps")
+            per_iteration = batch.steps
+            if self._crossed(self.run.eval_every, per_iteration) and self._evaluate_and_check_target():
+                break
+            if self._crossed(self.run.checkpoint_every, per_iteration) and self.steps < total:
+                self.save_checkpoint()
+        return self.summary()
+
+    def summary(self) -> dict[str, Any]:
+        summary = super().summary()
+        summary["episodes_per_s"] = self.episodes / max(self.train_s, 1e-9)
+        summary["final_iteration_mean_return"] = self.last_iteration_return
+        return summary
+
+    def act_for_eval(self, obs: np.ndarray) -> np.ndarray:
+        return self.agent.env_action(self.agent.act(obs.astype(np.float32), None))
+
+    def start_segment(self) -> None:
+        self.collector.reset(self.run.seed, self.steps)
+
+    def state_tensors(self) -> dict[str, torch.Tensor]:
+        tensors = {f"params/{k}": v for k, v in self.agent.params.state_dict().items()}
+        tensors.update({f"optim/{k}": v for k, v in self.algo.state_dict().items()})
+        return tensors
+
+    def load_state_tensors(self, tensors: dict[str, torch.Tensor], path: Path) -> None:
+        self.agent.params.load_state_dict({k[7:]: v for k, v in tensors.items() if k.startswith("params/")})
+        self.algo.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("optim/")})
+        self.agent.refresh_acting_copy()
+
+    def broadcast_tensors(self) -> list[torch.Tensor]:
+        optim = self.algo.optimizer
+        return [self.agent.params.data, optim.exp_avg, optim.exp_avg_sq,
+                torch.tensor([optim.steps], dtype=torch.float64)]
+
+    def after_broadcast(self, tensors: list[torch.Tensor]) -> None:
+        self.algo.optimizer.steps = int(tensors[-1][0])
+        self.agent.refresh_acting_copy()
+
+    def finish(self, wall_s: float) -> dict[str, Any]:
+        summary = super().finish(wall_s)
+        if self.is_main and not self.run.quiet:
+            print(f"total time {wall_s:.1f}s, {self.episodes} episodes, {summary['episodes_per_s']:.1f} episodes/s, "
+                  f"final mean reward {summary['final_iteration_mean_return']:.2f}", flush=True)
+        return summary

@@ -1,0 +1,137 @@
+"""actor-learner on Ray: determinism, equivalence with single, fault tolerance, error reporting."""
+
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from distrl.config import ConfigError, PPOConfig, REINFORCEConfig, RunConfig, StrategyConfig
+from distrl.strategies.actor_learner import RemoteCollector, WorkerError
+from distrl.training import EpisodicTrainer, OnPolicyTrainer
+
+pytestmark = pytest.mark.multiprocess
+
+
+def al(workers=2, **kw):
+    return StrategyConfig(strategy="actor-learner", workers=workers, **kw)
+
+
+def reinforce_trainer(ray, env="CartPole-v1", strategy=None, seed=0, **cfg):
+    strategy = strategy or al()
+    run = RunConfig(algo="reinforce", env=env, seed=seed, vec="sync", quiet=True, total_steps=10**9)
+    return EpisodicTrainer(run, REINFORCEConfig(n_envs=2, episodes_per_iter=8, **cfg), strategy=strategy,
+                           collector_factory=lambda t: RemoteCollector(t, strategy, ray))
+
+
+def run_iterations(trainer, n):
+    for _ in range(n):
+        trainer.train(stop_at=trainer.steps + 1)
+    return trainer
+
+
+def final_params(ray, seed=0):
+    trainer = run_iterations(reinforce_trainer(ray, seed=seed), 3)
+    trainer.close()  # frees the workers' CPUs for the next run
+    assert trainer.policy_version == 3
+    return trainer.agent.params.data.clone()
+
+
+def test_two_runs_with_fixed_seeds_give_identical_learner_parameters(ray_local):
+    a, b, c = final_params(ray_local), final_params(ray_local), final_params(ray_local, seed=1)
+    assert torch.equal(a, b)
+    assert not torch.equal(a, c)
+
+
+def test_ppo_with_two_workers_equals_single_process_on_the_same_envs(ray_local):
+    cfg = PPOConfig(n_envs=2, n_steps=16, batch_size=32, n_epochs=2, normalize_obs=True, normalize_reward=True)
+    strategy = al()
+    run = RunConfig(env="CartPole-v1", seed=3, vec="sync", quiet=True, total_steps=4 * 64)
+    remote = OnPolicyTrainer(run, cfg, strategy=strategy, collector_factory=lambda t: RemoteCollector(t, strategy, ray_local))
+    remote.train()
+    single = OnPolicyTrainer(run, PPOConfig(n_envs=4, n_steps=16, batch_size=32, n_epochs=2, normalize_obs=True,
+                                            normalize_reward=True))
+    single.train()
+    assert remote.steps == single.steps == 256
+    torch.testing.assert_close(remote.agent.params.data, single.agent.params.data, rtol=0, atol=1e-6)
+    remote.close()
+    single.close()
+
+
+def test_a_killed_worker_is_restarted_and_the_run_completes(ray_local):
+    trainer = run_iterations(reinforce_trainer(ray_local), 2)
+    victim = trainer.collector.worker_pids()[1]
+    os.kill(victim, signal.SIGKILL)
+    run_iterations(trainer, 3)
+    assert trainer.iteration == 5
+    assert trainer.collector.restarts == [0, 1]
+    assert any("worker 1 failed at iteration 2" in e for e in trainer.events)
+    assert trainer.collector.worker_pids()[1] != victim
+    trainer.close()
+
+
+def test_env_exception_names_worker_and_env_and_aborts_when_asked(ray_local):
+    trainer = reinforce_trainer(ray_local, env="distrl_testenvs:ExplodingEnv", strategy=al(on_worker_error="abort"))
+    with pytest.raises(WorkerError) as info:
+        run_iterations(trainer, 2)
+    message = str(info.value)
+    assert "env distrl_testenvs:ExplodingEnv (global env indices" in message and "boom from ExplodingEnv" in message
+    assert message.startswith("worker 0") or message.startswith("worker 1")
+    assert "Traceback" in message
+    trainer.close()
+
+
+def test_env_exception_restarts_until_the_limit(ray_local):
+    trainer = reinforce_trainer(ray_local, env="distrl_testenvs:ExplodingEnv", strategy=al(max_worker_restarts=1))
+    with pytest.raises(WorkerError, match=r"worker \d failed 2 times \(max_worker_restarts=1\)"):
+        run_iterations(trainer, 3)
+    assert any("boom from ExplodingEnv" in e for e in trainer.events)
+    trainer.close()
+
+
+def test_missing_ray_names_the_extra(monkeypatch):
+    from distrl.strategies.ray_engine import import_ray
+
+    monkeypatch.setitem(sys.modules, "ray", None)
+    with pytest.raises(ConfigError, match=r"pip install 'distrl\[ray\]'"):
+        import_ray()
+
+
+def test_cli_actor_learner_reports_per_iteration_and_summary(tmp_path):
+    pytest.importorskip("ray")
+    run_dir = tmp_path / "run"
+    result = subprocess.run([sys.executable, "-m", "distrl", "train", "reinforce", "CartPole-v1", "--strategy",
+                             "actor-learner", "--workers", "2", "--iterations", "3", "--episodes-per-iter", "10",
+                             "--run-dir", str(run_dir)], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "iteration 3/3: mean reward" in result.stderr
+    assert "episodes/s" in result.stdout and "final mean reward" in result.stdout
+    import json
+
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["workers"] == 2 and summary["iterations"] == 3 and summary["episodes"] == 30
+    assert summary["episodes_per_s"] > 0 and summary["final_iteration_mean_return"] > 0
+
+
+def test_unreachable_ray_address_is_exit_2(tmp_path):
+    pytest.importorskip("ray")
+    result = subprocess.run([sys.executable, "-m", "distrl", "train", "reinforce", "CartPole-v1", "--strategy",
+                             "actor-learner", "--workers", "2", "--ray-address", "127.0.0.1:1", "--iterations", "1",
+                             "--run-dir", str(tmp_path / "r")], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1].startswith("distrl: error: ray_address='127.0.0.1:1'")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algo", ["reinforce", "ppo"])
+def test_two_workers_solve_cartpole(tmp_path, algo):
+    import json
+
+    run_dir = tmp_path / "run"
+    result = subprocess.run([sys.executable, "-m", "distrl", "train", algo, "CartPole-v1", "--strategy", "actor-learner",
+                             "--workers", "2", "--quiet", "--run-dir", str(run_dir)], capture_output=True, text=True,
+                            timeout=900)
+    assert result.returncode == 0, result.stderr
+    assert json.loads((run_dir / "summary.json").read_text())["final_eval_mean_return"] >= 475
