@@ -77,10 +77,10 @@ def _sb3_model(env_id: str, hp: dict, linear: bool, seed: int):
 def _solve(lib: str, seed: int) -> dict:
     """Training seconds (evaluation excluded) until a 10-episode deterministic eval >= 475."""
     if lib == "distrl":
-        from distrl.presets import ppo_configs
+        from distrl.presets import algo_configs
         from distrl.training import OnPolicyTrainer
 
-        run, cfg, _ = ppo_configs("CartPole-v1", "auto", {"seed": seed, "quiet": True, "eval_every": EVAL_EVERY,
+        run, cfg, _ = algo_configs("ppo", "CartPole-v1", "auto", {"seed": seed, "quiet": True, "eval_every": EVAL_EVERY,
                                                            "target_return": TARGET, "total_steps": 200_000})
         trainer = OnPolicyTrainer(run, cfg)
         trainer.train()

@@ -21,6 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from harness import write_section
+
 ROOT = Path(__file__).parents[1]
 WORKLOADS = {
     # SB3's default PPO settings, one env per worker: 320 minibatches (all-reduces) per 2048 steps.
@@ -85,8 +87,6 @@ def main() -> None:
 
 def write_report(rows: list[dict], repeats: int) -> None:
     lines = [
-        "## ddp scaling",
-        "",
         f"`python benchmarks/scaling.py` — {time.strftime('%Y-%m-%d')}, 2-core machine, {repeats} runs per "
         "configuration, alternating, medians. Same total environment steps in every configuration; "
         "`--scaling per-worker`. Speedup = SPS / SPS of `single`; ideal = number of workers. "
@@ -101,17 +101,7 @@ def write_report(rows: list[dict], repeats: int) -> None:
         lines.append(f"| {r['env']} | {r['strategy']} | {r['workers']} | {r['steps']:,} | {r['sps']:,.0f} | "
                      f"{r['train_s']:.1f} | {r['speedup']:.2f}× | {r['ideal']:.0f}× | {100 * r['sync_share']:.0f}% |")
     lines += ["", "![ddp speedup against ideal](scaling.png)", ""]
-    section = "\n".join(lines)
-    out = ROOT / "docs" / "benchmarks.md"
-    text = out.read_text() if out.exists() else "# Benchmarks\n"
-    start = text.find("## ddp scaling")
-    if start >= 0:
-        end = text.find("\n## ", start + 1)
-        text = text[:start] + section + (text[end + 1:] if end >= 0 else "")
-    else:
-        text = text.rstrip() + "\n\n" + section
-    out.write_text(text)
-    print(section)
+    write_section("ddp scaling", "\n".join(lines))
     plot(rows, ROOT / "docs" / "scaling.png")
 
 

@@ -178,15 +178,7 @@ def run_training(run: RunConfig, cfg: Any, resume_path: Path | None = None) -> d
     run_dir = Path(run.run_dir)
     _check_run_dir(run_dir, resume_path)
     start = time.perf_counter()
-    trainer = make_trainer(run.algo, run, cfg, run_dir=run_dir)
-    try:
-        if resume_path is not None:
-            trainer.load_checkpoint(resume_path)
-        trainer.train()
-    except BaseException:
-        trainer.close()
-        raise
-    return trainer.finish(time.perf_counter() - start)
+    return make_trainer(run.algo, run, cfg, run_dir=run_dir).run_to_end(resume_path, start)
 
 
 def run_ddp(run: RunConfig, strategy: StrategyConfig, cfg: Any, resume_path: Path | None,

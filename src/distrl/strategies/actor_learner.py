@@ -143,6 +143,7 @@ class RemoteCollector:
         self.failures: list[Failure] = []
         self.seed, self.segment = trainer.run.seed, 0
         self.last_overhead_s = 0.0
+        self.overheads: list[float] = []
         self.actors = [self._spawn(i) for i in range(self.n_workers)]
 
     def _spawn(self, worker: int) -> Any:
@@ -191,6 +192,7 @@ class RemoteCollector:
         parts = [results[i] for i in range(self.n_workers)]
         merged = merge_episode_batches(parts) if self.algo == "reinforce" else merge_rollouts(parts)
         self.last_overhead_s = max(0.0, time.perf_counter() - start - merged.collect_s)
+        self.overheads.append(self.last_overhead_s)
         return merged
 
     def _replace(self, worker: int, exc: Exception) -> None:
@@ -239,14 +241,7 @@ def run_actor_learner(run: RunConfig, strategy: StrategyConfig, cfg: Any, run_di
         _check_resources(ray, strategy)
         trainer = make_trainer(run.algo, run, cfg, run_dir=run_dir, strategy=strategy,
                                collector_factory=lambda t: RemoteCollector(t, strategy, ray))
-        try:
-            if resume_path is not None:
-                trainer.load_checkpoint(resume_path)
-            trainer.train()
-        except BaseException:
-            trainer.close()
-            raise
-        return trainer.finish(time.perf_counter() - start)
+        return trainer.run_to_end(resume_path, start)
 
 
 def _check_resources(ray: Any, strategy: StrategyConfig) -> None:

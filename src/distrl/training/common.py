@@ -141,6 +141,26 @@ class TrainerBase:
 
     # ---- shared loop pieces ----
 
+    def run_to_end(self, resume_path: Path | None, start: float) -> dict[str, Any]:
+        """Resume if asked, train to the configured end, then finish (final eval, model, summary)."""
+        try:
+            if resume_path is not None:
+                self.load_checkpoint(resume_path)
+            self.train()
+        except BaseException:
+            self.close()
+            raise
+        return self.finish(time.perf_counter() - start)
+
+    def _end_iteration(self, start: float, update_start: float, updated: bool = True) -> float:
+        """Count an iteration (and its update, if there was one) and its time; returns the current time."""
+        self.policy_version += int(updated)
+        self.iteration += 1
+        now = time.perf_counter()
+        self.train_s += now - start
+        self.update_s += now - update_start
+        return now
+
     def _crossed(self, every: int, per_iteration: int) -> bool:
         """Whether the last iteration (``per_iteration`` steps) crossed a multiple of ``every`` steps."""
         if every <= 0:
@@ -205,7 +225,15 @@ class TrainerBase:
             "final_eval_mean_return": self.last_eval[0] if self.last_eval else None,
             "final_eval_std_return": self.last_eval[1] if self.last_eval else None,
             "events": self.events, "distrl_version": distrl.__version__,
+            **self._overhead_summary(),
         }
+
+    def _overhead_summary(self) -> dict[str, float]:
+        """Per-iteration transport overhead of remote collection (weights out, scheduling, results back)."""
+        overheads = getattr(getattr(self, "collector", None), "overheads", None)
+        if not overheads:
+            return {}
+        return {"overhead_ms_median": 1000 * float(np.median(overheads)), "overhead_ms_max": 1000 * float(np.max(overheads))}
 
     def finish(self, wall_s: float) -> dict[str, Any]:
         """Final evaluation, model and summary.json (main worker), then close."""

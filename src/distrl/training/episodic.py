@@ -54,11 +54,7 @@ class EpisodicTrainer(TrainerBase):
             self.episodes += batch.n_episodes
             update_start = time.perf_counter()
             metrics = self.algo.update(batch, self.sync)
-            self.policy_version += 1
-            self.iteration += 1
-            now = time.perf_counter()
-            self.train_s += now - start
-            self.update_s += now - update_start
+            now = self._end_iteration(start, update_start)
             mean_return = float(np.mean(batch.episode_returns))
             self.last_iteration_return = mean_return
             metrics.update({"time/collect_s": batch.collect_s, "time/update_s": now - update_start,

@@ -86,11 +86,7 @@ class OffPolicyTrainer(TrainerBase):
                 for _ in range(cfg.gradient_steps):
                     batch = self.replay.sample(cfg.batch_size, self.sample_rng, self.device)
                     metrics = self.algo.update(batch, self.sync)
-                self.policy_version += 1
-            self.iteration += 1
-            now = time.perf_counter()
-            self.train_s += now - start
-            self.update_s += now - update_start
+            self._end_iteration(start, update_start, updated=bool(metrics))
             self._log(returns, lengths, episodes, metrics)
             if self._crossed(self.run.eval_every, per_iteration) and self._evaluate_and_check_target():
                 break

@@ -73,11 +73,7 @@ class OnPolicyTrainer(TrainerBase):
             update_start = time.perf_counter()
             metrics = self.algo.update(batch, self.sync, progress_remaining=max(0.0, 1.0 - self.steps / total),
                                        advantage_moments=totals["advantages"])
-            self.policy_version += 1
-            self.iteration += 1
-            now = time.perf_counter()
-            self.train_s += now - start
-            self.update_s += now - update_start
+            now = self._end_iteration(start, update_start)
             metrics.update({"charts/samples": float(totals["samples"][0]), "charts/local_samples": float(rollout.valid.sum()),
                             "time/collect_s": rollout.collect_s, "time/update_s": now - update_start,
                             "time/collected_steps": float(rollout.collected_steps),

@@ -1,0 +1,83 @@
+"""actor-learner against single: episodes/s and wall time for REINFORCE, and the per-iteration overhead.
+
+    python benchmarks/actor_learner.py            # writes its section of docs/benchmarks.md
+    python benchmarks/actor_learner.py --quick
+
+REINFORCE with 100 episodes per iteration, one environment per collector (``single``:
+one env in one process; ``actor-learner``: one env in each of 2 Ray workers). Episodes/s
+counts training time (collection + update); wall time includes process and Ray start-up.
+Configurations alternate; medians are reported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from harness import write_section
+
+ENVS = {"Ant-v5": 2, "Hopper-v5": 3, "CartPole-v1": 20}  # iterations per run
+CONFIGS = [("single", 1), ("actor-learner", 2)]
+
+
+def run_once(env: str, strategy: str, workers: int, iterations: int) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        run_dir = Path(tmp) / "run"
+        cmd = [sys.executable, "-m", "distrl", "train", "reinforce", env, "--preset", "none", "--n-envs", "1",
+               "--episodes-per-iter", "100", "--iterations", str(iterations), "--strategy", strategy,
+               "--workers", str(workers), "--quiet", "--run-dir", str(run_dir)]
+        start = time.perf_counter()
+        subprocess.run(cmd, check=True, capture_output=True, text=True)
+        summary = json.loads((run_dir / "summary.json").read_text())
+    summary["process_wall_s"] = time.perf_counter() - start
+    return summary
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    repeats = 1 if args.quick else 3
+    rows = []
+    for env, iterations in ENVS.items():
+        iterations = max(1, iterations // 2) if args.quick else iterations
+        results: dict = {c: [] for c in CONFIGS}
+        for i in range(repeats):
+            for config in (CONFIGS if i % 2 == 0 else CONFIGS[::-1]):
+                r = run_once(env, *config, iterations)
+                results[config].append(r)
+                print(f"{env} {config[0]:13s} x{config[1]}: {r['episodes_per_s']:.1f} episodes/s, "
+                      f"wall {r['process_wall_s']:.1f}s, overhead {r.get('overhead_ms_median', 0):.1f} ms", flush=True)
+        base = statistics.median(r["episodes_per_s"] for r in results[CONFIGS[0]])
+        for config, runs in results.items():
+            eps = statistics.median(r["episodes_per_s"] for r in runs)
+            rows.append({"env": env, "strategy": config[0], "workers": config[1], "episodes": runs[0]["episodes"],
+                         "episodes_per_s": eps, "train_s": statistics.median(r["train_s"] for r in runs),
+                         "wall_s": statistics.median(r["process_wall_s"] for r in runs), "speedup": eps / base,
+                         "overhead_ms": statistics.median(r.get("overhead_ms_median", 0.0) for r in runs)})
+    lines = [
+        f"`python benchmarks/actor_learner.py` — {time.strftime('%Y-%m-%d')}, 2-core machine, REINFORCE, "
+        f"100 episodes per iteration, one env per collector, {repeats} runs per configuration, alternating, medians.",
+        "",
+        "| env | strategy | workers | episodes | episodes/s | training s | wall s (with start-up) | speedup | "
+        "overhead per iteration |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        overhead = f"{r['overhead_ms']:.1f} ms" if r["strategy"] != "single" else "—"
+        lines.append(f"| {r['env']} | {r['strategy']} | {r['workers']} | {r['episodes']} | {r['episodes_per_s']:.1f} | "
+                     f"{r['train_s']:.1f} | {r['wall_s']:.1f} | {r['speedup']:.2f}× | {overhead} |")
+    lines += ["", "Overhead = the learner's wall time for a collection beyond the slowest worker's own collection "
+              "time: putting the weights in the object store, scheduling the calls, moving the episodes back and "
+              "merging them (`time/overhead_s` in TensorBoard, `overhead_ms_median` in summary.json)."]
+    write_section("actor-learner: REINFORCE on Ray", "\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
