@@ -183,7 +183,7 @@ def run_training(run: RunConfig, cfg: Any, resume_path: Path | None = None) -> d
 
 def run_ddp(run: RunConfig, strategy: StrategyConfig, cfg: Any, resume_path: Path | None,
             argv: list[str]) -> dict | None:
-    """``--strategy ddp``: be one rank (under a launcher or torchrun), or launch the ranks."""
+    """``--strategy ddp`` or ``decoupled``: be one rank (under a launcher or torchrun), or launch the ranks."""
     from distrl.strategies import launch
     from distrl.strategies.ddp import in_distributed_env, run_worker
 
@@ -191,7 +191,14 @@ def run_ddp(run: RunConfig, strategy: StrategyConfig, cfg: Any, resume_path: Pat
     if in_distributed_env():
         return _as_rank(run_worker, run, strategy, cfg, run_dir, resume_path)
     _check_run_dir(run_dir, resume_path)
-    scaled(cfg, strategy, strategy.workers)  # impossible scalings fail before any process starts
+    if strategy.strategy == "decoupled":
+        from distrl.strategies.decoupled import check_layout
+
+        if run.algo != "ppo":
+            raise ConfigError(f"algo={run.algo!r} is not available with --strategy decoupled: use ppo")
+        check_layout(cfg, strategy, strategy.workers)  # impossible layouts fail before any process starts
+    else:
+        scaled(cfg, strategy, strategy.workers)  # impossible scalings fail before any process starts
     TRAINERS[run.algo].check_env(run)
     try:
         if strategy.uses_ray:

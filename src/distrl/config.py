@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 import tyro
 
 Schedule = Literal["constant", "linear"]
-Strategy = Literal["single", "ddp", "actor-learner"]
+Strategy = Literal["single", "ddp", "actor-learner", "decoupled"]
 OnWorkerError = Literal["restart", "abort"]
 Scaling = Literal["per-worker", "equivalent"]
 Launcher = Literal["auto", "local", "ray"]
@@ -318,6 +318,13 @@ class StrategyConfig:
     """actor-learner: how many times each rollout worker may be restarted after dying or failing."""
     on_worker_error: OnWorkerError = "restart"
     """actor-learner: what an exception raised inside a worker's env does: restart the worker, or abort the run."""
+    share_data: bool = False
+    """decoupled: send every trainer the whole rollout (each trains on its own part of every minibatch),
+    instead of scattering equal shards."""
+    player_device: Device = "cpu"
+    """decoupled: where the player (rank 0) acts and computes values."""
+    trainer_device: Device = "auto"
+    """decoupled: where the trainers (ranks 1..N-1) update; cuda uses NCCL among them."""
 
     def __post_init__(self) -> None:
         _positive(self, "workers", "timeout_s")
@@ -328,6 +335,9 @@ class StrategyConfig:
         _fraction(self, "min_rollout_frac", inclusive_zero=False)
         if self.strategy == "single":
             require(self.workers == 1, "workers", self.workers, "1 with --strategy single", "use --strategy ddp")
+        if self.strategy == "decoupled":
+            require(self.workers >= 2, "workers", self.workers, ">= 2 with --strategy decoupled",
+                    "a player needs at least one trainer")
         if self.strategy != "ddp":
             require(self.sync_frac == 1.0, "sync_frac", self.sync_frac, f"1.0 with --strategy {self.strategy}",
                     "straggler preemption needs --strategy ddp")

@@ -4,7 +4,7 @@ import torch
 from gymnasium import spaces
 
 from distrl.algos.optim import ClippedAdam
-from distrl.algos.ppo import PPOAlgo, _Table, clipped_surrogate, linear, value_loss
+from distrl.algos.ppo import PackedBatch, PPOAlgo, clipped_surrogate, linear, value_loss
 from distrl.config import PPOConfig
 from distrl.data.rollout import RolloutBatch
 from distrl.nets import ActorCritic, ParamBuffer
@@ -75,7 +75,7 @@ def test_minibatch_gradient_equals_autograd_of_the_loss(space, clip_vf):
     algo = PPOAlgo(cfg, agent, seed=0)
     batch = make_batch(agent, 40)
     adv = algo.normalized_advantages(batch, LocalSync())
-    stats = algo._minibatch_gradient(_Table(batch, adv).rows(torch.arange(40)), clip_range=0.2)
+    stats = algo._minibatch_gradient(PackedBatch.pack(batch, adv).rows(torch.arange(40)), clip_range=0.2)
 
     flat, views = functional_params(agent)
     dist = distribution(agent, views, batch.obs)

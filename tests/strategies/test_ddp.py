@@ -6,7 +6,7 @@ import pytest
 import torch
 from gymnasium import spaces
 
-from distrl.algos.ppo import PPOAlgo, _Table
+from distrl.algos.ppo import PackedBatch, PPOAlgo
 from distrl.config import ConfigError, PPOConfig, RunConfig, StrategyConfig, scaled
 from distrl.data.rollout import RolloutBatch
 from distrl.nets import ActorCritic
@@ -72,7 +72,7 @@ def clip_then_average(cfg):
     for _ in range(cfg.n_epochs):
         grads = []
         for algo, part in zip(algos, shards):
-            table = _Table(part, (part.advantages - mean_adv) / (std_adv + 1e-8) * part.valid)
+            table = PackedBatch.pack(part, (part.advantages - mean_adv) / (std_adv + 1e-8) * part.valid)
             stats = algo._minibatch_gradient(table.all_rows(), 0.2)
             ClipFirst().gradients(algo.agent.params.grad, stats)
             grads.append(algo.agent.params.grad / float(stats[0]))

@@ -8,7 +8,7 @@ strategy's ``Sync`` before the gradient is clipped and Adam steps.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -81,17 +81,28 @@ class _Rows(NamedTuple):
     valid: torch.Tensor
 
 
-class _Table:
-    """A batch packed into one [B, columns] tensor, so a minibatch is one gather."""
+class PackedBatch:
+    """A batch packed into one [B, columns] tensor: obs | actions | log_prob, value, advantage, return, valid.
 
-    def __init__(self, batch: RolloutBatch, advantages: torch.Tensor):
-        actions = batch.actions.float().reshape(batch.size, -1)
-        self.obs_dim, self.action_dim = batch.obs.shape[1], actions.shape[1]
-        self.discrete = not batch.actions.is_floating_point()
-        columns = [batch.log_probs, batch.values, advantages, batch.returns, batch.valid]
-        self.data = torch.cat([batch.obs, actions, torch.stack(columns, 1)], 1)
-        self.device = self.data.device
+    A minibatch is one gather, and a batch travels between processes as one tensor.
+    """
+
+    def __init__(self, data: torch.Tensor, obs_dim: int, action_dim: int, discrete: bool):
+        self.data = data
+        self.obs_dim, self.action_dim, self.discrete = obs_dim, action_dim, discrete
+        self.device = data.device
         self._all: _Rows | None = None
+
+    @classmethod
+    def pack(cls, batch: RolloutBatch, advantages: torch.Tensor) -> PackedBatch:
+        actions = batch.actions.float().reshape(batch.size, -1)
+        columns = [batch.log_probs, batch.values, advantages, batch.returns, batch.valid]
+        data = torch.cat([batch.obs, actions, torch.stack(columns, 1)], 1)
+        return cls(data, batch.obs.shape[1], actions.shape[1], not batch.actions.is_floating_point())
+
+    @property
+    def size(self) -> int:
+        return int(self.data.shape[0])
 
     def rows(self, idx: torch.Tensor) -> _Rows:
         return self._split(self.data.index_select(0, idx))
@@ -106,6 +117,14 @@ class _Table:
         actions = rows[:, o].long() if self.discrete else rows[:, o:a]
         log_prob, values, advantages, returns, valid = rows[:, a:].unbind(1)
         return _Rows(rows[:, :o], actions, log_prob, values, advantages, returns, valid)
+
+    def explained_variance(self) -> float:
+        """1 - Var[returns - values] / Var[returns] over valid steps (1 is perfect, <= 0 is useless)."""
+        r = self.all_rows()
+        mask = r.valid > 0
+        returns, values = r.returns[mask], r.old_values[mask]
+        var = float(returns.var()) if returns.numel() > 1 else 0.0
+        return float("nan") if var == 0 else 1.0 - float((returns - values).var()) / var
 
 
 class PPOAlgo:
@@ -165,21 +184,36 @@ class PPOAlgo:
     def update(self, batch: RolloutBatch, sync: Sync, progress_remaining: float = 1.0,
                advantage_moments: np.ndarray | None = None) -> dict[str, float]:
         """``n_epochs`` x minibatches of: loss gradient → ``sync.gradients`` → clip → Adam step."""
+        packed = PackedBatch.pack(batch, self.normalized_advantages(batch, sync, advantage_moments))
+        return self.update_packed(packed, sync, progress_remaining)
+
+    def update_packed(self, packed: PackedBatch, sync: Sync, progress_remaining: float = 1.0,
+                      part: tuple[int, int] | None = None) -> dict[str, float]:
+        """The update on an already packed batch (advantages as they should be used).
+
+        ``part=(j, k)``: this worker holds the whole batch and computes the gradient of the
+        j-th of k chunks of every minibatch; summed over the k workers that is the whole
+        minibatch's gradient (``decoupled --share-data``). Every worker must then draw the
+        same shuffles.
+        """
         cfg = self.cfg
         lr = linear(cfg.learning_rate, progress_remaining, cfg.lr_schedule)
         clip_range = linear(cfg.clip_range, progress_remaining, cfg.clip_schedule)
-        table = _Table(batch, self.normalized_advantages(batch, sync, advantage_moments))
         grad = self.agent.params.grad
         totals = torch.zeros(len(_STATS), dtype=torch.float64)
         grad_norms: list[float] = []
         approx_kl = 0.0
         stopped_early = False
+        n = packed.size
         for _ in range(cfg.n_epochs):
-            if cfg.batch_size == batch.size:  # one minibatch: the whole rollout, order irrelevant
-                minibatches = [table.all_rows()]
+            if cfg.batch_size == n and part is None:  # one minibatch: the whole rollout, order irrelevant
+                minibatches: Any = [packed.all_rows()]
             else:
-                order = torch.from_numpy(self.shuffle_rng.permutation(batch.size)).to(table.device)
-                minibatches = (table.rows(order[i:i + cfg.batch_size]) for i in range(0, batch.size, cfg.batch_size))
+                order = torch.from_numpy(self.shuffle_rng.permutation(n)).to(packed.device)
+                chunks = (order[i:i + cfg.batch_size] for i in range(0, n, cfg.batch_size))
+                if part is not None:
+                    chunks = (torch.tensor_split(idx, part[1])[part[0]] for idx in chunks)
+                minibatches = (packed.rows(idx) for idx in chunks)
             for mb in minibatches:
                 stats = self._minibatch_gradient(mb, clip_range)
                 sync.gradients(grad, stats)
@@ -204,7 +238,7 @@ class PPOAlgo:
             "losses/approx_kl": approx_kl,
             "losses/clip_fraction": means["clip_fraction"],
             "losses/grad_norm": float(np.mean(grad_norms)) if grad_norms else 0.0,
-            "losses/explained_variance": explained_variance(batch),
+            "losses/explained_variance": packed.explained_variance(),
             "losses/gradient_steps": float(len(grad_norms)),
             "losses/trained_samples": float(totals[0]),
             "losses/stopped_early": float(stopped_early),
@@ -235,11 +269,3 @@ class PPOAlgo:
 
     def load_state_dict(self, tensors: dict[str, torch.Tensor]) -> None:
         self.optimizer.load_state_dict(tensors)
-
-
-def explained_variance(batch: RolloutBatch) -> float:
-    """1 - Var[returns - values] / Var[returns] over valid steps (1 is perfect, <= 0 is useless)."""
-    mask = batch.valid > 0
-    returns, values = batch.returns[mask], batch.values[mask]
-    var = float(returns.var()) if returns.numel() > 1 else 0.0
-    return float("nan") if var == 0 else 1.0 - float((returns - values).var()) / var

@@ -33,11 +33,17 @@ def in_distributed_env() -> bool:
 
 
 class DistributedSync:
-    """The ``Sync`` of a torch.distributed process group (gloo on CPU, NCCL on CUDA)."""
+    """The ``Sync`` of a torch.distributed process group (gloo on CPU, NCCL on CUDA).
 
-    def __init__(self, device: torch.device, timeout_s: float):
-        self.rank = dist.get_rank()
-        self.world_size = dist.get_world_size()
+    ``group`` restricts it to a subgroup (the trainers of ``decoupled``); ranks are then
+    ranks within the group, and rank 0 of the group is its main worker.
+    """
+
+    def __init__(self, device: torch.device, timeout_s: float, group: Any = None):
+        self.group = group
+        self.rank = dist.get_rank(group)
+        self.world_size = dist.get_world_size(group)
+        self._root = dist.get_global_rank(group, 0) if group is not None else 0
         self.device = device
         self.timeout_s = timeout_s
         self._buffer: torch.Tensor | None = None
@@ -54,14 +60,14 @@ class DistributedSync:
         buffer[:n].copy_(grad)
         buffer[n:].copy_(stats)
         start = time.perf_counter()
-        dist.all_reduce(buffer)
+        dist.all_reduce(buffer, group=self.group)
         self.sync_s += time.perf_counter() - start
         grad.copy_(buffer[:n])
         stats.copy_(buffer[n:])
 
     def all_sum(self, values: np.ndarray) -> np.ndarray:
         tensor = torch.tensor(np.asarray(values, dtype=np.float64), device=self.device)  # a copy: reduced in place
-        dist.all_reduce(tensor)
+        dist.all_reduce(tensor, group=self.group)
         return tensor.cpu().numpy()
 
     def gather(self, values: np.ndarray, counts: list[int] | None = None) -> list[np.ndarray]:
@@ -70,22 +76,22 @@ class DistributedSync:
         if counts is None:
             sizes = torch.zeros(self.world_size, dtype=torch.float64, device=self.device)
             sizes[self.rank] = len(values)
-            dist.all_reduce(sizes)
+            dist.all_reduce(sizes, group=self.group)
             counts = [int(c) for c in sizes.tolist()]
         longest = max(counts)
         padded = torch.zeros((max(longest, 1), *row_shape), dtype=torch.float64, device=self.device)
         padded[:len(values)] = torch.from_numpy(values).to(self.device)
         parts = [torch.empty_like(padded) for _ in range(self.world_size)]
-        dist.all_gather(parts, padded)
+        dist.all_gather(parts, padded, group=self.group)
         return [part[:c].cpu().numpy() for part, c in zip(parts, counts)]
 
     def broadcast_(self, tensor: torch.Tensor) -> None:
         if tensor.device != self.device:
             staged = tensor.to(self.device)
-            dist.broadcast(staged, 0)
+            dist.broadcast(staged, self._root, group=self.group)
             tensor.copy_(staged)
         else:
-            dist.broadcast(tensor, 0)
+            dist.broadcast(tensor, self._root, group=self.group)
 
     def verify_identical(self, tensor: torch.Tensor, what: str) -> None:
         """Fail, naming the ranks, unless ``tensor`` is bit-for-bit alike on every rank."""
@@ -93,7 +99,7 @@ class DistributedSync:
         weights = torch.arange(1, data.numel() + 1, dtype=torch.float64, device=data.device)
         local = torch.stack([data.sum(), (data * weights).sum(), data.abs().sum()]).to(self.device)
         prints = [torch.empty_like(local) for _ in range(self.world_size)]
-        dist.all_gather(prints, local)
+        dist.all_gather(prints, local, group=self.group)
         differ = [r for r, p in enumerate(prints) if not torch.equal(p, prints[0])]
         if differ:
             raise RuntimeError(f"{what} differ between rank 0 and rank(s) {differ}")
@@ -139,6 +145,8 @@ def run_worker(run: RunConfig, strategy: StrategyConfig, cfg: Any, run_dir: Path
                resume_path: Path | None = None) -> dict[str, Any] | None:
     """Train as one rank of an already described group; rank 0 returns the run's summary."""
     start = time.perf_counter()
+    if strategy.strategy == "decoupled":
+        return _run_decoupled(run, strategy, cfg, run_dir, resume_path, start)
     device = init_process_group(run, strategy)
     try:
         sync = DistributedSync(device, strategy.timeout_s)
@@ -162,5 +170,20 @@ def run_worker(run: RunConfig, strategy: StrategyConfig, cfg: Any, run_dir: Path
             raise
         summary = trainer.finish(time.perf_counter() - start)
         return summary if sync.rank == 0 else None
+    finally:
+        dist.destroy_process_group()
+
+
+def _run_decoupled(run: RunConfig, strategy: StrategyConfig, cfg: Any, run_dir: Path, resume_path: Path | None,
+                   start: float) -> dict[str, Any] | None:
+    from distrl.strategies.decoupled import run_decoupled_rank
+
+    # the world group carries batches and weights between player and trainers on the CPU
+    dist.init_process_group(backend="gloo", timeout=timedelta(seconds=strategy.timeout_s))
+    try:
+        world = dist.get_world_size()
+        if strategy.workers not in (1, world):
+            raise ConfigError(f"workers={strategy.workers} differs from the process group's world size {world}")
+        return run_decoupled_rank(run, dataclasses.replace(strategy, workers=world), cfg, run_dir, resume_path, start)
     finally:
         dist.destroy_process_group()

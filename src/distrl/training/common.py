@@ -217,7 +217,7 @@ class TrainerBase:
         mean_return = self.logger.mean_return if self.logger is not None else None
         return {
             "algo": self.run.algo, "env": self.env_id, "strategy": self.strategy.strategy,
-            "workers": getattr(getattr(self, "collector", None), "n_workers", self.sync.world_size),
+            "workers": self.strategy.workers if self.strategy.strategy != "single" else 1,
             "total_steps": self.steps, "iterations": self.iteration,
             "episodes": self.episodes, "train_s": self.train_s, "eval_s": self.eval_s,
             "update_s": self.update_s, "sync_s": getattr(self.sync, "sync_s", 0.0),
@@ -226,6 +226,7 @@ class TrainerBase:
             "final_eval_std_return": self.last_eval[1] if self.last_eval else None,
             "events": self.events, "distrl_version": distrl.__version__,
             **self._overhead_summary(),
+            **({"player_wait_s": self.algo.wait_s} if hasattr(getattr(self, "algo", None), "wait_s") else {}),
         }
 
     def _overhead_summary(self) -> dict[str, float]:

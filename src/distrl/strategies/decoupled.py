@@ -1,0 +1,251 @@
+"""``decoupled``: one player process runs every environment; trainers update together.
+
+The pattern of Lightning Fabric's decoupled PPO. Rank 0 is the player: it collects
+with its copy of the policy, computes values, GAE and normalised advantages for the
+whole rollout, and sends the packed batch to ranks 1..N-1, the trainers. The trainers
+update their replicas with gradients summed over a trainers-only process group (the
+same ``Sync`` as ``ddp``); trainer rank 1 then broadcasts the new weights to everyone,
+and the player's policy version goes up by one.
+
+- default: the rollout is scattered in equal shards, one per trainer;
+- ``--share-data``: every trainer receives the whole rollout and computes the gradient of
+  its own chunk of every minibatch, so the update equals single-process PPO on it.
+
+Each iteration starts with a small header broadcast by the player (command, progress,
+segment), so the trainers follow the player's loop: update, hand over optimizer state
+for a checkpoint, or stop.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from distrl.algos.ppo import PackedBatch, PPOAlgo
+from distrl.config import ConfigError, PPOConfig, RunConfig, StrategyConfig
+from distrl.data.rollout import RolloutBatch
+from distrl.protocols import Sync
+
+STOP, UPDATE, SEND_STATE = 0, 1, 2
+METRICS = ("losses/policy_loss", "losses/value_loss", "losses/entropy", "losses/approx_kl", "losses/clip_fraction",
+           "losses/grad_norm", "losses/explained_variance", "losses/gradient_steps", "losses/trained_samples",
+           "losses/stopped_early", "charts/learning_rate", "charts/clip_range")
+TRAINER_ROOT = 1  # the trainer that broadcasts weights and hands over optimizer state
+
+
+def check_layout(cfg: PPOConfig, strategy: StrategyConfig, world: int) -> None:
+    """Fail before training when the rollout cannot be split over the trainers."""
+    if world < 2:
+        raise ConfigError(f"workers={world} is not allowed with --strategy decoupled: must be >= 2 "
+                          "(a player needs at least one trainer)")
+    trainers = world - 1
+    if not strategy.share_data:
+        if cfg.rollout_size % trainers:
+            raise ConfigError(f"n_envs * n_steps = {cfg.rollout_size} is not divisible by the {trainers} trainers "
+                              "(--strategy decoupled scatters equal shards); use --share-data or change n_envs/n_steps")
+        if cfg.batch_size % trainers:
+            raise ConfigError(f"batch_size={cfg.batch_size} is not divisible by the {trainers} trainers")
+
+
+def trainer_config(cfg: PPOConfig, strategy: StrategyConfig, trainers: int) -> PPOConfig:
+    """What each trainer's PPOAlgo runs: the player has normalised the advantages already."""
+    if strategy.share_data:
+        return dataclasses.replace(cfg, normalize_advantage=False)
+    shard = cfg.rollout_size // trainers
+    return dataclasses.replace(cfg, n_envs=1, n_steps=shard, batch_size=cfg.batch_size // trainers,
+                               normalize_advantage=False)
+
+
+def _send_batch(packed: torch.Tensor, share: bool, trainers: int) -> None:
+    if share:
+        dist.broadcast(packed, 0)
+    else:
+        shards = list(packed.chunk(trainers))
+        dist.scatter(torch.empty_like(shards[0]), [torch.empty_like(shards[0]), *shards], src=0)
+
+
+def _receive_batch(rows: int, columns: int, share: bool, trainers: int) -> torch.Tensor:
+    buffer = torch.empty(rows if share else rows // trainers, columns)
+    if share:
+        dist.broadcast(buffer, 0)
+    else:
+        dist.scatter(buffer, None, src=0)
+    return buffer
+
+
+class PlayerAlgo:
+    """Stands in for :class:`PPOAlgo` on the player: prepares batches locally, updates remotely.
+
+    Everything but ``update`` and ``state_dict`` is the wrapped algorithm's.
+    """
+
+    def __init__(self, algo: PPOAlgo, strategy: StrategyConfig, world: int):
+        self.algo = algo
+        self.share = strategy.share_data
+        self.trainers = world - 1
+        self.segment = 0
+        self.wait_s = 0.0
+        """Seconds the player spent waiting for the trainers' weights."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.algo, name)
+
+    def reseed(self, seed: int, rank: int, segment: int) -> None:
+        self.segment = segment
+        self.algo.reseed(seed, rank, segment)
+
+    def _header(self, command: int, progress: float = 0.0) -> None:
+        dist.broadcast(torch.tensor([command, progress, self.segment], dtype=torch.float64), 0)
+
+    def update(self, batch: RolloutBatch, sync: Sync, progress_remaining: float = 1.0,
+               advantage_moments: np.ndarray | None = None) -> dict[str, float]:
+        packed = PackedBatch.pack(batch, self.algo.normalized_advantages(batch, sync, advantage_moments))
+        self._header(UPDATE, progress_remaining)
+        _send_batch(packed.data.cpu().contiguous(), self.share, self.trainers)
+        start = time.perf_counter()
+        params = self.algo.agent.params.data
+        staged = params.cpu() if params.device.type != "cpu" else params
+        dist.broadcast(staged, TRAINER_ROOT)
+        metrics = torch.zeros(len(METRICS), dtype=torch.float64)
+        dist.broadcast(metrics, TRAINER_ROOT)
+        self.wait_s += time.perf_counter() - start
+        if staged is not params:
+            params.copy_(staged)
+        self.algo.agent.refresh_acting_copy()
+        out = dict(zip(METRICS, metrics.tolist()))
+        out["time/player_wait_s"] = self.wait_s
+        return out
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The optimizer state lives on the trainers: fetch it from trainer 1 first."""
+        self._header(SEND_STATE)
+        optim = self.algo.optimizer
+        steps = torch.zeros(1, dtype=torch.float64)
+        for tensor in (optim.exp_avg, optim.exp_avg_sq, steps):
+            dist.broadcast(tensor, TRAINER_ROOT)
+        optim.steps = int(steps[0])
+        return self.algo.state_dict()
+
+    def stop(self) -> None:
+        self._header(STOP)
+
+
+def run_trainer(run: RunConfig, strategy: StrategyConfig, cfg: PPOConfig, device: torch.device,
+                trainers_group: Any) -> list[str]:
+    """The loop of ranks 1..N-1: receive a batch, update together, hand the weights back.
+
+    Returns a checksum of the weights after every update (tests compare them with the player's).
+    """
+    from distrl.strategies.ddp import checksum
+    from distrl.envs import make_env
+    from distrl.nets import ActorCritic
+    from distrl.strategies.ddp import DistributedSync
+
+    world, rank = dist.get_world_size(), dist.get_rank()
+    trainers = world - 1
+    probe = make_env(run.env, 1, run.vec)
+    obs_dim = int(np.prod(probe.single_observation_space.shape))
+    space = probe.single_action_space
+    probe.close()
+    agent = ActorCritic(obs_dim, space, cfg.net_arch, cfg.activation, cfg.log_std_init, cfg.ortho_init, device, run.seed)
+    algo = PPOAlgo(trainer_config(cfg, strategy, trainers), agent, run.seed)
+    sync = DistributedSync(device, strategy.timeout_s, group=trainers_group)
+    _receive_start_state(agent, algo, obs_dim)
+    action_dim = 1 if agent.discrete else agent.action_dim
+    columns = obs_dim + action_dim + 5
+    segment = -1
+    history: list[str] = []
+    while True:
+        header = torch.zeros(3, dtype=torch.float64)
+        dist.broadcast(header, 0)
+        command, progress, new_segment = int(header[0]), float(header[1]), int(header[2])
+        if command == STOP:
+            return history
+        if command == SEND_STATE:
+            steps = torch.tensor([algo.optimizer.steps], dtype=torch.float64)
+            for tensor in (algo.optimizer.exp_avg, algo.optimizer.exp_avg_sq, steps):
+                staged = tensor.cpu() if tensor.device.type != "cpu" else tensor
+                dist.broadcast(staged, TRAINER_ROOT)
+            continue
+        if new_segment != segment:  # every trainer shuffles alike with --share-data, apart otherwise
+            segment = new_segment
+            algo.reseed(run.seed, 0 if strategy.share_data else rank, segment)
+        data = _receive_batch(cfg.rollout_size, columns, strategy.share_data, trainers).to(device)
+        packed = PackedBatch(data, obs_dim, action_dim, agent.discrete)
+        part = (rank - 1, trainers) if strategy.share_data else None
+        metrics = algo.update_packed(packed, sync, progress, part)
+        params = agent.params.data
+        staged = params.cpu() if params.device.type != "cpu" else params
+        dist.broadcast(staged, TRAINER_ROOT)
+        if staged is not params and rank != TRAINER_ROOT:
+            params.copy_(staged)
+        dist.broadcast(torch.tensor([metrics[k] for k in METRICS], dtype=torch.float64), TRAINER_ROOT)
+        history.append(checksum(agent.params.data))
+
+
+def send_start_state(player: Any) -> None:
+    """The player's side of :func:`_receive_start_state`, on the world group."""
+    for tensor in player.broadcast_tensors():
+        staged = tensor.cpu() if tensor.device.type != "cpu" else tensor
+        dist.broadcast(staged.contiguous(), 0)
+    counters = torch.tensor([player.steps, player.iteration, player.episodes, player.policy_version, player.train_s],
+                            dtype=torch.float64)
+    dist.broadcast(counters, 0)
+
+
+def _receive_start_state(agent: Any, algo: PPOAlgo, obs_dim: int) -> None:
+    """Receive what the player's ``broadcast_state`` sends (parameters, optimizer state, statistics, counters)."""
+    stats_size = (2 * obs_dim + 1) + 3 + 1
+    for tensor in (agent.params.data, algo.optimizer.exp_avg, algo.optimizer.exp_avg_sq):
+        staged = tensor.cpu() if tensor.device.type != "cpu" else tensor
+        dist.broadcast(staged, 0)
+        if staged is not tensor:
+            tensor.copy_(staged)
+    stats = torch.zeros(stats_size, dtype=torch.float64)
+    dist.broadcast(stats, 0)
+    algo.optimizer.steps = int(stats[-1])
+    dist.broadcast(torch.zeros(5, dtype=torch.float64), 0)  # counters: only the player needs them
+    agent.refresh_acting_copy()
+
+
+def run_decoupled_rank(run: RunConfig, strategy: StrategyConfig, cfg: PPOConfig, run_dir: Path,
+                       resume_path: Path | None, start: float) -> dict[str, Any] | None:
+    """Rank 0 plays, ranks 1..N-1 train. Called with the world process group initialised."""
+    from distrl.training import OnPolicyTrainer, resolve_device
+
+    world, rank = dist.get_world_size(), dist.get_rank()
+    check_layout(cfg, strategy, world)
+    trainer_device = resolve_device(strategy.trainer_device)
+    backend = "nccl" if trainer_device.type == "cuda" else "gloo"
+    trainers_group = dist.new_group(list(range(1, world)), backend=backend)  # every rank takes part in creating it
+    if rank > 0:
+        device = trainer_device
+        if device.type == "cuda":
+            device = torch.device("cuda", (rank - 1) % torch.cuda.device_count())
+            torch.cuda.set_device(device)
+        torch.set_num_threads(run.threads)
+        run_trainer(run, strategy, cfg, device, trainers_group)
+        return None
+    player = OnPolicyTrainer(run.replace(device=strategy.player_device), cfg, run_dir=run_dir, strategy=strategy)
+    player.algo = PlayerAlgo(player.algo, strategy, world)
+    try:
+        if resume_path is not None:
+            player.load_checkpoint(resume_path)
+        send_start_state(player)
+        player.train()
+        summary = player.finish(time.perf_counter() - start)
+    except BaseException:
+        player.close()
+        raise
+    finally:
+        try:
+            player.algo.stop()
+        except Exception:  # noqa: BLE001 - the trainers may already be gone; the launcher reports them
+            pass
+    return summary
