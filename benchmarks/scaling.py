@@ -37,8 +37,8 @@ WORKLOADS = {
 CONFIGS = [("single", 1), ("ddp", 1), ("ddp", 2), ("independent", 2)]
 
 
-def run_once(workload: str, strategy: str, workers: int, steps: int) -> dict:
-    env, extra = WORKLOADS[workload]
+def run_once(env: str, extra: list[str], strategy: str, workers: int, steps: int) -> dict:
+    """One training run (or, for ``independent``, ``workers`` single runs at once); its summary."""
     with tempfile.TemporaryDirectory() as tmp:
         if strategy == "independent":
             runs = [(Path(tmp) / f"run{i}", ["--strategy", "single", "--seed", str(i)]) for i in range(workers)]
@@ -71,7 +71,7 @@ def main() -> None:
         for i in range(repeats):
             for config in (CONFIGS if i % 2 == 0 else CONFIGS[::-1]):
                 total = (51_200 if args.quick else 102_400) if env.startswith("CartPole") else (20_480 if args.quick else 61_440)
-                r = run_once(env, *config, total)
+                r = run_once(*WORKLOADS[env], *config, total)
                 results[config].append(r)
                 print(f"{env} {config[0]:6s} x{config[1]}: {r['sps']:,.0f} SPS, train {r['train_s']:.1f}s", flush=True)
         base_sps = statistics.median(r["sps"] for r in results[("single", 1)])

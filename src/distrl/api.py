@@ -98,6 +98,14 @@ class Model:
         model._trainer.load_checkpoint(path)
         return model
 
+    def untrained(self, seed: int | None = None) -> Model:
+        """A model with the same configuration and freshly initialised weights."""
+        trainer = self._trainer
+        run = trainer.run if seed is None else trainer.run.replace(seed=seed)
+        model = type(self).__new__(type(self))
+        model._trainer = make_trainer(self.algo, run, trainer.cfg, run_dir=None)
+        return model
+
     def close(self) -> None:
         self._trainer.close()
 

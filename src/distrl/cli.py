@@ -1,4 +1,4 @@
-"""The ``distrl`` command: train, eval.
+"""The ``distrl`` command: train, eval, plot, bench.
 
 User mistakes (a ConfigError) print one line on stderr and exit with status 2;
 ``--debug`` shows the traceback as well.
@@ -13,7 +13,7 @@ import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import tyro
 
@@ -29,7 +29,9 @@ USAGE = """\
 usage: distrl COMMAND ...
 
   distrl train ALGO ENV [flags]     train an agent; `distrl train ppo cartpole --help` lists the flags
-  distrl eval RUN [flags]           evaluate a run directory or checkpoint
+  distrl eval RUN [flags]           evaluate a run directory or checkpoint; --record FILE.gif|.mp4
+  distrl plot RUN [RUN ...] [flags] reward curves from Monitor files (distrl's or stable-baselines3's)
+  distrl bench scaling ALGO ENV     the same training with 1, 2, ... workers, speedup against ideal
 
 ALGO: {algos}
 ENV:  a Gymnasium id (CartPole-v1, Hopper-v5, ...), a short name (cartpole, hopper,
@@ -77,6 +79,28 @@ class EvalArgs:
     """Seed of the evaluation episodes (default: the run's evaluation seed)."""
     device: Device = "cpu"
     """Device to load the model on."""
+    record: str = ""
+    """Write a video of the episodes (.gif or .mp4) instead of only printing returns."""
+    compare_untrained: bool = False
+    """With --record: an untrained policy plays the same episodes beside the trained one."""
+    debug: bool = False
+    """Show full tracebacks for errors."""
+
+
+@dataclass(frozen=True)
+class PlotArgs:
+    """Reward curves of one or more runs."""
+
+    runs: tyro.conf.Positional[tuple[str, ...]]
+    """Run directories or Monitor CSV files."""
+    x: Literal["steps", "total-steps", "time"] = "steps"
+    """steps: per process; total-steps: all processes; time: wall time."""
+    smooth: int = 1
+    """Moving average over this many episodes."""
+    out: str = "reward_curves.png"
+    """PNG to write."""
+    title: str = "Episode return"
+    """Figure title."""
     debug: bool = False
     """Show full tracebacks for errors."""
 
@@ -104,7 +128,16 @@ def _dispatch(argv: list[str]) -> int:
         return train_command(rest)
     if command == "eval":
         return eval_command(rest)
-    raise ConfigError(f"command={command!r} is not known: must be one of train, eval")
+    if command == "plot":
+        return plot_command(rest)
+    if command == "bench":
+        if not rest or rest[0] != "scaling":
+            raise ConfigError(f"bench={rest[0] if rest else ''!r} is not known: must be scaling "
+                              "(distrl bench scaling ALGO ENV --workers 1,2)")
+        from distrl.bench import scaling_command
+
+        return scaling_command(rest[1:])
+    raise ConfigError(f"command={command!r} is not known: must be one of train, eval, plot, bench")
 
 
 def _flag_value(argv: list[str], flag: str) -> str | None:
@@ -232,6 +265,8 @@ def eval_command(argv: list[str]) -> int:
         raise ConfigError(f"episodes={args.episodes} is not allowed: must be > 0")
     model = Model.load(args.path, device=args.device)
     try:
+        if args.record:
+            return _record(model, args)
         mean, std = model.evaluate(args.episodes, deterministic=not args.stochastic, seed=args.seed)
     finally:
         model.close()
@@ -239,4 +274,35 @@ def eval_command(argv: list[str]) -> int:
         print(json.dumps({"mean_return": mean, "std_return": std, "episodes": args.episodes}))
     else:
         print(f"{mean:.2f} ± {std:.2f} over {args.episodes} episodes")
+    return 0
+
+
+def _record(model: Any, args: EvalArgs) -> int:
+    from distrl.video import record
+
+    deterministic = not args.stochastic
+    policies = [lambda obs: model.predict(obs, deterministic)]
+    untrained = None
+    if args.compare_untrained:
+        untrained = model.untrained(seed=12345)
+        policies.insert(0, lambda obs: untrained.predict(obs, deterministic))
+    seed = args.seed if args.seed is not None else 0
+    try:
+        frames = record(model._trainer.env_id, policies, Path(args.record), args.episodes, seed)
+    finally:
+        if untrained is not None:
+            untrained.close()
+    layout = "untrained | trained" if args.compare_untrained else "trained"
+    print(f"wrote {args.record}: {frames} frames, {args.episodes} episode(s), {layout}")
+    return 0
+
+
+def plot_command(argv: list[str]) -> int:
+    from distrl.plots import reward_curves
+
+    args = tyro.cli(PlotArgs, args=argv, prog="distrl plot")
+    if not args.runs:
+        raise ConfigError("runs is empty: give one or more run directories or Monitor files")
+    reward_curves([Path(r) for r in args.runs], args.x, args.smooth, Path(args.out), args.title)
+    print(f"wrote {args.out}")
     return 0

@@ -268,6 +268,8 @@ class RunConfig:
     """Stop training once an evaluation reaches this mean return."""
     iterations: int = 0
     """Stop after this many updates instead of at total_steps (0: use total_steps)."""
+    plot: bool = False
+    """Write the run's reward curve (reward_curve.png) at the end."""
     threads: int = 1
     """Intra-op torch threads per process. 1 suits small networks and several workers per machine;
     wide networks (SAC's 256x256) gain from more when the process has the cores to itself."""

@@ -244,6 +244,13 @@ class TrainerBase:
         if self.is_main and self.run_dir is not None:
             self.save_checkpoint(self.run_dir / checkpoint.MODEL_DIR)
             write_json_atomic(self.run_dir / "summary.json", summary)
+            if self.run.plot:
+                from distrl.plots import reward_curves
+
+                if self.logger is not None:
+                    self.logger.monitor.file.flush()
+                reward_curves([self.run_dir], "total-steps", k=10, out=self.run_dir / "reward_curve.png",
+                              title=f"{self.algo_name.upper()} {self.env_id}")
             if self.logger is not None:
                 ret = summary["final_eval_mean_return"]
                 self.logger.console.line(f"done: {self.steps:,} steps in {summary['train_s']:.1f}s "

@@ -1,0 +1,138 @@
+"""Pictures of runs: reward curves from Monitor files, and speedup-against-ideal bar charts.
+
+matplotlib is imported only here, and only when a picture is asked for (the ``plot`` extra).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from distrl.config import ConfigError
+from distrl.logs import MONITOR_FILE, read_monitor
+
+Axis = Literal["steps", "total-steps", "time"]
+AXIS_LABELS = {"steps": "environment steps per process", "total-steps": "environment steps (all processes)",
+               "time": "wall time (s)"}
+
+
+def _pyplot() -> Any:
+    try:
+        import matplotlib
+    except ImportError:
+        raise ConfigError("plots need matplotlib: pip install 'distrl[plot]'") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+@dataclass
+class Curve:
+    name: str
+    x: np.ndarray
+    y: np.ndarray
+
+
+def find_monitor(run: Path) -> Path:
+    """A run's Monitor file: distrl's ``monitor.csv``, a file itself, or stable-baselines3's ``*monitor.csv``."""
+    if not run.exists():
+        raise ConfigError(f"run={str(run)!r} does not exist")
+    if run.is_file():
+        return run
+    if (run / MONITOR_FILE).is_file():
+        return run / MONITOR_FILE
+    found = sorted(run.glob("*monitor.csv"))
+    if not found:
+        raise ConfigError(f"run={str(run)!r} has no Monitor file (monitor.csv or *.monitor.csv)")
+    return found[0]
+
+
+def run_workers(run: Path) -> int:
+    """How many processes collected experience in a distrl run (1 for anything else, e.g. stable-baselines3's).
+
+    ddp and actor-learner collect in every worker; decoupled only in its player.
+    """
+    config = run / "config.json" if run.is_dir() else run.parent / "config.json"
+    if not config.is_file():
+        return 1
+    strategy = json.loads(config.read_text()).get("strategy", {})
+    collecting = strategy.get("strategy", "single") in ("ddp", "actor-learner")
+    return int(strategy.get("workers", 1)) if collecting else 1
+
+
+def smooth(y: np.ndarray, k: int) -> np.ndarray:
+    """Trailing moving average over ``k`` episodes (the first points average what exists)."""
+    if k <= 1 or len(y) == 0:
+        return y
+    cumulative = np.cumsum(np.insert(y, 0, 0.0))
+    counts = np.minimum(np.arange(1, len(y) + 1), k)
+    return (cumulative[1:] - cumulative[np.arange(1, len(y) + 1) - counts]) / counts
+
+
+def load_curve(run: Path, x: Axis, k: int = 1) -> Curve:
+    path = find_monitor(run)
+    try:
+        data = read_monitor(path)
+    except (ValueError, IndexError, KeyError) as exc:
+        raise ConfigError(f"run={str(run)!r}: {exc}") from None
+    if len(data["r"]) == 0:
+        raise ConfigError(f"run={str(run)!r}: the Monitor file {str(path)!r} holds no episodes")
+    total = np.cumsum(data["l"])
+    xs = {"total-steps": total, "steps": total / run_workers(run), "time": data["t"]}[x]
+    name = run.name if run.is_dir() else run.stem
+    return Curve(name, xs, smooth(data["r"], k))
+
+
+def reward_curves(runs: list[Path], x: Axis = "steps", k: int = 1, out: Path | None = None,
+                  title: str = "Episode return") -> Any:
+    """A figure with one curve per run; written to ``out`` (PNG) when given. Returns the Figure."""
+    if x not in AXIS_LABELS:
+        raise ConfigError(f"x={x!r} is not allowed: must be one of {', '.join(AXIS_LABELS)}")
+    if k < 1:
+        raise ConfigError(f"smooth={k} is not allowed: must be >= 1")
+    curves = [load_curve(Path(run), x, k) for run in runs]
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for curve in curves:
+        ax.plot(curve.x, curve.y, label=curve.name, linewidth=1.5)
+    ax.set_xlabel(AXIS_LABELS[x])
+    ax.set_ylabel(f"episode return{f' (mean of {k})' if k > 1 else ''}")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="best", fontsize=8)
+    fig.tight_layout()
+    if out is not None:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(out, dpi=100)
+    return fig
+
+
+def speedup(t1: float, steps1: float, tn: float, steps_n: float) -> float:
+    """Speedup of a run against the 1-worker run, adjusted for unequal total steps: T1/TN x stepsN/steps1."""
+    return (t1 / tn) * (steps_n / steps1)
+
+
+def speedup_chart(workers: list[int], speedups: list[float], title: str, out: Path | None = None) -> Any:
+    """Bars of measured speedup beside the ideal (= workers). Returns the Figure."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(5.5, 4))
+    positions = np.arange(len(workers))
+    ax.bar(positions - 0.2, workers, width=0.4, color="#cccccc", label="ideal")
+    ax.bar(positions + 0.2, speedups, width=0.4, color="#3366aa", label="measured")
+    for p, s in zip(positions, speedups):
+        ax.text(p + 0.2, s + 0.03, f"{s:.2f}×", ha="center", fontsize=9)
+    ax.set_xticks(positions, [str(w) for w in workers])
+    ax.set_xlabel("workers")
+    ax.set_ylabel("speedup")
+    ax.set_title(title, fontsize=10)
+    ax.legend(loc="upper left")
+    fig.tight_layout()
+    if out is not None:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(out, dpi=100)
+    return fig

@@ -1,0 +1,130 @@
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from distrl.cli import main
+from distrl.plots import reward_curves, smooth, speedup
+
+
+def write_monitor(path, returns, lengths, env_id="CartPole-v1"):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lines = ["#" + json.dumps({"t_start": 1700000000.0, "env_id": env_id}), "r,l,t"]
+    lines += [f"{r},{l},{0.1 * (i + 1):.6f}" for i, (r, l) in enumerate(zip(returns, lengths))]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def test_two_runs_give_two_curves_in_a_png_of_the_expected_size(tmp_path):
+    write_monitor(tmp_path / "a" / "monitor.csv", [10, 20, 30], [10, 20, 30])
+    write_monitor(tmp_path / "b" / "monitor.csv", [5, 50], [5, 50])
+    out = tmp_path / "curves.png"
+    fig = reward_curves([tmp_path / "a", tmp_path / "b"], "total-steps", out=out)
+    lines = fig.axes[0].get_lines()
+    assert [line.get_label() for line in lines] == ["a", "b"]
+    np.testing.assert_array_equal(lines[0].get_xdata(), [10, 30, 60])  # cumulative episode lengths
+    np.testing.assert_array_equal(lines[1].get_ydata(), [5, 50])
+    assert fig.axes[0].get_xlabel() == "environment steps (all processes)"
+    import imageio.v2 as imageio
+
+    assert imageio.imread(out).shape[:2] == (450, 700)
+
+
+def test_steps_axis_divides_by_the_collecting_workers(tmp_path):
+    run = tmp_path / "ddp"
+    write_monitor(run / "monitor.csv", [1, 2], [100, 100])
+    (run / "config.json").write_text(json.dumps({"strategy": {"strategy": "ddp", "workers": 2}}))
+    fig = reward_curves([run], "steps")
+    np.testing.assert_array_equal(fig.axes[0].get_lines()[0].get_xdata(), [50, 100])
+
+
+def test_smoothing_and_speedup_by_hand():
+    np.testing.assert_allclose(smooth(np.array([0.0, 2.0, 4.0, 6.0]), 2), [0.0, 1.0, 3.0, 5.0])
+    assert speedup(t1=10.0, steps1=1000, tn=6.0, steps_n=1200) == pytest.approx(2.0)  # 10/6 * 1200/1000
+
+
+def test_stable_baselines3_monitor_files_are_read(tmp_path):
+    sb3 = pytest.importorskip("stable_baselines3")
+    import gymnasium as gym
+    from stable_baselines3.common.monitor import Monitor
+
+    env = Monitor(gym.make("CartPole-v1"), str(tmp_path / "sb3run" / "0"))
+    env.reset(seed=0)
+    for _ in range(3):
+        done = False
+        while not done:
+            _, _, terminated, truncated, _ = env.step(0)
+            done = terminated or truncated
+        env.reset()
+    env.close()
+    assert sb3 is not None
+    fig = reward_curves([tmp_path / "sb3run"], "time")
+    assert len(fig.axes[0].get_lines()[0].get_ydata()) == 3
+
+
+@pytest.mark.parametrize("args, message", [
+    (["plot", "/no/such/run"], "does not exist"),
+    (["plot", "EMPTY", "--x", "steps"], "holds no episodes"),
+    (["plot", "EMPTY", "--smooth", "0"], "smooth=0 is not allowed"),
+])
+def test_bad_plot_inputs_are_one_line_exit_2(tmp_path, capsys, args, message):
+    write_monitor(tmp_path / "empty" / "monitor.csv", [], [])
+    args = [str(tmp_path / "empty") if a == "EMPTY" else a for a in args]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+
+
+def test_unknown_axis_is_rejected(tmp_path):
+    write_monitor(tmp_path / "a" / "monitor.csv", [1], [1])
+    result = subprocess.run([sys.executable, "-m", "distrl", "plot", str(tmp_path / "a"), "--x", "episodes"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and "episodes" in result.stderr
+
+
+def test_recording_writes_the_expected_number_of_frames(tmp_path):
+    import imageio.v2 as imageio
+
+    from distrl.video import record
+
+    left = lambda obs: 0  # noqa: E731 - pushing left topples CartPole within a few steps
+    env_steps = []
+    import gymnasium as gym
+
+    env = gym.make("CartPole-v1")
+    env.reset(seed=3)
+    done, n = False, 0
+    while not done:
+        _, _, terminated, truncated, _ = env.step(0)
+        n += 1
+        done = terminated or truncated
+    env_steps.append(n)
+    frames = record("CartPole-v1", [left, left], tmp_path / "v.mp4", episodes=1, seed=3)
+    assert frames == env_steps[0] + 1  # the reset frame and one per step
+    video = imageio.mimread(tmp_path / "v.mp4", memtest=False)
+    assert len(video) == frames and video[0].shape[1] == 2 * 600  # two columns side by side
+
+
+def test_record_needs_a_gif_or_mp4_name(tmp_path, capsys):
+    from distrl.config import ConfigError
+    from distrl.video import record
+
+    with pytest.raises(ConfigError, match="must end in .gif or .mp4"):
+        record("CartPole-v1", [lambda obs: 0], tmp_path / "v.avi")
+
+
+@pytest.mark.multiprocess
+def test_bench_scaling_writes_figures_and_chart(tmp_path):
+    out = tmp_path / "bench"
+    result = subprocess.run([sys.executable, "-m", "distrl", "bench", "scaling", "ppo", "CartPole-v1", "--workers",
+                             "1,2", "--total-steps", "2048", "--out-dir", str(out),
+                             "--extra=--n-envs 4 --n-steps 32 --batch-size 64 --n-epochs 2"],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    figures = json.loads((out / "scaling.json").read_text())
+    base, two = figures["runs"]
+    assert base["strategy"] == "single" and two["strategy"] == "ddp" and base["speedup"] == 1.0
+    assert two["speedup"] == pytest.approx(base["train_s"] / two["train_s"] * two["total_steps"] / base["total_steps"])
+    assert (out / "speedup.png").stat().st_size > 1000
+    assert "[2/2] ddp x2" in result.stderr
