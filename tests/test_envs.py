@@ -78,3 +78,19 @@ def test_native_cartpole_reset_step_is_invalid():
             assert step.episode_returns[0] == step.episode_lengths[0] == t + 1
     assert ended_at is not None
     env.close()
+
+
+def test_async_vector_env_steps_in_subprocesses():
+    env = make_env("CartPole-v1", 2, "async")
+    assert type(env.env).__name__ == "AsyncVectorEnv"
+    env.reset(seed=0)
+    step = env.step(np.zeros(2, dtype=np.int64))
+    assert step.obs.shape == (2, 4) and step.valid.all()
+    env.close()
+
+
+def test_box2d_env_through_its_extra():
+    pytest.importorskip("Box2D")
+    env = make_env("lunarlander", 2)
+    assert env.env_id == "LunarLander-v3" and env.reset(seed=0).shape == (2, 8)
+    env.close()
