@@ -58,7 +58,7 @@ def write_section(title: str, body: str, out: Path = BENCHMARKS_MD) -> None:
     start = text.find(f"## {title}\n")
     if start >= 0:
         end = text.find("\n## ", start + 1)
-        text = text[:start] + section + (text[end + 1:] if end >= 0 else "")
+        text = text[:start] + section + ("\n" + text[end + 1:] if end >= 0 else "")
     else:
         text = text.rstrip() + "\n\n" + section
     out.write_text(text)
