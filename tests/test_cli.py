@@ -97,3 +97,10 @@ def test_sac_trains_saves_its_replay_and_resumes(tmp_path, capsys):
     assert main(["eval", str(run_dir), "--episodes", "2", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["episodes"] == 2 and -2000 < out["mean_return"] < 0
+
+
+def test_run_dir_whose_only_checkpoint_is_truncated_says_so(tmp_path, capsys):
+    path = checkpoint.save(tmp_path / "run" / "model", {"a": __import__("torch").zeros(3)}, {"steps": 5})
+    (path / checkpoint.STATE).write_text('{"format": "distrl-che')
+    assert main(["eval", str(tmp_path / "run")]) == 2
+    assert "truncated or corrupt" in capsys.readouterr().err

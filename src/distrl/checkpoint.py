@@ -91,7 +91,9 @@ def find_latest(run_or_checkpoint: Path) -> Path:
     candidates = [p for p in (path / CHECKPOINTS_DIR).glob("step-*") if p.is_dir()] if (path / CHECKPOINTS_DIR).is_dir() else []
     if (path / MODEL_DIR).is_dir():
         candidates.append(path / MODEL_DIR)
-    candidates = [p for p in candidates if _steps_of(p) >= 0]
     if not candidates:
         raise ConfigError(f"run={str(path)!r} holds no distrl checkpoint (looked for {MODEL_DIR}/ and {CHECKPOINTS_DIR}/step-*)")
-    return max(candidates, key=_steps_of)
+    readable = [p for p in candidates if _steps_of(p) >= 0]
+    if not readable:  # let load() say what is wrong with the newest one
+        return max(candidates, key=lambda p: p.name)
+    return max(readable, key=_steps_of)

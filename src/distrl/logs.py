@@ -35,7 +35,7 @@ class MonitorWriter:
         if not returns:
             return
         t = round(time.time() - self.t_start, 6)
-        self.file.writelines(f"{r:.6g},{l},{t}\n" for r, l in zip(returns, lengths))
+        self.file.writelines(f"{r:.6g},{n},{t}\n" for r, n in zip(returns, lengths))
         self.file.flush()
 
     def close(self) -> None:
