@@ -175,8 +175,18 @@ class RemoteCollector:
         start = time.perf_counter()
         shares = self._shares(args[0]) if self.algo == "reinforce" else [0] * self.n_workers
         payload = self.ray.put(self.trainer.weights())  # one object shared by every worker
-        pending = {self.actors[i].collect.remote(payload, shares[i]): i for i in range(self.n_workers)}
+        refs = [self.actors[i].collect.remote(payload, shares[i]) for i in range(self.n_workers)]
+        # A failed or dead worker's result is ready at once (as an error), so only a hung worker is late.
+        _, late = self.ray.wait(refs, num_returns=len(refs), timeout=self.strategy.timeout_s)
+        if late:
+            raise WorkerError(f"rollout worker(s) {[refs.index(r) for r in late]} did not return a batch within "
+                              f"{self.strategy.timeout_s:.0f}s")
         results: dict[int, Any] = {}
+        try:  # the common case: one get for every worker's batch
+            results = dict(enumerate(self.ray.get(refs)))
+        except Exception:  # noqa: BLE001 - some worker failed: sort it out one by one below
+            results = {}
+        pending = {ref: i for i, ref in enumerate(refs)} if not results else {}
         while pending:
             done, _ = self.ray.wait(list(pending), num_returns=1, timeout=self.strategy.timeout_s)
             if not done:
