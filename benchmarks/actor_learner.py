@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from harness import write_section
+from harness import alternating, markdown_table, write_section
 
 ENVS = {"Ant-v5": 2, "Hopper-v5": 3, "CartPole-v1": 20}  # iterations per run
 CONFIGS = [("single", 1), ("actor-learner", 2)]
@@ -48,12 +48,11 @@ def main() -> None:
     for env, iterations in ENVS.items():
         iterations = max(1, iterations // 2) if args.quick else iterations
         results: dict = {c: [] for c in CONFIGS}
-        for i in range(repeats):
-            for config in (CONFIGS if i % 2 == 0 else CONFIGS[::-1]):
-                r = run_once(env, *config, iterations)
-                results[config].append(r)
-                print(f"{env} {config[0]:13s} x{config[1]}: {r['episodes_per_s']:.1f} episodes/s, "
-                      f"wall {r['process_wall_s']:.1f}s, overhead {r.get('overhead_ms_median', 0):.1f} ms", flush=True)
+        for config in alternating(CONFIGS, repeats):
+            r = run_once(env, *config, iterations)
+            results[config].append(r)
+            print(f"{env} {config[0]:13s} x{config[1]}: {r['episodes_per_s']:.1f} episodes/s, "
+                  f"wall {r['process_wall_s']:.1f}s, overhead {r.get('overhead_ms_median', 0):.1f} ms", flush=True)
         base = statistics.median(r["episodes_per_s"] for r in results[CONFIGS[0]])
         for config, runs in results.items():
             eps = statistics.median(r["episodes_per_s"] for r in runs)
@@ -65,14 +64,13 @@ def main() -> None:
         f"`python benchmarks/actor_learner.py` — {time.strftime('%Y-%m-%d')}, 2-core machine, REINFORCE, "
         f"100 episodes per iteration, one env per collector, {repeats} runs per configuration, alternating, medians.",
         "",
-        "| env | strategy | workers | episodes | episodes/s | training s | wall s (with start-up) | speedup | "
-        "overhead per iteration |",
-        "|---|---|---|---|---|---|---|---|---|",
+        *markdown_table(
+            ["env", "strategy", "workers", "episodes", "episodes/s", "training s", "wall s (with start-up)", "speedup",
+             "overhead per iteration"],
+            [[r["env"], r["strategy"], str(r["workers"]), str(r["episodes"]), f"{r['episodes_per_s']:.1f}",
+              f"{r['train_s']:.1f}", f"{r['wall_s']:.1f}", f"{r['speedup']:.2f}×",
+              f"{r['overhead_ms']:.1f} ms" if r["strategy"] != "single" else "—"] for r in rows]),
     ]
-    for r in rows:
-        overhead = f"{r['overhead_ms']:.1f} ms" if r["strategy"] != "single" else "—"
-        lines.append(f"| {r['env']} | {r['strategy']} | {r['workers']} | {r['episodes']} | {r['episodes_per_s']:.1f} | "
-                     f"{r['train_s']:.1f} | {r['wall_s']:.1f} | {r['speedup']:.2f}× | {overhead} |")
     lines += ["", "Overhead = the learner's wall time for a collection beyond the slowest worker's own collection "
               "time: putting the weights in the object store, scheduling the calls, moving the episodes back and "
               "merging them (`time/overhead_s` in TensorBoard, `overhead_ms_median` in summary.json)."]

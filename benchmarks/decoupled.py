@@ -16,7 +16,7 @@ import argparse
 import statistics
 import time
 
-from harness import write_section
+from harness import alternating, markdown_table, write_section
 from scaling import run_once
 
 WORKLOADS = {  # env, total envs, extra flags, total steps (full, quick)
@@ -39,12 +39,11 @@ def main() -> None:
     for env, (total_envs, extra, steps_full, steps_quick) in WORKLOADS.items():
         steps = steps_quick if args.quick else steps_full
         results: dict = {c: [] for c in CONFIGS}
-        for i in range(repeats):
-            for strategy, workers in (CONFIGS if i % 2 == 0 else CONFIGS[::-1]):
-                flags = [*extra, "--n-envs", str(envs_per_process(strategy, workers, total_envs))]
-                r = run_once(env, flags, strategy, workers, steps)
-                results[(strategy, workers)].append(r)
-                print(f"{env} {strategy:9s} x{workers}: {r['sps']:,.0f} SPS", flush=True)
+        for strategy, workers in alternating(CONFIGS, repeats):
+            flags = [*extra, "--n-envs", str(envs_per_process(strategy, workers, total_envs))]
+            r = run_once(env, flags, strategy, workers, steps)
+            results[(strategy, workers)].append(r)
+            print(f"{env} {strategy:9s} x{workers}: {r['sps']:,.0f} SPS", flush=True)
         base = statistics.median(r["sps"] for r in results[CONFIGS[0]])
         for (strategy, workers), runs in results.items():
             sps = statistics.median(r["sps"] for r in runs)
@@ -55,12 +54,12 @@ def main() -> None:
         f"`python benchmarks/decoupled.py` — {time.strftime('%Y-%m-%d')}, 2-core machine, {repeats} runs per "
         "configuration, alternating, medians. Equal total envs and total steps in every configuration.",
         "",
-        "| env | strategy | processes | envs per collecting process | SPS | vs single | player waits for weights |",
-        "|---|---|---|---|---|---|---|",
+        *markdown_table(
+            ["env", "strategy", "processes", "envs per collecting process", "SPS", "vs single", "player waits for weights"],
+            [[env, strategy, str(workers), str(envs), f"{sps:,.0f}", f"{ratio:.2f}×",
+              "—" if wait is None else f"{100 * wait:.0f}% of training time"]
+             for env, strategy, workers, envs, sps, ratio, wait in rows]),
     ]
-    for env, strategy, workers, envs, sps, ratio, wait in rows:
-        lines.append(f"| {env} | {strategy} | {workers} | {envs} | {sps:,.0f} | {ratio:.2f}× | "
-                     f"{'—' if wait is None else f'{100 * wait:.0f}% of training time'} |")
     lines += ["", "The player collects while the trainers are idle and waits while they update, so on a "
               "2-core machine decoupled pays for its transfers without gaining parallelism; it is meant for "
               "a player on CPU feeding trainers on GPUs (`--player-device cpu --trainer-device cuda`)."]

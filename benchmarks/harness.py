@@ -33,16 +33,26 @@ def measure(script: str, lib: str, task: str, seed: int, arg: Any) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def alternating(items: list, repeats: int):
+    """``items`` ``repeats`` times, in reverse order every other round, so drift hits every item alike."""
+    for i in range(repeats):
+        yield from (items if i % 2 == 0 else items[::-1])
+
+
+def markdown_table(header: list[str], rows: list[list[str]]) -> list[str]:
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + ["| " + " | ".join(r) + " |" for r in rows]
+
+
 def alternate(script: str, task: str, repeats: int, arg: Any, key: str, libs: tuple[str, str]) -> dict[str, dict[str, list]]:
     """Run ``task`` ``repeats`` times per library, alternating which goes first."""
     values: dict[str, list] = {lib: [] for lib in libs}
     rss: dict[str, list] = {lib: [] for lib in libs}
-    for i in range(repeats):
-        for lib in (libs if i % 2 == 0 else libs[::-1]):
-            r = measure(script, lib, task, i, arg)
-            values[lib].append(r[key])
-            rss[lib].append(r["max_rss_mb"])
-            print(f"  {task} {lib:6s} seed {i}: {key}={r[key]} rss={r['max_rss_mb']:.0f} MB", flush=True)
+    for i, lib in enumerate(alternating(list(libs), repeats)):
+        seed = i // len(libs)
+        r = measure(script, lib, task, seed, arg)
+        values[lib].append(r[key])
+        rss[lib].append(r["max_rss_mb"])
+        print(f"  {task} {lib:6s} seed {seed}: {key}={r[key]} rss={r['max_rss_mb']:.0f} MB", flush=True)
     return {"values": values, "rss": rss}
 
 

@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from harness import write_section
+from harness import alternating, write_section
 
 ROOT = Path(__file__).parents[1]
 WORKLOADS = {
@@ -68,12 +68,11 @@ def main() -> None:
     rows = []
     for env in WORKLOADS:
         results: dict[tuple[str, int], list[dict]] = {c: [] for c in CONFIGS}
-        for i in range(repeats):
-            for config in (CONFIGS if i % 2 == 0 else CONFIGS[::-1]):
-                total = (51_200 if args.quick else 102_400) if env.startswith("CartPole") else (20_480 if args.quick else 61_440)
-                r = run_once(*WORKLOADS[env], *config, total)
-                results[config].append(r)
-                print(f"{env} {config[0]:6s} x{config[1]}: {r['sps']:,.0f} SPS, train {r['train_s']:.1f}s", flush=True)
+        total = (51_200 if args.quick else 102_400) if env.startswith("CartPole") else (20_480 if args.quick else 61_440)
+        for config in alternating(CONFIGS, repeats):
+            r = run_once(*WORKLOADS[env], *config, total)
+            results[config].append(r)
+            print(f"{env} {config[0]:6s} x{config[1]}: {r['sps']:,.0f} SPS, train {r['train_s']:.1f}s", flush=True)
         base_sps = statistics.median(r["sps"] for r in results[("single", 1)])
         for config, runs in results.items():
             sps = statistics.median(r["sps"] for r in runs)

@@ -201,7 +201,9 @@ def send_start_state(player: Any) -> None:
 
 def _receive_start_state(agent: Any, algo: PPOAlgo, obs_dim: int) -> None:
     """Receive what the player's ``broadcast_state`` sends (parameters, optimizer state, statistics, counters)."""
-    stats_size = (2 * obs_dim + 1) + 3 + 1
+    from distrl.training import OnPolicyTrainer
+
+    stats_size = OnPolicyTrainer.packed_stats_size(obs_dim)
     for tensor in (agent.params.data, algo.optimizer.exp_avg, algo.optimizer.exp_avg_sq):
         staged = tensor.cpu() if tensor.device.type != "cpu" else tensor
         dist.broadcast(staged, 0)

@@ -143,6 +143,12 @@ class OnPolicyTrainer(TrainerBase):
             stats.load({k.split("/", 1)[1]: v.numpy() for k, v in tensors.items() if k.startswith(prefix + "/")})
         self._refresh()
 
+    @staticmethod
+    def packed_stats_size(obs_dim: int) -> int:
+        """Length of the statistics tensor of :meth:`broadcast_tensors`: obs mean/var/count,
+        reward mean/var/count, Adam's step count."""
+        return (2 * obs_dim + 1) + 3 + 1
+
     def broadcast_tensors(self) -> list[torch.Tensor]:
         packed = [np.concatenate([s.mean.ravel(), s.var.ravel(), [s.count]]) for s in self._stats()]
         packed.append(np.array([self.algo.optimizer.steps], dtype=np.float64))
