@@ -97,3 +97,10 @@ def find_latest(run_or_checkpoint: Path) -> Path:
     if not readable:  # let load() say what is wrong with the newest one
         return max(candidates, key=lambda p: p.name)
     return max(readable, key=_steps_of)
+
+
+def check_new_run_dir(run_dir: Path, resume_path: Path | None) -> None:
+    """Refuse to start a new run over a finished one (``--resume`` continues it instead)."""
+    if resume_path is None and (run_dir / MODEL_DIR).exists():
+        raise ConfigError(f"run_dir={str(run_dir)!r} already holds a finished run: "
+                          "choose another --run-dir or continue it with --resume")

@@ -18,10 +18,10 @@ from typing import Any, Literal
 import tyro
 
 from distrl import checkpoint
-from distrl.config import ConfigError, Device, PPOConfig, REINFORCEConfig, RunConfig, SACConfig, StrategyConfig, scaled
+from distrl.config import ConfigError, Device, PPOConfig, REINFORCEConfig, RunConfig, SACConfig, StrategyConfig
 from distrl.envs import resolve_env_id
 from distrl.presets import algo_configs, preset_names
-from distrl.training import TRAINERS, configs_from_checkpoint, default_run_dir, make_trainer
+from distrl.training import configs_from_checkpoint, default_run_dir, make_trainer
 
 ALGOS = ("ppo", "sac", "reinforce")
 
@@ -168,7 +168,7 @@ def train_command(argv: list[str]) -> int:
     if resume_arg:
         resume_path = checkpoint.find_latest(Path(resume_arg))
         run_cfg, strategy, cfg, _ = configs_from_checkpoint(resume_path)
-        if resolve_env_id(env) != run_cfg.env:
+        if resolve_env_id(env) != resolve_env_id(run_cfg.env):
             raise ConfigError(f"env={env!r} differs from the resumed run's env {run_cfg.env!r}")
         run_cfg = run_cfg.replace(resume=resume_arg, run_dir=resume_arg)
         if run_cfg.algo != algo:
@@ -189,7 +189,7 @@ def train_command(argv: list[str]) -> int:
     elif args.strategy.strategy == "actor-learner":
         from distrl.strategies.actor_learner import WorkerError, run_actor_learner
 
-        _check_run_dir(Path(run.run_dir), resume_path)
+        checkpoint.check_new_run_dir(Path(run.run_dir), resume_path)
         try:
             run_actor_learner(run, args.strategy, algo_cfg, Path(run.run_dir), resume_path)
         except WorkerError as exc:
@@ -200,16 +200,10 @@ def train_command(argv: list[str]) -> int:
     return 0
 
 
-def _check_run_dir(run_dir: Path, resume_path: Path | None) -> None:
-    if resume_path is None and (run_dir / checkpoint.MODEL_DIR).exists():
-        raise ConfigError(f"run_dir={str(run_dir)!r} already holds a finished run: "
-                          "choose another --run-dir or continue it with --resume")
-
-
 def run_training(run: RunConfig, cfg: Any, resume_path: Path | None = None) -> dict:
     """Train in this process (``--strategy single``) and write the run directory."""
     run_dir = Path(run.run_dir)
-    _check_run_dir(run_dir, resume_path)
+    checkpoint.check_new_run_dir(run_dir, resume_path)
     start = time.perf_counter()
     return make_trainer(run.algo, run, cfg, run_dir=run_dir).run_to_end(resume_path, start)
 
@@ -223,17 +217,13 @@ def run_ddp(run: RunConfig, strategy: StrategyConfig, cfg: Any, resume_path: Pat
     run_dir = Path(run.run_dir)
     if in_distributed_env():
         return _as_rank(run_worker, run, strategy, cfg, run_dir, resume_path)
-    _check_run_dir(run_dir, resume_path)
-    if strategy.strategy == "decoupled":
-        from distrl.strategies.decoupled import check_layout
-
-        if run.algo != "ppo":
-            raise ConfigError(f"algo={run.algo!r} is not available with --strategy decoupled: use ppo")
-        check_layout(cfg, strategy, strategy.workers)  # impossible layouts fail before any process starts
-    else:
-        scaled(cfg, strategy, strategy.workers)  # impossible scalings fail before any process starts
-    TRAINERS[run.algo].check_env(run)
+    launch.check_before_launch(run, strategy, cfg, resume_path)
     try:
+        if strategy.launcher == "spark":
+            from distrl.strategies.spark_engine import launch_spark, spark_session
+
+            with spark_session(strategy.spark_master or f"local[{strategy.workers}]") as spark:
+                return launch_spark(spark, run, strategy, cfg, resume_path, local_mode=strategy.spark_local_mode)
         if strategy.uses_ray:
             return launch.launch_ray(run_worker, (run, strategy, cfg, run_dir, resume_path), strategy.workers,
                                      strategy.ray_address, run_dir, strategy.timeout_s)

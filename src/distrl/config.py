@@ -17,7 +17,7 @@ Schedule = Literal["constant", "linear"]
 Strategy = Literal["single", "ddp", "actor-learner", "decoupled"]
 OnWorkerError = Literal["restart", "abort"]
 Scaling = Literal["per-worker", "equivalent"]
-Launcher = Literal["auto", "local", "ray"]
+Launcher = Literal["auto", "local", "ray", "spark"]
 Device = Literal["auto", "cpu", "cuda"]
 VecMode = Literal["auto", "native", "sync", "async"]
 Activation = Literal["tanh", "relu"]
@@ -307,9 +307,14 @@ class StrategyConfig:
     min_rollout_frac: float = 0.25
     """The share of its rollout a preempted worker collects at least."""
     launcher: Launcher = "auto"
-    """Who starts the ddp workers: local processes, or Ray actors (auto: ray when --ray-address is set)."""
+    """Who starts the ddp workers: local processes, Ray actors (auto: ray when --ray-address is set), or
+    Spark's TorchDistributor (distrl[spark])."""
     ray_address: str = ""
     """Ray cluster to join ('auto' or HOST:PORT); empty starts an embedded local instance when needed."""
+    spark_master: str = ""
+    """--launcher spark: the Spark master URL (empty: local[workers], a Spark inside this process)."""
+    spark_local_mode: bool = True
+    """--launcher spark: start the ranks on the Spark driver (True) or as Spark tasks on executors (False)."""
     timeout_s: float = 120.0
     """Longest wait on another worker (collectives, start-up) before the run fails naming it."""
     worker_cpus: float = 1.0
@@ -340,6 +345,9 @@ class StrategyConfig:
         if self.strategy == "decoupled":
             require(self.workers >= 2, "workers", self.workers, ">= 2 with --strategy decoupled",
                     "a player needs at least one trainer")
+        if self.launcher == "spark":
+            require(self.strategy in ("ddp", "decoupled"), "launcher", self.launcher,
+                    "auto, local or ray with --strategy " + self.strategy, "Spark starts ddp or decoupled ranks")
         if self.strategy != "ddp":
             require(self.sync_frac == 1.0, "sync_frac", self.sync_frac, f"1.0 with --strategy {self.strategy}",
                     "straggler preemption needs --strategy ddp")

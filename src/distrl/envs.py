@@ -53,6 +53,13 @@ def resolve_env_id(name: str) -> str:
     raise ConfigError(f"env={name!r} is not a registered Gymnasium id or short name{hint}")
 
 
+def portable_env_name(name: str) -> str:
+    """``name`` as any other process can resolve it: the registered id, or for a custom class its
+    'package.module:ClassName' (the ``custom/`` id exists only where it was registered)."""
+    env_id = resolve_env_id(name)
+    return name if env_id.startswith("custom/") and ":" in name else env_id
+
+
 def _register_custom(entry_point: str) -> str:
     module_name, _, class_name = entry_point.partition(":")
     try:

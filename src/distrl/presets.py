@@ -81,7 +81,7 @@ def resolve_preset(algo: str, env_id: str, preset: str) -> tuple[str, dict[str, 
 def algo_configs(algo: str, env: str, preset: str = "auto", run: dict[str, Any] | None = None,
                  params: dict[str, Any] | None = None) -> tuple[RunConfig, Any, str]:
     """Run and algorithm configs for ``env``: library defaults, then the preset, then ``run``/``params`` overrides."""
-    from distrl.envs import resolve_env_id
+    from distrl.envs import portable_env_name, resolve_env_id
 
     if algo not in ALGO_CONFIGS:
         raise ConfigError(f"algo={algo!r} is not known: must be one of {', '.join(ALGO_CONFIGS)}")
@@ -92,7 +92,7 @@ def algo_configs(algo: str, env: str, preset: str = "auto", run: dict[str, Any] 
     run_values.update(run or {})
     _check_names(cls, {**values, **(params or {})})
     _check_names(RunConfig, run_values)
-    run_cfg = RunConfig(algo=algo, env=env_id, preset=preset, **run_values)
+    run_cfg = RunConfig(algo=algo, env=portable_env_name(env), preset=preset, **run_values)
     return run_cfg, cls(**{**values, **(params or {})}), name
 
 

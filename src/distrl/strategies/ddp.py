@@ -165,6 +165,9 @@ def run_worker(run: RunConfig, strategy: StrategyConfig, cfg: Any, run_dir: Path
             for i, tensor in enumerate(trainer.broadcast_tensors()):
                 sync.verify_identical(tensor, f"start-up tensor {i} (parameters or optimizer state)")
             trainer.train()
+            checksums: list[str | None] = [None] * world
+            dist.all_gather_object(checksums, checksum(trainer.broadcast_tensors()[0]))
+            trainer.extra_summary["param_checksums"] = checksums
         except BaseException:
             trainer.close()
             raise

@@ -30,6 +30,24 @@ class WorkerFailed(RuntimeError):
     """A worker process exited with an error; the message names its rank."""
 
 
+def check_before_launch(run: Any, strategy: Any, cfg: Any, resume_path: Path | None) -> None:
+    """Every check that can fail before any worker starts: run directory, layout or scaling, env."""
+    from distrl import checkpoint
+    from distrl.config import ConfigError, scaled
+    from distrl.training import TRAINERS
+
+    checkpoint.check_new_run_dir(Path(run.run_dir), resume_path)
+    if strategy.strategy == "decoupled":
+        from distrl.strategies.decoupled import check_layout
+
+        if run.algo != "ppo":
+            raise ConfigError(f"algo={run.algo!r} is not available with --strategy decoupled: use ppo")
+        check_layout(cfg, strategy, strategy.workers)
+    else:
+        scaled(cfg, strategy, strategy.workers)
+    TRAINERS[run.algo].check_env(run)
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))

@@ -99,6 +99,8 @@ class TrainerBase:
         self.last_eval: tuple[float, float] | None = None
         self.last_metrics: dict[str, float] = {}
         self.events: list[str] = []
+        self.extra_summary: dict[str, Any] = {}
+        """Figures a strategy adds to summary.json (ddp: the replicas' final parameter checksums)."""
         self._eval_steps = -1
         self._eval_env: VecEnv | None = None
         self.run_dir = run_dir
@@ -225,6 +227,7 @@ class TrainerBase:
             "final_eval_mean_return": self.last_eval[0] if self.last_eval else None,
             "final_eval_std_return": self.last_eval[1] if self.last_eval else None,
             "events": self.events, "distrl_version": distrl.__version__,
+            **self.extra_summary,
             **self._overhead_summary(),
             **({"player_wait_s": self.algo.wait_s} if hasattr(getattr(self, "algo", None), "wait_s") else {}),
         }
