@@ -18,12 +18,12 @@ from typing import Any, Literal
 import tyro
 
 from distrl import checkpoint
-from distrl.config import ConfigError, Device, PPOConfig, REINFORCEConfig, RunConfig, SACConfig, StrategyConfig
+from distrl.config import ConfigError, Device, GRPOConfig, PPOConfig, REINFORCEConfig, RunConfig, SACConfig, StrategyConfig
 from distrl.envs import resolve_env_id
 from distrl.presets import algo_configs, preset_names
 from distrl.training import configs_from_checkpoint, default_run_dir, make_trainer
 
-ALGOS = ("ppo", "sac", "reinforce")
+ALGOS = ("ppo", "sac", "reinforce", "grpo")
 
 USAGE = """\
 usage: distrl COMMAND ...
@@ -35,7 +35,8 @@ usage: distrl COMMAND ...
 
 ALGO: {algos}
 ENV:  a Gymnasium id (CartPole-v1, Hopper-v5, ...), a short name (cartpole, hopper,
-      halfcheetah, walker2d, ant, pendulum, lunarlander) or package.module:ClassName
+      halfcheetah, walker2d, ant, pendulum, lunarlander) or package.module:ClassName;
+      for grpo a group task: toy or bandit (distrl train grpo bandit --strategy pipeline)
 """
 
 
@@ -60,7 +61,14 @@ class REINFORCETrainArgs:
     reinforce: REINFORCEConfig
 
 
-TRAIN_ARGS = {"ppo": PPOTrainArgs, "sac": SACTrainArgs, "reinforce": REINFORCETrainArgs}
+@dataclass(frozen=True)
+class GRPOTrainArgs:
+    run: RunConfig
+    strategy: StrategyConfig
+    grpo: GRPOConfig
+
+
+TRAIN_ARGS = {"ppo": PPOTrainArgs, "sac": SACTrainArgs, "reinforce": REINFORCETrainArgs, "grpo": GRPOTrainArgs}
 
 
 @dataclass(frozen=True)
@@ -182,6 +190,11 @@ def train_command(argv: list[str]) -> int:
                     prog=f"distrl train {algo} {env}", description=description)
     algo_cfg = getattr(args, algo)
     run = args.run
+    if algo == "grpo":
+        return _train_grpo(run, args.strategy, algo_cfg)
+    if args.strategy.strategy == "pipeline":
+        raise ConfigError(f"strategy='pipeline' is not available for {algo}: it runs grpo on group tasks "
+                          "(distrl train grpo bandit --strategy pipeline)")
     if not run.run_dir:  # every worker must agree on the run directory: fix it before launching
         run = run.replace(run_dir=str(default_run_dir(run, resolve_env_id(run.env))))
     if args.strategy.strategy == "single":
@@ -197,6 +210,17 @@ def train_command(argv: list[str]) -> int:
             raise SystemExit(1) from None
     else:
         run_ddp(run, args.strategy, algo_cfg, resume_path, ["train", algo, env, *rest, "--run-dir", run.run_dir])
+    return 0
+
+
+def _train_grpo(run: RunConfig, strategy: StrategyConfig, cfg: GRPOConfig) -> int:
+    from distrl.training.group import train_grpo
+
+    if strategy.strategy not in ("single", "pipeline"):
+        raise ConfigError(f"strategy={strategy.strategy!r} is not available for grpo: must be single or pipeline")
+    if not run.run_dir:
+        run = run.replace(run_dir=str(default_run_dir(run, run.env)))
+    train_grpo(run, strategy, cfg, Path(run.run_dir))
     return 0
 
 

@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 import tyro
 
 Schedule = Literal["constant", "linear"]
-Strategy = Literal["single", "ddp", "actor-learner", "decoupled"]
+Strategy = Literal["single", "ddp", "actor-learner", "decoupled", "pipeline"]
 OnWorkerError = Literal["restart", "abort"]
 Scaling = Literal["per-worker", "equivalent"]
 Launcher = Literal["auto", "local", "ray", "spark"]
@@ -231,6 +231,51 @@ class REINFORCEConfig:
                 "net_arch", self.net_arch, "one or more positive layer sizes")
 
 
+@dataclass(frozen=True)
+class GRPOConfig:
+    """Group-relative PPO for group tasks: G samples per input, advantages relative to the group."""
+
+    group_size: int = 8
+    """Samples drawn per input state (G)."""
+    states_per_slice: int = 16
+    """Input states per generation; their groups travel together as one slice."""
+    slices_per_step: int = 4
+    """Slices sampled from the replay buffer for one learner step."""
+    learner_steps: int = 600
+    """Learner steps (policy versions) in the run."""
+    learning_rate: float = 3e-3
+    """Adam step size."""
+    clip_range: float = 0.2
+    """PPO clip of the ratio to the behaviour policy."""
+    kl_coef: float = 0.01
+    """Weight of the KL penalty to the frozen reference policy (0 turns it off)."""
+    max_grad_norm: float = 1.0
+    """Clip the global gradient norm to this value."""
+    net_arch: tuple[int, ...] = (64, 64)
+    """Hidden layers of the policy."""
+    buffer_capacity: int = 64
+    """Scored slices the replay buffer holds; the oldest is evicted past it."""
+    sampling: Literal["uniform", "version"] = "version"
+    """Replay sampling: uniform, or weighted by policy version + 1 (newer data more often)."""
+    max_policy_lag: int = 4
+    """Slices drawn by a policy more than this many versions older than the learner's are dropped."""
+    queue_size: int = 8
+    """Generated slices waiting to be scored, at most (back-pressure on the generators)."""
+    starve_timeout_s: float = 60.0
+    """The learner fails, naming the stage it waits on, when no data arrives for this long."""
+
+    def __post_init__(self) -> None:
+        _positive(self, "group_size", "states_per_slice", "slices_per_step", "learner_steps", "learning_rate",
+                  "clip_range", "max_grad_norm", "buffer_capacity", "queue_size", "starve_timeout_s")
+        require(self.group_size >= 2, "group_size", self.group_size, ">= 2 (a group needs a mean to compare with)")
+        require(self.kl_coef >= 0, "kl_coef", self.kl_coef, ">= 0")
+        require(self.max_policy_lag >= 0, "max_policy_lag", self.max_policy_lag, ">= 0")
+        require(self.buffer_capacity >= self.slices_per_step, "buffer_capacity", self.buffer_capacity,
+                f">= slices_per_step ({self.slices_per_step})")
+        require(len(self.net_arch) > 0 and all(h > 0 for h in self.net_arch),
+                "net_arch", self.net_arch, "one or more positive layer sizes")
+
+
 def _nearest_divisor(n: int, target: int) -> int:
     divisors = [d for d in range(1, n + 1) if n % d == 0]
     return min(divisors, key=lambda d: (abs(d - target), d))
@@ -374,7 +419,7 @@ def scaled(cfg: Any, strategy: StrategyConfig, world_size: int) -> Any:
     return dataclasses.replace(cfg, n_steps=cfg.n_steps // world_size, learning_rate=cfg.learning_rate * world_size)
 
 
-ALGO_CONFIGS: dict[str, type] = {"ppo": PPOConfig, "sac": SACConfig, "reinforce": REINFORCEConfig}
+ALGO_CONFIGS: dict[str, type] = {"ppo": PPOConfig, "sac": SACConfig, "reinforce": REINFORCEConfig, "grpo": GRPOConfig}
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:

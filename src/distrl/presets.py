@@ -86,6 +86,13 @@ def algo_configs(algo: str, env: str, preset: str = "auto", run: dict[str, Any] 
     if algo not in ALGO_CONFIGS:
         raise ConfigError(f"algo={algo!r} is not known: must be one of {', '.join(ALGO_CONFIGS)}")
     cls = ALGO_CONFIGS[algo]
+    if algo == "grpo":  # GRPO trains on group tasks, not Gymnasium envs
+        from distrl.tasks import make_task
+
+        make_task(env)
+        _check_names(cls, params or {})
+        _check_names(RunConfig, run or {})
+        return RunConfig(algo=algo, env=env, preset="none", **(run or {})), cls(**(params or {})), "none"
     env_id = resolve_env_id(env)
     name, values = resolve_preset(algo, env_id, preset)
     run_values = {"total_steps": values.pop("total_steps")} if "total_steps" in values else {}

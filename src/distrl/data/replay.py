@@ -86,3 +86,60 @@ class ReplayBuffer:
             getattr(self, f)[:keep] = data[f][n - keep:]
         self.size = keep
         self.pos = keep % self.capacity
+
+
+class VersionedReplay:
+    """Scored slices tagged with the policy version that drew them, for an asynchronous learner.
+
+    Oldest-first eviction past ``capacity``; sampling takes slices out of the buffer (each slice
+    is trained on once), uniformly or with probability proportional to version + 1; slices more
+    than ``max_policy_lag`` versions behind the learner are dropped. The counters always add up:
+    ``added == sampled + evicted + dropped_for_lag + len(self)``.
+    """
+
+    def __init__(self, capacity: int, max_policy_lag: int, sampling: str = "uniform", seed: int = 0):
+        if sampling not in ("uniform", "version"):
+            raise ConfigError(f"sampling={sampling!r} is not allowed: must be uniform or version")
+        self.capacity = capacity
+        self.max_policy_lag = max_policy_lag
+        self.sampling = sampling
+        self.rng = np.random.default_rng(seed)
+        self._slices: list[tuple[int, object]] = []  # (version, slice), oldest first
+        self.added = self.sampled = self.evicted = self.dropped_for_lag = 0
+        self.max_size = 0
+
+    def __len__(self) -> int:
+        return len(self._slices)
+
+    def add(self, version: int, item: object) -> None:
+        self._slices.append((version, item))
+        self.added += 1
+        if len(self._slices) > self.capacity:
+            self._slices.pop(0)
+            self.evicted += 1
+        self.max_size = max(self.max_size, len(self._slices))
+
+    def drop_stale(self, learner_version: int) -> int:
+        """Drop slices drawn more than ``max_policy_lag`` versions before ``learner_version``; returns how many."""
+        keep = [(v, s) for v, s in self._slices if learner_version - v <= self.max_policy_lag]
+        dropped = len(self._slices) - len(keep)
+        self._slices = keep
+        self.dropped_for_lag += dropped
+        return dropped
+
+    def sample(self, k: int, learner_version: int) -> list[tuple[int, object]] | None:
+        """Take ``k`` slices out (after dropping stale ones); None while fewer than ``k`` are held."""
+        self.drop_stale(learner_version)
+        if len(self._slices) < k:
+            return None
+        versions = np.array([v for v, _ in self._slices], dtype=np.float64)
+        p = None if self.sampling == "uniform" else (versions + 1) / (versions + 1).sum()
+        chosen = set(self.rng.choice(len(self._slices), size=k, replace=False, p=p).tolist())
+        taken = [item for i, item in enumerate(self._slices) if i in chosen]
+        self._slices = [item for i, item in enumerate(self._slices) if i not in chosen]
+        self.sampled += k
+        return taken
+
+    def counters(self) -> dict[str, int]:
+        return {"slices_added": self.added, "slices_trained": self.sampled, "slices_evicted": self.evicted,
+                "slices_dropped_for_lag": self.dropped_for_lag, "slices_left_in_buffer": len(self._slices)}

@@ -1,0 +1,163 @@
+"""docs/results.md from the runs kept under docs/results/: the learning table, reward curves, speedup charts.
+
+    python benchmarks/results.py collect RUN_DIR [RUN_DIR ...]  # keep a finished run's small files
+    python benchmarks/results.py collect-bench BENCH_DIR NAME    # keep a `distrl bench scaling` result
+    python benchmarks/results.py                                  # rewrite docs/results.md and its PNGs
+
+Only small files are kept (monitor.csv, summary.json, config.json; speedup.png and
+scaling.json of a scaling bench), never checkpoints. The commands that produced every run
+are listed in the generated page, so anyone can regenerate them.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import statistics
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+from harness import markdown_table
+
+from distrl.logs import read_monitor
+from distrl.plots import reward_curves
+
+ROOT = Path(__file__).parents[1]
+RESULTS = ROOT / "docs" / "results"
+PAGE = ROOT / "docs" / "results.md"
+KEPT = ("monitor.csv", "summary.json", "config.json")
+
+# Published 1M-step figures (v3/v4 environments), quoted by the issue that asked for these runs.
+REFERENCES = {
+    ("ppo", "Hopper-v5"): "RL Zoo 2410; CleanRL 2383",
+    ("ppo", "HalfCheetah-v5"): "RL Zoo 5819; CleanRL 1443",
+    ("ppo", "Walker2d-v5"): "RL Zoo 3479; CleanRL 2288",
+    ("ppo", "Ant-v5"): "RL Zoo 1327",
+    ("sac", "HalfCheetah-v5"): "RL Zoo 9535; CleanRL 9635",
+    ("sac", "Hopper-v5"): "RL Zoo 2326; CleanRL 2310",
+    ("ppo", "CartPole-v1"): "solved at 475",
+    ("sac", "Pendulum-v1"): "solved at -200",
+}
+SHORT = {"Hopper-v5": "hopper", "HalfCheetah-v5": "halfcheetah", "Walker2d-v5": "walker2d", "Ant-v5": "ant",
+         "CartPole-v1": "cartpole", "Pendulum-v1": "pendulum"}
+
+
+def collect(run_dirs: list[str]) -> None:
+    for run in map(Path, run_dirs):
+        if not (run / "summary.json").is_file():
+            raise SystemExit(f"{run}: no summary.json, the run has not finished")
+        target = RESULTS / "runs" / run.name
+        target.mkdir(parents=True, exist_ok=True)
+        for name in KEPT:
+            shutil.copy2(run / name, target / name)
+        print(f"kept {target}")
+
+
+def collect_bench(bench_dir: str, name: str) -> None:
+    target = RESULTS / "scaling" / name
+    target.mkdir(parents=True, exist_ok=True)
+    for file in ("speedup.png", "scaling.json"):
+        shutil.copy2(Path(bench_dir) / file, target / file)
+    print(f"kept {target}")
+
+
+def load_runs() -> list[dict]:
+    runs = []
+    for summary_path in sorted((RESULTS / "runs").glob("*/summary.json")):
+        run_dir = summary_path.parent
+        summary = json.loads(summary_path.read_text())
+        config = json.loads((run_dir / "config.json").read_text())
+        returns = read_monitor(run_dir / "monitor.csv")["r"]
+        runs.append({"dir": run_dir, "summary": summary, "config": config,
+                     "last100": float(returns[-100:].mean()), "seed": config["run"]["seed"]})
+    return runs
+
+
+def group_key(run: dict) -> tuple:
+    s = run["summary"]
+    return s["algo"], s["env"], s["strategy"], s["workers"], run["config"]["strategy"].get("scaling", "per-worker")
+
+
+def mean_std(values: list[float]) -> str:
+    if len(values) == 1:
+        return f"{values[0]:,.0f}"
+    return f"{statistics.mean(values):,.0f} ± {statistics.stdev(values):,.0f}"
+
+
+def learning_table(runs: list[dict]) -> list[str]:
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for run in runs:
+        groups[group_key(run)].append(run)
+    rows = []
+    for (algo, env, strategy, workers, scaling), members in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0])):
+        members.sort(key=lambda r: r["seed"])
+        strat = strategy if strategy == "single" else f"{strategy} ×{workers}" + (
+            f", {scaling}" if strategy == "ddp" else "")
+        steps = members[0]["summary"]["total_steps"]
+        rows.append([env, algo.upper(), strat, ", ".join(str(r["seed"]) for r in members), f"{steps:,}",
+                     mean_std([r["last100"] for r in members]),
+                     mean_std([r["summary"]["final_eval_mean_return"] for r in members]),
+                     f"{statistics.mean(r['summary']['wall_s'] for r in members) / 60:,.1f}",
+                     f"{statistics.mean(r['summary']['sps'] for r in members):,.0f}",
+                     REFERENCES.get((algo, env), "")])
+    header = ["env", "algo", "strategy", "seeds", "steps", "last 100 training episodes", "10-episode eval",
+              "wall min", "SPS", "reference (1M steps)"]
+    return markdown_table(header, rows)
+
+
+def curve_figures(runs: list[dict]) -> list[str]:
+    """One PNG per (algorithm, env): every stored run of it, against total steps."""
+    by_env: dict[tuple, list[Path]] = defaultdict(list)
+    for run in runs:
+        by_env[(run["summary"]["algo"], run["summary"]["env"])].append(run["dir"])
+    lines = []
+    for (algo, env), dirs in sorted(by_env.items(), key=lambda kv: kv[0][1]):
+        name = f"{algo}-{SHORT.get(env, env)}.png"
+        smooth = 20 if env not in ("CartPole-v1", "Pendulum-v1") else 10
+        reward_curves(sorted(dirs), "total-steps", k=smooth, out=RESULTS / name,
+                      title=f"{algo.upper()} {env} (mean of {smooth} episodes)")
+        lines += [f"![{algo.upper()} {env}](results/{name})", ""]
+        if len({run["summary"]["strategy"] for run in runs if run["dir"] in dirs}) > 1:
+            time_name = name.replace(".png", "-time.png")
+            reward_curves(sorted(dirs), "time", k=smooth, out=RESULTS / time_name,
+                          title=f"{algo.upper()} {env} against wall time")
+            lines += [f"![{algo.upper()} {env} against wall time](results/{time_name})", ""]
+    return lines
+
+
+def scaling_section() -> list[str]:
+    lines = []
+    for bench in sorted((RESULTS / "scaling").glob("*/scaling.json")):
+        data = json.loads(bench.read_text())
+        rows = [[str(r["workers"]), r["strategy"], f"{r['total_steps']:,}", f"{r['train_s']:.1f}",
+                 f"{r['speedup']:.2f}×", f"{r['workers']}×"] for r in data["runs"]]
+        lines += [f"### {data['strategy']}: {data['algo'].upper()} {data['env']}", "",
+                  *markdown_table(["workers", "strategy", "total steps", "training s", "speedup", "ideal"], rows), "",
+                  f"![speedup, {data['strategy']}](results/scaling/{bench.parent.name}/speedup.png)", ""]
+    return lines
+
+
+def write_page() -> None:
+    runs = load_runs()
+    notes = RESULTS / "NOTES.md"
+    body = ["# Results", "",
+            "Learning results and speedups, regenerated by `python benchmarks/results.py` from the small files "
+            "kept in `docs/results/` (each run's monitor.csv, summary.json and config.json). "
+            "Return columns: mean ± std over seeds of each run's mean over its last 100 training episodes, "
+            "and of its final 10-episode deterministic evaluation.", "",
+            "## Learning", "", *learning_table(runs), "", *curve_figures(runs),
+            "## Speedup against ideal, per strategy", "", *scaling_section()]
+    if notes.is_file():
+        body += [notes.read_text().strip(), ""]
+    PAGE.write_text("\n".join(body).rstrip() + "\n")
+    print(f"wrote {PAGE}")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "collect":
+        collect(sys.argv[2:])
+    elif len(sys.argv) > 1 and sys.argv[1] == "collect-bench":
+        collect_bench(sys.argv[2], sys.argv[3])
+    else:
+        write_page()
