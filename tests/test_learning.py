@@ -6,8 +6,10 @@ from distrl import PPO, SAC
 
 
 @pytest.mark.slow
-def test_ppo_solves_cartpole():
-    model = PPO("CartPole-v1", seed=0, preset="auto").learn(100_000)
+@pytest.mark.parametrize("seed", [0, 1])
+def test_ppo_solves_cartpole_and_stays_solved(seed):
+    # seed 1 solved CartPole at 40k steps and collapsed to 175 by 100k before the preset's target-KL stop
+    model = PPO("CartPole-v1", seed=seed, preset="auto").learn(100_000)
     mean, _ = model.evaluate(10)
     model.close()
     assert mean >= 475
