@@ -158,7 +158,7 @@ def write_report(rows: list, repeats: int) -> None:
         "CartPole vector env, SB3 with its DummyVecEnv.",
         "- Time to solve: 10-episode deterministic evaluation every 10k steps, training seconds until it "
         "reaches 475 (evaluation time excluded). SB3 with the rl-zoo settings; distrl with its own CartPole-v1 "
-        "preset (32 native envs, n_steps 16, batch 256, 10 epochs, lr 2e-3 linear, gamma 0.98, gae_lambda 0.8).",
+        "preset (32 native envs, n_steps 16, batch 256, 10 epochs, lr 2e-3 linear, gamma 0.98, gae_lambda 0.8, target_kl 0.02).",
         "- Hopper-v5: SB3's default PPO hyperparameters (1 env, n_steps 2048, batch 64, 10 epochs, lr 3e-4, "
         "64×64 tanh networks) in both libraries.",
         "- Raw values per run:",
