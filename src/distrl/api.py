@@ -8,22 +8,18 @@
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from distrl import checkpoint
-from distrl.config import ConfigError, RunConfig
+from distrl.config import ConfigError, RunConfig, split_by_config
 from distrl.envs import make_env
 from distrl.evaluation import evaluate
 from distrl.presets import algo_configs
 from distrl.training import EVAL_SEED_OFFSET, OffPolicyTrainer, OnPolicyTrainer, TrainerBase, configs_from_checkpoint
 from distrl.training import make_trainer
-
-_RUN_FIELDS = {f.name for f in dataclasses.fields(RunConfig)}
-
 
 class Model:
     """An algorithm trained in this process (``--strategy single``). Use :class:`PPO` or :class:`SAC`.
@@ -41,8 +37,7 @@ class Model:
 
     def __init__(self, env: str, *, seed: int = 0, preset: str = "none", run_dir: str | Path | None = None,
                  **hyperparameters: Any):
-        run = {k: v for k, v in hyperparameters.items() if k in _RUN_FIELDS}
-        params = {k: v for k, v in hyperparameters.items() if k not in _RUN_FIELDS}
+        run, params = split_by_config(hyperparameters, RunConfig)
         run.setdefault("quiet", True)
         run_cfg, cfg, _ = algo_configs(self.algo, env, preset, {"seed": seed, **run}, params)
         self._trainer: TrainerBase = make_trainer(self.algo, run_cfg, cfg, run_dir=Path(run_dir) if run_dir else None)

@@ -422,6 +422,17 @@ def scaled(cfg: Any, strategy: StrategyConfig, world_size: int) -> Any:
 ALGO_CONFIGS: dict[str, type] = {"ppo": PPOConfig, "sac": SACConfig, "reinforce": REINFORCEConfig, "grpo": GRPOConfig}
 
 
+def split_by_config(values: dict[str, Any], *classes: type) -> list[dict[str, Any]]:
+    """``values`` split by which of ``classes`` has a field of that name (first match); the last dict
+    holds the names none of them has (the algorithm's hyperparameters, checked later)."""
+    parts: list[dict[str, Any]] = [{} for _ in range(len(classes) + 1)]
+    names = [{f.name for f in dataclasses.fields(cls)} for cls in classes]
+    for key, value in values.items():
+        index = next((i for i, n in enumerate(names) if key in n), len(classes))
+        parts[index][key] = value
+    return parts
+
+
 def to_dict(cfg: Any) -> dict[str, Any]:
     """A JSON-ready dict of a config dataclass (tuples become lists)."""
     return dataclasses.asdict(cfg)

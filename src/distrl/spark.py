@@ -12,11 +12,10 @@ summary (the dict in summary.json).
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import Any
 
-from distrl.config import RunConfig, StrategyConfig
+from distrl.config import ConfigError, RunConfig, StrategyConfig, split_by_config
 from distrl.envs import resolve_env_id
 from distrl.presets import algo_configs
 from distrl.strategies.launch import WorkerFailed, check_before_launch
@@ -26,8 +25,6 @@ from distrl.training import default_run_dir
 
 __all__ = ["WorkerFailed", "session", "train"]
 
-_RUN_FIELDS = {f.name for f in dataclasses.fields(RunConfig)}
-_STRATEGY_FIELDS = {f.name for f in dataclasses.fields(StrategyConfig)} - {"workers", "launcher", "spark_local_mode"}
 
 
 def train(spark: Any, algo: str, env: str, *, workers: int = 2, local_mode: bool = True, preset: str = "auto",
@@ -47,9 +44,11 @@ def train(spark: Any, algo: str, env: str, *, workers: int = 2, local_mode: bool
         ConfigError: bad input, or more workers than free task slots, before any job starts.
         WorkerFailed: a rank failed; the message names it and its exception.
     """
-    run_values = {k: v for k, v in hyperparameters.items() if k in _RUN_FIELDS}
-    strategy_values = {k: v for k, v in hyperparameters.items() if k in _STRATEGY_FIELDS}
-    params = {k: v for k, v in hyperparameters.items() if k not in _RUN_FIELDS | _STRATEGY_FIELDS}
+    run_values, strategy_values, params = split_by_config(hyperparameters, RunConfig, StrategyConfig)
+    for name in ("workers", "launcher", "spark_local_mode"):
+        if name in strategy_values:
+            raise ConfigError(f"{name}={strategy_values[name]!r} is not a hyperparameter here: "
+                              "train() sets it from its own arguments (workers=, local_mode=)")
     run_values.setdefault("quiet", True)
     run, cfg, _ = algo_configs(algo, env, preset, run_values, params)
     if not run.run_dir:

@@ -163,7 +163,7 @@ class Pipeline:
                 continue
             step_start = time.perf_counter()
             metrics = self.algo.update(stack(batch))
-            self.weights_ref = ray.put(self.algo.weights())
+            self.weights_ref = ray.put(self.algo.policy.state_dict())  # put copies; no clone first
             self.stats.learner_busy_s += time.perf_counter() - step_start
             self.stats.lags.append(metrics["lag_mean"])
             if on_step is not None:
