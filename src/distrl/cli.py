@@ -192,20 +192,22 @@ def train_command(argv: list[str]) -> int:
     run = args.run
     if algo == "grpo":
         return _train_grpo(run, args.strategy, algo_cfg)
-    if args.strategy.strategy == "pipeline":
-        raise ConfigError(f"strategy='pipeline' is not available for {algo}: it runs grpo on group tasks "
-                          "(distrl train grpo bandit --strategy pipeline)")
+    if args.strategy.strategy == "pipeline" and algo != "ppo":
+        raise ConfigError(f"strategy='pipeline' is not available for {algo}: it runs ppo on Gymnasium envs "
+                          "and grpo on group tasks (distrl train grpo bandit --strategy pipeline)")
     if not run.run_dir:  # every worker must agree on the run directory: fix it before launching
         run = run.replace(run_dir=str(default_run_dir(run, resolve_env_id(run.env))))
     if args.strategy.strategy == "single":
         run_training(run, algo_cfg, resume_path)
-    elif args.strategy.strategy == "actor-learner":
+    elif args.strategy.strategy in ("actor-learner", "pipeline"):
         from distrl.strategies.actor_learner import WorkerError, run_actor_learner
+        from distrl.strategies.pipeline import GeneratorFailed, PipelineStalled, run_async_ppo
 
         checkpoint.check_new_run_dir(Path(run.run_dir), resume_path)
+        runner = run_actor_learner if args.strategy.strategy == "actor-learner" else run_async_ppo
         try:
-            run_actor_learner(run, args.strategy, algo_cfg, Path(run.run_dir), resume_path)
-        except WorkerError as exc:
+            runner(run, args.strategy, algo_cfg, Path(run.run_dir), resume_path)
+        except (WorkerError, GeneratorFailed, PipelineStalled) as exc:
             print(f"distrl: error: {exc}", file=sys.stderr)
             raise SystemExit(1) from None
     else:

@@ -15,6 +15,7 @@ import tyro
 
 Schedule = Literal["constant", "linear"]
 Strategy = Literal["single", "ddp", "actor-learner", "decoupled", "pipeline"]
+ReplaySampling = Literal["uniform", "version"]
 OnWorkerError = Literal["restart", "abort"]
 Scaling = Literal["per-worker", "equivalent"]
 Launcher = Literal["auto", "local", "ray", "spark"]
@@ -253,25 +254,14 @@ class GRPOConfig:
     """Clip the global gradient norm to this value."""
     net_arch: tuple[int, ...] = (64, 64)
     """Hidden layers of the policy."""
-    buffer_capacity: int = 64
-    """Scored slices the replay buffer holds; the oldest is evicted past it."""
-    sampling: Literal["uniform", "version"] = "version"
-    """Replay sampling: uniform, or weighted by policy version + 1 (newer data more often)."""
-    max_policy_lag: int = 4
-    """Slices drawn by a policy more than this many versions older than the learner's are dropped."""
-    queue_size: int = 8
-    """Generated slices waiting to be scored, at most (back-pressure on the generators)."""
-    starve_timeout_s: float = 60.0
-    """The learner fails, naming the stage it waits on, when no data arrives for this long."""
+    slices_per_call: int = 4
+    """Slices a generator draws per request (with one policy version); more amortise the round trip."""
 
     def __post_init__(self) -> None:
         _positive(self, "group_size", "states_per_slice", "slices_per_step", "learner_steps", "learning_rate",
-                  "clip_range", "max_grad_norm", "buffer_capacity", "queue_size", "starve_timeout_s")
+                  "clip_range", "max_grad_norm", "slices_per_call")
         require(self.group_size >= 2, "group_size", self.group_size, ">= 2 (a group needs a mean to compare with)")
         require(self.kl_coef >= 0, "kl_coef", self.kl_coef, ">= 0")
-        require(self.max_policy_lag >= 0, "max_policy_lag", self.max_policy_lag, ">= 0")
-        require(self.buffer_capacity >= self.slices_per_step, "buffer_capacity", self.buffer_capacity,
-                f">= slices_per_step ({self.slices_per_step})")
         require(len(self.net_arch) > 0 and all(h > 0 for h in self.net_arch),
                 "net_arch", self.net_arch, "one or more positive layer sizes")
 
@@ -377,9 +367,26 @@ class StrategyConfig:
     """decoupled: where the player (rank 0) acts and computes values."""
     trainer_device: Device = "auto"
     """decoupled: where the trainers (ranks 1..N-1) update; cuda uses NCCL among them."""
+    max_policy_lag: int = 4
+    """pipeline: data drawn by a policy more than this many versions behind the learner is dropped."""
+    buffer_capacity: int = 64
+    """pipeline: scored slices (grpo) or rollout fragments (ppo) the replay buffer holds; the oldest is
+    evicted past it."""
+    replay_sampling: ReplaySampling = "version"
+    """pipeline: replay sampling, uniform or weighted by policy version + 1 (newer data more often)."""
+    max_reuse: int = 1
+    """pipeline: learner steps that may train on one slice or fragment before it leaves the buffer."""
+    queue_size: int = 0
+    """pipeline: how far the generators may run ahead of the learner, in slices (grpo) or fragments (ppo)
+    requested, being scored, or buffered and not trained on yet; past it they idle (back-pressure).
+    0: 16 slices for grpo, one fragment per generator for ppo."""
+    starve_timeout_s: float = 60.0
+    """pipeline: the learner fails, naming the stage it waits on, when no data arrives for this long."""
 
     def __post_init__(self) -> None:
-        _positive(self, "workers", "timeout_s")
+        _positive(self, "workers", "timeout_s", "buffer_capacity", "max_reuse", "starve_timeout_s")
+        require(self.queue_size >= 0, "queue_size", self.queue_size, ">= 0 (0: the default for the algorithm)")
+        require(self.max_policy_lag >= 0, "max_policy_lag", self.max_policy_lag, ">= 0")
         require(self.worker_cpus >= 0, "worker_cpus", self.worker_cpus, ">= 0")
         require(self.worker_gpus >= 0, "worker_gpus", self.worker_gpus, ">= 0")
         require(self.max_worker_restarts >= 0, "max_worker_restarts", self.max_worker_restarts, ">= 0")

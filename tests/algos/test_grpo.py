@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from distrl.algos.grpo import GroupPolicy, group_advantages, grpo_loss
-from distrl.config import ConfigError, GRPOConfig
+from distrl.config import ConfigError, GRPOConfig, StrategyConfig
 from distrl.data.replay import VersionedReplay
-from distrl.strategies.pipeline import Generator
+from distrl.strategies.pipeline import Generator, check_pipeline
 from distrl.tasks import BanditTask, ToyTask
 
 
@@ -39,11 +39,29 @@ def test_replay_evicts_oldest_first_and_counts_everything():
     buf = VersionedReplay(capacity=3, max_policy_lag=10)
     for v in range(5):
         buf.add(v, f"slice-{v}")
-    assert [item for _, item in buf._slices] == ["slice-2", "slice-3", "slice-4"]
+    assert [entry[1] for entry in buf._slices] == ["slice-2", "slice-3", "slice-4"]
     taken = buf.sample(2, learner_version=5)
     assert len(taken) == 2 and len(buf) == 1
-    assert buf.counters() == {"slices_added": 5, "slices_trained": 2, "slices_evicted": 2,
-                              "slices_dropped_for_lag": 0, "slices_left_in_buffer": 1}
+    assert buf.counters() == {"slices_added": 5, "slices_trained": 2, "slice_uses": 2, "slices_never_trained": 3,
+                              "slices_retired": 2, "slices_evicted": 2, "slices_dropped_for_lag": 0,
+                              "slices_left_in_buffer": 1}
+
+
+def test_replay_reuses_a_slice_up_to_max_reuse_and_still_accounts_for_it():
+    buf = VersionedReplay(capacity=10, max_policy_lag=100, max_reuse=3)
+    for v in range(2):
+        buf.add(v, v)
+    for _ in range(3):  # both slices in every sample: three uses each, then they leave
+        assert sorted(item for _, item in buf.sample(2, learner_version=2)) == [0, 1]
+    assert len(buf) == 0 and buf.sample(1, learner_version=2) is None
+    buf.add(5, 5)
+    buf.add(6, 6)
+    buf.sample(1, learner_version=6)
+    buf.drop_stale(learner_version=200)  # one trained once, one never: both dropped for lag
+    c = buf.counters()
+    assert (c["slices_added"], c["slice_uses"], c["slices_retired"], c["slices_dropped_for_lag"]) == (4, 7, 2, 2)
+    assert c["slices_trained"] == 3 and c["slices_never_trained"] == 1
+    assert c["slices_added"] == c["slices_retired"] + c["slices_evicted"] + c["slices_dropped_for_lag"] + len(buf)
 
 
 def test_replay_drops_slices_past_the_lag_cap():
@@ -52,9 +70,9 @@ def test_replay_drops_slices_past_the_lag_cap():
         buf.add(v, v)
     assert buf.sample(2, learner_version=4) is not None  # versions 0 and 1 are more than 2 behind 4
     assert buf.dropped_for_lag == 2
-    assert all(4 - v <= 2 for v, _ in buf._slices)
+    assert all(4 - entry[0] <= 2 for entry in buf._slices)
     c = buf.counters()
-    assert c["slices_added"] == c["slices_trained"] + c["slices_evicted"] + c["slices_dropped_for_lag"] + c["slices_left_in_buffer"]
+    assert c["slices_added"] == c["slices_retired"] + c["slices_evicted"] + c["slices_dropped_for_lag"] + c["slices_left_in_buffer"]
 
 
 def test_version_weighted_sampling_frequencies():
@@ -76,12 +94,15 @@ def test_a_slice_is_drawn_by_exactly_the_version_it_is_tagged_with():
     gen = Generator("toy", cfg, seed=0, generator_id=1)
     policies = [GroupPolicy(4, 4, cfg.net_arch, seed=s) for s in (1, 2)]
     for version, policy in zip((3, 4), policies):
-        out = gen.generate(version, policy.state_dict())
-        assert out["version"] == version and out["actions"].shape == (6, 5)
-        expected = policy.log_probs(torch.from_numpy(out["obs"]), torch.from_numpy(out["actions"]))
-        assert torch.allclose(torch.from_numpy(out["log_probs"]), expected.detach())
-    again = gen.generate(4, {})  # same version: no reload, the weights argument is not read
+        out = gen.generate(version, policy.flat_weights(), slices=2)
+        assert out["version"] == version and out["actions"].shape == (2, 6, 5)
+        expected = policy.log_probs(torch.from_numpy(out["obs"].reshape(12, 4)),
+                                    torch.from_numpy(out["actions"].reshape(12, 5)))
+        assert torch.allclose(torch.from_numpy(out["log_probs"].reshape(12, 5)), expected.detach())
+    again = gen.generate(4, None)  # same version: no weights sent, none loaded
     assert again["version"] == 4
+    with pytest.raises(RuntimeError, match="holds version 4, asked for 5 without weights"):
+        gen.generate(5, None)  # a newer version without its weights would mix versions: refused
 
 
 def test_tasks_know_their_optimum():
@@ -100,4 +121,8 @@ def test_grpo_config_rejects_bad_values():
     with pytest.raises(ConfigError, match="group_size=1 is not allowed"):
         GRPOConfig(group_size=1)
     with pytest.raises(ConfigError, match="buffer_capacity=2 is not allowed: must be >= slices_per_step"):
-        GRPOConfig(buffer_capacity=2, slices_per_step=4)
+        check_pipeline(GRPOConfig(slices_per_step=4), StrategyConfig(strategy="pipeline", buffer_capacity=2))
+    with pytest.raises(ConfigError, match="queue_size=2 is not allowed: must be >= slices_per_call"):
+        check_pipeline(GRPOConfig(slices_per_call=4), StrategyConfig(strategy="pipeline", queue_size=2))
+    with pytest.raises(ConfigError, match="max_reuse=0 is not allowed"):
+        StrategyConfig(strategy="pipeline", max_reuse=0)

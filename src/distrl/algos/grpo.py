@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -52,6 +53,12 @@ class GroupPolicy(nn.Module):
 
     def logits(self, obs: torch.Tensor) -> torch.Tensor:
         return self.net(obs)
+
+    def flat_weights(self) -> np.ndarray:
+        return nn.utils.parameters_to_vector(self.parameters()).detach().numpy().copy()
+
+    def load_flat_weights(self, flat: np.ndarray) -> None:
+        nn.utils.vector_to_parameters(torch.from_numpy(flat), self.parameters())
 
     def log_probs(self, obs: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
         """``obs [B, D]``, ``actions [B, G]`` → log-probabilities ``[B, G]``."""
@@ -107,3 +114,7 @@ class GRPOAlgo:
 
     def weights(self) -> dict[str, torch.Tensor]:
         return {k: v.detach().clone() for k, v in self.policy.state_dict().items()}
+
+    def flat_weights(self) -> np.ndarray:
+        """The policy's parameters as one float32 vector: the cheapest form to send to a generator."""
+        return self.policy.flat_weights()

@@ -151,7 +151,10 @@ class PPOAlgo:
                                   rollout.valid, self.cfg.gamma, self.cfg.gae_lambda)
         flat_obs = obs[:T].reshape(T * N, -1)
         actions = torch.from_numpy(rollout.actions.reshape(T * N, *rollout.actions.shape[2:])).to(device)
-        log_probs = self.agent.log_prob(flat_obs, actions)
+        if rollout.log_probs is not None:
+            log_probs = torch.from_numpy(rollout.log_probs.reshape(-1)).to(device)
+        else:
+            log_probs = self.agent.log_prob(flat_obs, actions)
         return RolloutBatch(
             obs=flat_obs, actions=actions, log_probs=log_probs,
             values=torch.from_numpy(values[:T].reshape(-1).copy()).to(device),

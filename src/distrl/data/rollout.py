@@ -77,6 +77,9 @@ class Rollout:
     collect_s: float = 0.0
     collected_steps: int = 0
     """Vector steps actually taken (fewer than n_steps when preempted)."""
+    log_probs: np.ndarray | None = None
+    """[T, N] log-probabilities of the actions under the policy that took them, when the learner
+    may have moved on since (pipeline); None: the learner's own policy took them."""
 
     @property
     def steps(self) -> int:

@@ -85,6 +85,8 @@ class RolloutWorker:
     def _load(self, payload: dict[str, Any]) -> None:
         import torch
 
+        if "params" not in payload:  # this worker already holds the version
+            return
         self.agent.params.data.copy_(torch.from_numpy(payload["params"]))
         self.agent.refresh_acting_copy()
         if self.obs_normalizer is not None and "obs_stats" in payload:
@@ -92,16 +94,31 @@ class RolloutWorker:
             self.obs_normalizer.refresh()
             self.reward_scaler.stats.load(payload["reward_stats"])
 
-    def collect(self, payload: dict[str, Any], episodes: int) -> Rollout | EpisodeBatch:
+    def collect(self, payload: dict[str, Any], episodes: int, behaviour_log_probs: bool = False) -> Rollout | EpisodeBatch:
+        """Load the weights in ``payload`` (if any) and collect; ``behaviour_log_probs`` records the
+        log-probabilities of the actions taken, for a learner that may have moved on (pipeline)."""
         self._load(payload)
         try:
             if self.spec.algo == "reinforce":
                 return self.collector.collect(episodes, payload["version"])
-            return self.collector.collect(payload["version"])
+            rollout = self.collector.collect(payload["version"])
+            if behaviour_log_probs:
+                rollout.log_probs = self._log_probs(rollout)
+            return rollout
         except Exception as exc:  # noqa: BLE001 - reported with worker id, env id and traceback
             first, last = self.spec.env_offset, self.spec.env_offset + self.spec.cfg.n_envs - 1
             raise WorkerError(f"worker {self.spec.worker_id}, env {self.spec.run.env} (global env indices {first}-{last}): "
                               f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}") from None
+
+
+    def _log_probs(self, rollout: Rollout) -> np.ndarray:
+        import torch
+
+        T, N = rollout.rewards.shape
+        with torch.no_grad():
+            obs = torch.from_numpy(rollout.obs[:T].reshape(T * N, -1))
+            actions = torch.from_numpy(rollout.actions.reshape(T * N, *rollout.actions.shape[2:]))
+            return self.agent.log_prob(obs, actions).numpy().reshape(T, N)
 
 
 def merge_rollouts(parts: list[Rollout]) -> Rollout:

@@ -1,27 +1,39 @@
 """``pipeline``: generators → queue → scorer → versioned replay → learner, all running at once.
 
-N generator actors draw groups of samples with their copy of the policy; a scorer actor
-rewards the queued slices in batches; the learner (this process) takes scored slices from a
-:class:`~distrl.data.replay.VersionedReplay`, steps, and publishes ``(version, weights)``
-through Ray's object store after every step. Nobody waits longer than the data demands:
+N generator actors draw data with their copy of the policy while the learner (this process)
+trains on what has already arrived. Two workloads share the machinery:
 
-- a generator is handed the newest weights with each generation request and loads them
-  between generations (ready-to-update, then ready-to-generate), so one slice never mixes
-  versions;
+- group tasks (``grpo``): a generator draws ``slices_per_call`` slices of groups per request;
+  a scorer actor rewards the queued slices in batches; the learner takes ``slices_per_step``
+  scored slices per step (:class:`Pipeline`).
+- Gymnasium envs (``ppo``): a generator is a rollout worker that collects one fragment of
+  ``n_steps`` × ``n_envs`` steps per request, with the behaviour log-probabilities; rewards
+  come from the env, so there is no scorer; the learner runs a PPO update on one fragment per
+  step, against the behaviour log-probabilities (:class:`AsyncCollector`, an APPO-like
+  asynchronous PPO without V-trace: values and GAE come from the learner's current critic).
+
+Nobody waits longer than the data demands:
+
+- a generator is handed the newest ``(version, weights)`` with each request and loads them
+  before it starts (ready-to-update, then ready-to-generate), so one request's data never
+  mixes versions; weights travel by value as one float vector, only to a generator whose copy
+  is out of date;
 - at most ``queue_size`` slices wait for the scorer: past that, finished generators idle
   (back-pressure) instead of filling memory;
-- the learner steps whenever the buffer holds a batch, and otherwise waits on whichever
-  stage can feed it, failing after ``starve_timeout_s`` with the name of that stage.
+- the learner steps whenever the buffer holds a batch, and otherwise waits on whichever stage
+  can feed it, failing after ``starve_timeout_s`` with the name of that stage.
 
-Every generated slice ends trained on, evicted, dropped for lag, or left in the buffer at the
-end, and summary.json's counters add up. A generator that dies is restarted; its lost
-generation was never counted.
+Every generated slice or fragment is trained on, evicted, dropped for lag, or left in the
+buffer at the end (generations under way at the end are drained into it), and summary.json's
+counters add up. A generator that dies is restarted; its lost request was never counted.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import time
-from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,7 +42,7 @@ import numpy as np
 import torch
 
 from distrl.algos.grpo import GroupBatch, GroupPolicy, GRPOAlgo
-from distrl.config import GRPOConfig, RunConfig, StrategyConfig
+from distrl.config import ConfigError, GRPOConfig, RunConfig, StrategyConfig
 from distrl.data.replay import VersionedReplay
 from distrl.tasks import make_task
 
@@ -39,12 +51,18 @@ class PipelineStalled(RuntimeError):
     """A stage produced nothing for ``starve_timeout_s``; the message names it."""
 
 
-class Generator:
-    """Ray actor: draws ``states_per_slice`` groups of ``group_size`` samples with one policy version."""
+class GeneratorFailed(RuntimeError):
+    """A generator raised (or died) more often than allowed, or raised with ``on_worker_error=abort``."""
 
-    def __init__(self, task: str, cfg: GRPOConfig, seed: int, generator_id: int, restarts: int = 0):
+
+class Generator:
+    """Ray actor: draws slices of ``states_per_slice`` groups of ``group_size`` samples, one version per request."""
+
+    def __init__(self, task: str, cfg: GRPOConfig, seed: int, generator_id: int, restarts: int = 0,
+                 scorer: Any = None):
         self.task = make_task(task, seed)
         self.cfg = cfg
+        self.scorer = scorer
         self.id = generator_id
         self.policy = GroupPolicy(self.task.obs_dim, self.task.n_actions, cfg.net_arch, seed)
         self.version = -1
@@ -53,52 +71,59 @@ class Generator:
         self.torch_rng = torch.Generator().manual_seed(int(np.random.SeedSequence(stream).generate_state(1)[0]))
         torch.set_num_threads(1)
 
-    def generate(self, version: int, weights: dict[str, torch.Tensor]) -> dict[str, Any]:
+    def generate(self, version: int, weights: np.ndarray | None, slices: int = 1) -> dict[str, Any]:
+        """``slices`` slices drawn with policy ``version``; ``weights`` (flat) is None when already loaded."""
         start = time.perf_counter()
-        if version != self.version:  # ready-to-update: load, then ready-to-generate
-            self.policy.load_state_dict(weights)
+        if weights is not None:  # ready-to-update: load, then ready-to-generate
+            self.policy.load_flat_weights(weights)
             self.version = version
-        states = self.task.states(self.cfg.states_per_slice, self.rng)
+        if self.version != version:
+            raise RuntimeError(f"generator {self.id} holds version {self.version}, asked for {version} without weights")
+        n, S = slices, self.cfg.states_per_slice
+        states = self.task.states(n * S, self.rng)
         actions, log_probs = self.policy.sample(torch.from_numpy(states), self.cfg.group_size, self.torch_rng)
-        return {"obs": states, "actions": actions.numpy(), "log_probs": log_probs.numpy(), "version": self.version,
-                "generator": self.id, "generate_s": time.perf_counter() - start}
+        G = self.cfg.group_size
+        return {"obs": states.reshape(n, S, -1), "actions": actions.numpy().reshape(n, S, G),
+                "log_probs": log_probs.numpy().reshape(n, S, G), "version": self.version, "generator": self.id,
+                "generate_s": time.perf_counter() - start}
+
+    def generate_scored(self, version: int, weights: np.ndarray | None, slices: int, timeout_s: float) -> dict[str, Any]:
+        """:meth:`generate`, then hand the slices to the scorer and return them scored."""
+        import ray
+
+        return ray.get(self.scorer.score.remote(self.generate(version, weights, slices)), timeout=timeout_s)[0]
 
     def pid(self) -> int:
-        import os
-
         return os.getpid()
 
 
 class Scorer:
-    """Ray actor: rewards a batch of slices with one call of the task's reward function."""
+    """Ray actor: rewards a batch of generations with one call of the task's reward function."""
 
     def __init__(self, task: str, seed: int):
         self.task = make_task(task, seed)
         torch.set_num_threads(1)
 
-    def score(self, *slices: dict[str, Any]) -> list[dict[str, Any]]:
-        states = np.concatenate([s["obs"] for s in slices])
-        actions = np.concatenate([s["actions"] for s in slices])
+    def score(self, *generations: dict[str, Any]) -> list[dict[str, Any]]:
+        obs_dim = generations[0]["obs"].shape[-1]
+        states = np.concatenate([g["obs"].reshape(-1, obs_dim) for g in generations])
+        actions = np.concatenate([g["actions"].reshape(-1, g["actions"].shape[-1]) for g in generations])
         rewards = self.task.rewards(states, actions)
         out, at = [], 0
-        for s in slices:
-            n = len(s["obs"])
-            out.append({**s, "rewards": rewards[at:at + n]})
+        for g in generations:
+            n = g["actions"].shape[0] * g["actions"].shape[1]
+            out.append({**g, "rewards": rewards[at:at + n].reshape(g["actions"].shape)})
             at += n
         return out
 
+    def pid(self) -> int:
+        return os.getpid()
 
-@dataclass
-class PipelineStats:
-    """What the pipeline did, for summary.json and TensorBoard."""
 
-    learner_busy_s: float = 0.0
-    generate_s: float = 0.0
-    slices_generated: int = 0
-    generator_restarts: int = 0
-    queue_depths: list[int] = field(default_factory=list)
-    lags: list[float] = field(default_factory=list)
-    events: list[str] = field(default_factory=list)
+def split_slices(scored: dict[str, Any]) -> list[dict[str, Any]]:
+    """One scored generation → its slices (each one version, ``states_per_slice`` groups)."""
+    return [{"obs": scored["obs"][j], "actions": scored["actions"][j], "log_probs": scored["log_probs"][j],
+             "rewards": scored["rewards"][j]} for j in range(len(scored["obs"]))]
 
 
 def stack(slices: list[tuple[int, dict[str, Any]]]) -> GroupBatch:
@@ -109,129 +134,244 @@ def stack(slices: list[tuple[int, dict[str, Any]]]) -> GroupBatch:
                       rewards=cat("rewards"), versions=versions)
 
 
+class GeneratorPool:
+    """N generator actors, each with at most ``depth`` requests in flight; a failed one is replaced.
+
+    ``spawn(i, restarts)`` builds actor ``i``; ``request(actor, version, weights)`` sends it one
+    request and returns the reference to wait on. The pool remembers which policy version each
+    actor holds, so weights travel only to an actor whose copy is out of date. A second request
+    queued behind the first (``depth=2``) hides the round trip: the actor starts it the moment
+    it finishes the first.
+    """
+
+    def __init__(self, ray: Any, n: int, spawn: Callable[[int, int], Any], request: Callable[..., Any],
+                 strategy: StrategyConfig, events: list[str], depth: int = 1):
+        self.ray, self.spawn, self.request, self.strategy, self.events = ray, spawn, request, strategy, events
+        self.actors = [spawn(i, 0) for i in range(n)]
+        self.depth = depth
+        self.restarts = [0] * n
+        self.held = [-1] * n                    # the policy version each actor holds (or will, once its queue runs)
+        self.busy = [0] * n                     # requests in flight per actor
+        self.in_flight: dict[Any, int] = {}     # request ref -> actor index
+
+    def submit(self, version: int, weights: Callable[[], Any], limit: int | None = None) -> None:
+        """Top up every actor to ``depth`` requests (at most ``limit`` new ones in all), oldest-served first."""
+        budget = len(self.actors) * self.depth if limit is None else limit
+        for _ in range(self.depth):
+            for i in sorted(range(len(self.actors)), key=lambda j: self.busy[j]):
+                if budget <= 0 or self.busy[i] >= self.depth:
+                    continue
+                stale = self.held[i] != version
+                self.in_flight[self.request(self.actors[i], version, weights() if stale else None)] = i
+                self.held[i] = version
+                self.busy[i] += 1
+                budget -= 1
+
+    def finished(self, timeout: float = 0) -> list[tuple[int, Any]]:
+        """Results of the requests that are done (waiting up to ``timeout`` for the first); failures replaced."""
+        if not self.in_flight:
+            return []
+        done, _ = self.ray.wait(list(self.in_flight), num_returns=len(self.in_flight), timeout=0)
+        if not done and timeout > 0:
+            done, _ = self.ray.wait(list(self.in_flight), num_returns=1, timeout=timeout)
+        out = []
+        for ref in done:
+            i = self.in_flight.pop(ref, None)
+            if i is None:  # a request of an actor replaced earlier in this loop
+                continue
+            self.busy[i] -= 1
+            result = self._get(ref, i)
+            if result is not None:
+                out.append((i, result))
+        return out
+
+    def ready(self, *others: Any) -> float:
+        """Wait until every actor (and ``others``) has started; returns the seconds it took."""
+        start = time.perf_counter()
+        actors = [*self.actors, *others]
+        refs = [a.pid.remote() for a in actors]
+        ready, late = self.ray.wait(refs, num_returns=len(refs), timeout=self.strategy.timeout_s)
+        if late:
+            names = [f"generator {i}" if i < len(self.actors) else "scorer" for i, r in enumerate(refs) if r in late]
+            raise PipelineStalled(f"{', '.join(names)} did not start within {self.strategy.timeout_s:.0f} s")
+        self.ray.get(ready)  # an actor that failed to start raises here
+        return time.perf_counter() - start
+
+    def drain(self) -> list[tuple[int, Any]]:
+        """Wait for every request under way (up to ``timeout_s``) and return their results."""
+        out = []
+        while self.in_flight:
+            ready, _ = self.ray.wait(list(self.in_flight), num_returns=len(self.in_flight),
+                                     timeout=self.strategy.timeout_s)
+            if not ready:
+                late = sorted(self.in_flight.values())
+                raise PipelineStalled(f"generator(s) {late} did not finish within {self.strategy.timeout_s:.0f} s")
+            out += self.finished()
+        return out
+
+    def _get(self, ref: Any, i: int) -> Any:
+        from ray.exceptions import RayActorError, RayTaskError
+
+        try:
+            return self.ray.get(ref, timeout=self.strategy.timeout_s)
+        except RayActorError as exc:
+            reason = f"died ({type(exc).__name__})"
+        except RayTaskError as exc:
+            cause = getattr(exc, "cause", None)
+            reason = f"raised {cause}" if cause is not None else f"raised {exc}"
+            if self.strategy.on_worker_error == "abort":
+                raise GeneratorFailed(f"generator {i} {reason}") from None
+        self.restarts[i] += 1
+        if self.restarts[i] > self.strategy.max_worker_restarts:
+            raise GeneratorFailed(f"generator {i} failed {self.restarts[i]} times (max_worker_restarts="
+                                  f"{self.strategy.max_worker_restarts}); last: {reason.splitlines()[0]}") from None
+        self.events.append(f"generator {i} {reason.splitlines()[0]}; restarted ({self.restarts[i]}/"
+                           f"{self.strategy.max_worker_restarts})")
+        self._kill(self.actors[i])
+        self.actors[i] = self.spawn(i, self.restarts[i])
+        self.held[i] = -1
+        for ref in [r for r, j in self.in_flight.items() if j == i]:  # lost with the old actor, never counted
+            del self.in_flight[ref]
+        self.busy[i] = 0
+        return None
+
+    def wait_any(self, stage: str, learner_version: int, buffered: int) -> None:
+        """Block until some request finishes; fail after ``starve_timeout_s`` naming ``stage``."""
+        if not self.in_flight:
+            raise PipelineStalled(f"the learner has no data and no generation is under way ({stage})")
+        self._wait([*self.in_flight], stage, learner_version, buffered)
+
+    def _wait(self, refs: list[Any], stage: str, learner_version: int, buffered: int) -> None:
+        timeout = self.strategy.starve_timeout_s
+        ready, _ = self.ray.wait(refs, num_returns=1, timeout=timeout)
+        if not ready:
+            raise PipelineStalled(f"the learner received no data for {timeout:.0f} s: the {stage} did not answer "
+                                  f"(learner version {learner_version}, buffer {buffered}, "
+                                  f"{len(self.in_flight)} generations in flight)")
+
+    def restarted(self) -> int:
+        return sum(self.restarts)
+
+    def _kill(self, actor: Any) -> None:
+        try:
+            self.ray.kill(actor)
+        except Exception:  # noqa: BLE001, S110 - it may already be gone
+            pass
+
+    def close(self) -> None:
+        for actor in self.actors:
+            self._kill(actor)
+
+
+@dataclass
+class PipelineStats:
+    """What the pipeline did, for summary.json and TensorBoard."""
+
+    learner_busy_s: float = 0.0
+    generate_s: float = 0.0
+    generated: int = 0
+    queue_depths: list[int] = field(default_factory=list)
+    lags: list[float] = field(default_factory=list)
+    events: list[str] = field(default_factory=list)
+
+    def summary(self, wall: float, steps: int, generators: int, replay: VersionedReplay, restarts: int,
+                unit: str) -> dict[str, Any]:
+        lags = np.array(self.lags) if self.lags else np.zeros(1)
+        busy = self.learner_busy_s / max(wall, 1e-9)
+        counters = {k.replace("slice", unit): v for k, v in replay.counters().items()}
+        return {"learner_steps": steps, "pipeline_wall_s": wall, "learner_steps_per_s": steps / max(wall, 1e-9),
+                "learner_busy_fraction": busy, "learner_idle_fraction": 1 - busy,
+                "generator_utilisation": self.generate_s / max(wall * max(generators, 1), 1e-9),
+                f"{unit}s_generated": self.generated, f"{unit}s_per_s": self.generated / max(wall, 1e-9),
+                "queue_depth_mean": float(np.mean(self.queue_depths)) if self.queue_depths else 0.0,
+                "queue_depth_max": max(self.queue_depths, default=0), "buffer_max": replay.max_size,
+                "policy_lag_min": float(lags.min()), "policy_lag_mean": float(lags.mean()),
+                "policy_lag_max": float(lags.max()), "generator_restarts": restarts, "events": self.events,
+                **counters}
+
+
+DEFAULT_QUEUE_SLICES = 16
+"""GRPO's ``queue_size`` when it is left at 0: four learner steps of the default four slices."""
+
+
+def check_pipeline(cfg: GRPOConfig, strategy: StrategyConfig) -> None:
+    """Settings that only make sense together; checked before any actor starts."""
+    if strategy.buffer_capacity < cfg.slices_per_step:
+        raise ConfigError(f"buffer_capacity={strategy.buffer_capacity} is not allowed: must be >= slices_per_step "
+                          f"({cfg.slices_per_step})")
+    if 0 < strategy.queue_size < cfg.slices_per_call:
+        raise ConfigError(f"queue_size={strategy.queue_size} is not allowed: must be >= slices_per_call "
+                          f"({cfg.slices_per_call}), or no generation would ever be queued")
+
+
 class Pipeline:
-    """The learner's side: owns the actors, the queue, the replay buffer and the learner step."""
+    """GRPO's learner side: owns the generators, the scorer, the queue, the replay buffer and the learner step."""
 
     def __init__(self, ray: Any, task: str, cfg: GRPOConfig, run: RunConfig, strategy: StrategyConfig):
+        check_pipeline(cfg, strategy)
         self.ray, self.task_name, self.cfg, self.run, self.strategy = ray, task, cfg, run, strategy
         task_obj = make_task(task, run.seed)
         self.algo = GRPOAlgo(task_obj.obs_dim, task_obj.n_actions, cfg, run.seed)
-        self.replay = VersionedReplay(cfg.buffer_capacity, cfg.max_policy_lag, cfg.sampling, seed=run.seed)
+        self.replay = VersionedReplay(strategy.buffer_capacity, strategy.max_policy_lag, strategy.replay_sampling,
+                                      seed=run.seed, max_reuse=strategy.max_reuse)
         self.stats = PipelineStats()
-        self._generator_cls = ray.remote(num_cpus=0)(Generator)
-        self.generators = [self._spawn(i) for i in range(strategy.workers)]
+        generator_cls = ray.remote(num_cpus=0)(Generator)
         self.scorer = ray.remote(num_cpus=0)(Scorer).remote(task, run.seed)
-        self.weights_ref = ray.put(self.algo.weights())
-        self.restarts = [0] * strategy.workers
 
-    def _spawn(self, i: int, restarts: int = 0) -> Any:
-        return self._generator_cls.remote(self.task_name, self.cfg, self.run.seed, i, restarts)
+        def request(actor: Any, version: int, weights: np.ndarray | None) -> Any:
+            # the generator hands its slices to the scorer itself: the learner sends one request
+            # and hears of the slices once, scored
+            return actor.generate_scored.remote(version, weights, cfg.slices_per_call, strategy.timeout_s)
+
+        self.pool = GeneratorPool(
+            ray, strategy.workers, lambda i, restarts: generator_cls.remote(task, cfg, run.seed, i, restarts, self.scorer),
+            request, strategy, self.stats.events, depth=2)
+        self.weights = self.algo.flat_weights()
 
     def train(self, on_step: Any = None) -> dict[str, Any]:
-        ray, cfg = self.ray, self.cfg
-        in_flight: dict[Any, int] = {}          # generation ref -> generator index
-        idle: list[int] = []                    # generators held back by a full queue
-        waiting: deque[Any] = deque()           # generated slices waiting for the scorer
-        scoring: Any = None                     # the scorer's in-flight call
+        cfg, pool = self.cfg, self.pool
+        per_call = cfg.slices_per_call
+        queue_size = self.strategy.queue_size or DEFAULT_QUEUE_SLICES
+        startup = pool.ready(self.scorer)  # the clock starts once every actor is up
         start = time.perf_counter()
-        for i in range(len(self.generators)):
-            in_flight[self.generators[i].generate.remote(self.algo.version, self.weights_ref)] = i
         while self.algo.version < cfg.learner_steps:
-            # finished generations join the queue; their generators go again while the queue has room
-            done, _ = ray.wait(list(in_flight), num_returns=len(in_flight), timeout=0)
-            for ref in done:
-                i = in_flight.pop(ref)
-                if self._harvest(ref, i):
-                    waiting.append(ref)
-                idle.append(i)
-            while idle and len(waiting) < cfg.queue_size:
-                i = idle.pop(0)
-                in_flight[self.generators[i].generate.remote(self.algo.version, self.weights_ref)] = i
-            self.stats.queue_depths.append(len(waiting))
-            # the scorer takes everything queued, in one batch, when it is free
-            if scoring is not None and ray.wait([scoring], timeout=0)[0]:
-                for scored in ray.get(scoring):
-                    self.replay.add(scored["version"], scored)
-                scoring = None
-            if scoring is None and waiting:
-                scoring = self.scorer.score.remote(*waiting)
-                waiting.clear()
+            for _, scored in pool.finished():
+                self._store([scored])
+            # generators go again while the queue has room: slices requested, being scored, or
+            # buffered but not trained on yet; the learner's pace sets the generators' pace
+            ahead = len(pool.in_flight) * per_call + self.replay.untrained()
+            pool.submit(self.algo.version, lambda: self.weights, limit=(queue_size - ahead) // per_call)
+            self.stats.queue_depths.append(ahead)
             # the learner steps whenever the buffer holds a batch
             batch = self.replay.sample(cfg.slices_per_step, self.algo.version)
             if batch is None:
-                self._wait_for_data(in_flight, scoring)
+                pool.wait_any("generators and scorer", self.algo.version, len(self.replay))
                 continue
             step_start = time.perf_counter()
             metrics = self.algo.update(stack(batch))
-            self.weights_ref = ray.put(self.algo.policy.state_dict())  # put copies; no clone first
+            self.weights = self.algo.flat_weights()  # published: the next request carries it
             self.stats.learner_busy_s += time.perf_counter() - step_start
             self.stats.lags.append(metrics["lag_mean"])
             if on_step is not None:
                 on_step(self.algo.version, metrics)
         wall = time.perf_counter() - start
-        # drain: generations under way and queued slices are scored into the buffer, so that every
-        # generated slice is accounted for (trained, evicted, dropped for lag, or left at the end)
-        for ref in list(in_flight):
-            if self._harvest(ref, in_flight.pop(ref)):
-                waiting.append(ref)
-        for call in [scoring, self.scorer.score.remote(*waiting) if waiting else None]:
-            if call is not None:
-                for scored in ray.get(call, timeout=self.strategy.timeout_s):
-                    self.replay.add(scored["version"], scored)
-        return self._summary(wall)
+        # drain: requests under way are scored into the buffer, so that every generated slice is
+        # accounted for (trained, evicted, dropped for lag, or left at the end)
+        for _, scored in pool.drain():
+            self._store([scored])
+        summary = self.stats.summary(wall, self.algo.version, len(pool.actors), self.replay, pool.restarted(), "slice")
+        return {**summary, "wall_s": wall, "startup_s": startup}
 
-    def _harvest(self, ref: Any, i: int) -> bool:
-        """Account for one finished generation; restart its generator if the process died."""
-        from ray.exceptions import RayActorError
-
-        try:
-            out = self.ray.get(ref, timeout=self.strategy.timeout_s)
-        except RayActorError as exc:
-            self.restarts[i] += 1
-            self.stats.generator_restarts += 1
-            if self.restarts[i] > self.strategy.max_worker_restarts:
-                raise RuntimeError(f"generator {i} died {self.restarts[i]} times (max_worker_restarts="
-                                   f"{self.strategy.max_worker_restarts}): {exc}") from None
-            self.stats.events.append(f"generator {i} died at learner version {self.algo.version}; restarted")
-            self.generators[i] = self._spawn(i, self.restarts[i])
-            return False
-        self.stats.slices_generated += 1
-        self.stats.generate_s += out["generate_s"]
-        return True
-
-    def _wait_for_data(self, in_flight: dict[Any, int], scoring: Any) -> None:
-        refs = [scoring] if scoring is not None else list(in_flight)
-        stage = "scorer" if scoring is not None else "generators"
-        ready, _ = self.ray.wait(refs, num_returns=1, timeout=self.cfg.starve_timeout_s)
-        if not ready:
-            raise PipelineStalled(f"the learner received no data for {self.cfg.starve_timeout_s:.0f} s: the {stage} "
-                                  f"did not answer (learner version {self.algo.version}, buffer {len(self.replay)} "
-                                  f"slices, {len(in_flight)} generations in flight)")
-
-    def _summary(self, wall: float) -> dict[str, Any]:
-        counters = self.replay.counters()
-        lags = np.array(self.stats.lags) if self.stats.lags else np.zeros(1)
-        generators = max(len(self.generators), 1)
-        return {"learner_steps": self.algo.version, "wall_s": wall,
-                "learner_steps_per_s": self.algo.version / max(wall, 1e-9),
-                "learner_busy_fraction": self.stats.learner_busy_s / max(wall, 1e-9),
-                "learner_idle_fraction": 1 - self.stats.learner_busy_s / max(wall, 1e-9),
-                "generator_utilisation": self.stats.generate_s / max(wall * generators, 1e-9),
-                "slices_generated": self.stats.slices_generated,
-                "slices_per_s": self.stats.slices_generated / max(wall, 1e-9),
-                "queue_depth_mean": float(np.mean(self.stats.queue_depths)) if self.stats.queue_depths else 0.0,
-                "queue_depth_max": max(self.stats.queue_depths, default=0),
-                "buffer_max": self.replay.max_size,
-                "policy_lag_min": float(lags.min()), "policy_lag_mean": float(lags.mean()),
-                "policy_lag_max": float(lags.max()), "generator_restarts": self.stats.generator_restarts,
-                "events": self.stats.events, **counters}
+    def _store(self, scored: list[dict[str, Any]]) -> None:
+        for generation in scored:
+            self.stats.generated += len(generation["obs"])
+            self.stats.generate_s += generation["generate_s"]
+            for piece in split_slices(generation):
+                self.replay.add(generation["version"], piece)
 
     def close(self) -> None:
-        for actor in [*self.generators, self.scorer]:
-            try:
-                self.ray.kill(actor)
-            except Exception:  # noqa: BLE001, S110 - it may already be gone
-                pass
+        self.pool.close()
+        self.pool._kill(self.scorer)
 
 
 def run_pipeline(task: str, cfg: GRPOConfig, run: RunConfig, strategy: StrategyConfig,
@@ -239,9 +379,135 @@ def run_pipeline(task: str, cfg: GRPOConfig, run: RunConfig, strategy: StrategyC
     """Train GRPO on a group task with ``strategy.workers`` generators; returns (summary, learner)."""
     from distrl.strategies.ray_engine import ray_session
 
+    check_pipeline(cfg, strategy)
     with ray_session(strategy.ray_address, run_dir) as ray:
         pipeline = Pipeline(ray, task, cfg, run, strategy)
         try:
             return pipeline.train(on_step), pipeline.algo
         finally:
             pipeline.close()
+
+
+class AsyncCollector:
+    """PPO's pipeline: rollout workers keep collecting while the learner trains; same interface as a collector.
+
+    ``collect()`` returns the next fragment from the versioned replay (behaviour log-probs
+    included), waiting only when the buffer is empty. The rollout it returns counts, in
+    ``collected_steps`` and its episode lists, every step and episode the generators delivered
+    since the previous call, so that step budgets, SPS and monitor.csv cover everything played,
+    whether or not it was trained on.
+    """
+
+    def __init__(self, trainer: Any, strategy: StrategyConfig, ray: Any):
+        from distrl.strategies.actor_learner import RolloutWorker, WorkerSpec
+
+        self.trainer, self.strategy, self.ray = trainer, strategy, ray
+        self.n_workers = 1  # fragments per learner step
+        self.replay = VersionedReplay(strategy.buffer_capacity, strategy.max_policy_lag, strategy.replay_sampling,
+                                      seed=trainer.run.seed, max_reuse=strategy.max_reuse)
+        self.stats = PipelineStats()
+        self.events = self.stats.events
+        actor_cls = ray.remote(RolloutWorker)
+        self.seed, self.segment = trainer.run.seed, 0
+
+        def spawn(i: int, restarts: int) -> Any:
+            actor = actor_cls.options(num_cpus=strategy.worker_cpus, num_gpus=strategy.worker_gpus).remote(
+                WorkerSpec("ppo", trainer.run, trainer.cfg, i))
+            if restarts:  # a replacement starts new episodes, seeded by its restart count
+                actor.reset.remote(self.seed, self.segment + 1_000_003 * restarts)
+            return actor
+
+        def request(actor: Any, version: int, weights: dict[str, Any] | None) -> Any:
+            return actor.collect.remote(weights if weights is not None else {"version": version}, 0, True)
+
+        self.pool = GeneratorPool(ray, strategy.workers, spawn, request, strategy, self.events)
+        self.queue_size = strategy.queue_size or strategy.workers
+        self.pending_steps, self.pending_returns, self.pending_lengths = 0, [], []
+        self.overheads: list[float] = []
+        self.last_overhead_s = 0.0
+        self.startup_s = 0.0
+
+    def reset(self, seed: int, segment: int = 0) -> None:
+        if self.pool.in_flight:
+            raise RuntimeError("reset() while generations are under way")
+        self.seed, self.segment = seed, segment
+        self.startup_s += self.pool.ready()
+        refs = [a.reset.remote(seed, segment) for a in self.pool.actors]
+        self.ray.get(refs, timeout=self.strategy.timeout_s)
+
+    def _harvest(self, timeout: float = 0) -> None:
+        for _, fragment in self.pool.finished(timeout):
+            self._add(fragment)
+
+    def _add(self, fragment: Any) -> None:
+        # Ray hands numpy arrays over read-only (zero-copy); the learner's tensors need their own memory
+        for name in ("obs", "actions", "rewards", "terminated", "truncated", "valid", "log_probs"):
+            setattr(fragment, name, np.array(getattr(fragment, name)))
+        self.stats.generated += 1
+        self.stats.generate_s += fragment.collect_s
+        self.pending_steps += fragment.collected_steps
+        self.pending_returns += fragment.episode_returns
+        self.pending_lengths += fragment.episode_lengths
+        self.replay.add(fragment.policy_version, fragment)
+
+    def _submit(self, policy_version: int) -> None:
+        """Requests for idle generators while fewer than ``queue_size`` fragments are ahead of the learner."""
+        ahead = len(self.pool.in_flight) + self.replay.untrained()
+        self.pool.submit(policy_version, self.trainer.weights, limit=self.queue_size - ahead)
+        self.stats.queue_depths.append(len(self.pool.in_flight) + self.replay.untrained())
+
+    def collect(self, policy_version: int, preempt: Any = None, min_steps: int = 0) -> Any:
+        start = time.perf_counter()
+        self._harvest()
+        self._submit(policy_version)
+        while (taken := self.replay.sample(1, policy_version)) is None:
+            self.pool.wait_any("generators", policy_version, len(self.replay))
+            self._harvest()
+            self._submit(policy_version)
+        version, fragment = taken[0]
+        self.stats.lags.append(float(policy_version - version))
+        rollout = dataclasses.replace(fragment, collected_steps=self.pending_steps,
+                                      episode_returns=self.pending_returns, episode_lengths=self.pending_lengths,
+                                      collect_s=time.perf_counter() - start)
+        self.pending_steps, self.pending_returns, self.pending_lengths = 0, [], []
+        self.last_overhead_s = rollout.collect_s  # the learner's wait for data
+        self.overheads.append(self.last_overhead_s)
+        return rollout
+
+    def finish(self) -> dict[str, Any]:
+        """Drain the generations under way into the buffer; the pipeline's figures for summary.json.
+
+        Times are over the training loop (``train_s``: collection waits and updates, no evaluation
+        or start-up); ``drained_steps`` are the env steps of the fragments drained at the end,
+        which ``total_steps`` does not count.
+        """
+        for _, fragment in self.pool.drain():
+            self._add(fragment)
+        self.stats.learner_busy_s = self.trainer.update_s
+        summary = self.stats.summary(self.trainer.train_s, self.trainer.policy_version, len(self.pool.actors),
+                                     self.replay, self.pool.restarted(), "fragment")
+        return {**summary, "drained_steps": self.pending_steps * self.trainer.cfg.n_envs, "startup_s": self.startup_s}
+
+    def close(self) -> None:
+        self.pool.close()
+
+
+def run_async_ppo(run: RunConfig, strategy: StrategyConfig, cfg: Any, run_dir: Path,
+                  resume_path: Path | None = None) -> dict[str, Any]:
+    """PPO on a Gymnasium env with ``strategy.workers`` generators feeding this process's learner."""
+    from distrl.strategies.actor_learner import _check_resources
+    from distrl.strategies.ray_engine import ray_session
+    from distrl.training import make_trainer
+
+    if run.algo != "ppo":
+        raise ConfigError(f"algo={run.algo!r} is not available with --strategy pipeline on a Gymnasium env: "
+                          "use ppo (or grpo on a group task)")
+    start = time.perf_counter()
+    cpus = max(os.cpu_count() or 1, int(np.ceil(strategy.workers * strategy.worker_cpus)))
+    with ray_session(strategy.ray_address, run_dir, num_cpus=cpus) as ray:
+        _check_resources(ray, strategy)
+        trainer = make_trainer("ppo", run, cfg, run_dir=run_dir, strategy=strategy,
+                               collector_factory=lambda t: AsyncCollector(t, strategy, ray))
+        return trainer.run_to_end(resume_path, start)
+
+

@@ -243,6 +243,9 @@ class TrainerBase:
         """Final evaluation, model and summary.json (main worker), then close."""
         if self.is_main and self._eval_steps != self.steps:
             self.evaluate_now()
+        finish_collector = getattr(getattr(self, "collector", None), "finish", None)
+        if finish_collector is not None:  # a pipeline drains its generators and reports its counters
+            self.extra_summary.update(finish_collector())
         summary = {**self.summary(), "wall_s": wall_s}
         if self.is_main and self.run_dir is not None:
             self.save_checkpoint(self.run_dir / checkpoint.MODEL_DIR)

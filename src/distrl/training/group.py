@@ -26,18 +26,17 @@ EVAL_STATES = 1024
 def run_synchronous(task: str, cfg: GRPOConfig, run: RunConfig, on_step: Any = None) -> tuple[dict[str, Any], Any]:
     """Generate → score → learn, one after the other; returns (summary, learner)."""
     from distrl.algos.grpo import GRPOAlgo
-    from distrl.strategies.pipeline import Generator, Scorer, stack
+    from distrl.strategies.pipeline import Generator, Scorer, split_slices, stack
 
     task_obj = make_task(task, run.seed)
     algo = GRPOAlgo(task_obj.obs_dim, task_obj.n_actions, cfg, run.seed)
     generator, scorer = Generator(task, cfg, run.seed, 0), Scorer(task, run.seed)
     start, busy, slices = time.perf_counter(), 0.0, 0
     while algo.version < cfg.learner_steps:
-        weights = algo.weights()
-        scored = scorer.score(*[generator.generate(algo.version, weights) for _ in range(cfg.slices_per_step)])
-        slices += len(scored)
+        scored, = scorer.score(generator.generate(algo.version, algo.flat_weights(), cfg.slices_per_step))
+        slices += cfg.slices_per_step
         step_start = time.perf_counter()
-        metrics = algo.update(stack([(s["version"], s) for s in scored]))
+        metrics = algo.update(stack([(algo.version, s) for s in split_slices(scored)]))
         busy += time.perf_counter() - step_start
         if on_step is not None:
             on_step(algo.version, metrics)
@@ -65,6 +64,10 @@ def train_grpo(run: RunConfig, strategy: StrategyConfig, cfg: GRPOConfig, run_di
     """Train GRPO on the group task ``run.env`` and write the run directory."""
     task = run.env
     make_task(task)  # an unknown task fails before anything starts
+    if strategy.strategy == "pipeline":
+        from distrl.strategies.pipeline import check_pipeline
+
+        check_pipeline(cfg, strategy)
     checkpoint.check_new_run_dir(run_dir, None)
     run_dir.mkdir(parents=True, exist_ok=True)
     write_json_atomic(run_dir / "config.json", {"run": to_dict(run), "strategy": to_dict(strategy),
