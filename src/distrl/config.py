@@ -16,6 +16,7 @@ import tyro
 Schedule = Literal["constant", "linear"]
 Strategy = Literal["single", "ddp", "actor-learner", "decoupled", "pipeline"]
 ReplaySampling = Literal["uniform", "version"]
+Engine = Literal["ray", "monarch"]
 OnWorkerError = Literal["restart", "abort"]
 Scaling = Literal["per-worker", "equivalent"]
 Launcher = Literal["auto", "local", "ray", "spark"]
@@ -382,6 +383,9 @@ class StrategyConfig:
     0: 16 slices for grpo, one fragment per generator for ppo."""
     starve_timeout_s: float = 60.0
     """pipeline: the learner fails, naming the stage it waits on, when no data arrives for this long."""
+    engine: Engine = "ray"
+    """pipeline: the actor engine: Ray (embedded, or --ray-address), or Monarch process meshes on this
+    host (distrl[monarch])."""
 
     def __post_init__(self) -> None:
         _positive(self, "workers", "timeout_s", "buffer_capacity", "max_reuse", "starve_timeout_s")
@@ -400,6 +404,10 @@ class StrategyConfig:
         if self.launcher == "spark":
             require(self.strategy in ("ddp", "decoupled"), "launcher", self.launcher,
                     "auto, local or ray with --strategy " + self.strategy, "Spark starts ddp or decoupled ranks")
+        if self.engine != "ray":
+            require(self.strategy == "pipeline", "engine", self.engine, "ray with --strategy " + self.strategy,
+                    "Monarch runs the pipeline's actors")
+            require(not self.ray_address, "ray_address", self.ray_address, "empty with --engine monarch")
         if self.strategy != "ddp":
             require(self.sync_frac == 1.0, "sync_frac", self.sync_frac, f"1.0 with --strategy {self.strategy}",
                     "straggler preemption needs --strategy ddp")

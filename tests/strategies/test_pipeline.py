@@ -10,6 +10,7 @@ import time
 import pytest
 
 from distrl.config import GRPOConfig, RunConfig, StrategyConfig
+from distrl.strategies.actors import RayActors
 from distrl.training.group import run_synchronous
 
 pytestmark = pytest.mark.multiprocess
@@ -47,7 +48,7 @@ def test_a_killed_generator_is_restarted_and_the_run_completes(ray_local):
     from distrl.strategies.pipeline import Pipeline
 
     cfg = GRPOConfig(learner_steps=80)
-    pipeline = Pipeline(ray_local, "bandit", cfg, RUN, StrategyConfig(strategy="pipeline", workers=2))
+    pipeline = Pipeline(RayActors(ray_local), "bandit", cfg, RUN, StrategyConfig(strategy="pipeline", workers=2))
     pid = ray_local.get(pipeline.pool.actors[0].pid.remote(), timeout=60)
 
     def kill_at_step(version, metrics):
@@ -67,7 +68,7 @@ def test_a_slow_learner_keeps_queue_and_buffer_bounded(ray_local):
 
     cfg = GRPOConfig(learner_steps=25, slices_per_step=2, slices_per_call=1)
     strategy = StrategyConfig(strategy="pipeline", workers=2, queue_size=3, buffer_capacity=6)
-    pipeline = Pipeline(ray_local, "bandit", cfg, RUN, strategy)
+    pipeline = Pipeline(RayActors(ray_local), "bandit", cfg, RUN, strategy)
     try:
         summary = pipeline.train(lambda version, metrics: time.sleep(0.1))
     finally:

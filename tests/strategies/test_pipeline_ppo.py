@@ -12,6 +12,7 @@ import torch
 
 from distrl.config import PPOConfig, RunConfig, StrategyConfig
 from distrl.strategies.actor_learner import RolloutWorker, WorkerSpec
+from distrl.strategies.actors import RayActors
 from distrl.strategies.pipeline import AsyncCollector, GeneratorFailed
 from distrl.training import OnPolicyTrainer
 
@@ -20,7 +21,7 @@ CFG = PPOConfig(n_envs=2, n_steps=16, batch_size=32, n_epochs=2, normalize_obs=T
 
 def pipeline_trainer(ray, run, cfg=CFG, **strategy):
     strategy = StrategyConfig(strategy="pipeline", **{"workers": 1, **strategy})
-    return OnPolicyTrainer(run, cfg, strategy=strategy, collector_factory=lambda t: AsyncCollector(t, strategy, ray))
+    return OnPolicyTrainer(run, cfg, strategy=strategy, collector_factory=lambda t: AsyncCollector(t, strategy, RayActors(ray)))
 
 
 def test_behaviour_log_probs_come_from_the_policy_that_acted_not_the_learner():

@@ -26,6 +26,7 @@ import numpy as np
 from distrl.config import RunConfig, StrategyConfig
 from distrl.data.episodes import EpisodeBatch, merge_episode_batches
 from distrl.data.rollout import Rollout
+from distrl.strategies.actors import as_array
 
 class WorkerError(RuntimeError):
     """A rollout worker failed; the message names the worker (and env, for env errors)."""
@@ -87,7 +88,7 @@ class RolloutWorker:
 
         if "params" not in payload:  # this worker already holds the version
             return
-        self.agent.params.data.copy_(torch.from_numpy(payload["params"]))
+        self.agent.params.data.copy_(torch.from_numpy(as_array(payload["params"])))
         self.agent.refresh_acting_copy()
         if self.obs_normalizer is not None and "obs_stats" in payload:
             self.obs_normalizer.stats.load(payload["obs_stats"])

@@ -33,7 +33,8 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,7 @@ import torch
 from distrl.algos.grpo import GroupBatch, GroupPolicy, GRPOAlgo
 from distrl.config import ConfigError, GRPOConfig, RunConfig, StrategyConfig
 from distrl.data.replay import VersionedReplay
+from distrl.strategies.actors import ActorDied, ActorEngine, ActorRaised, RayActors, as_array
 from distrl.tasks import make_task
 
 
@@ -56,7 +58,7 @@ class GeneratorFailed(RuntimeError):
 
 
 class Generator:
-    """Ray actor: draws slices of ``states_per_slice`` groups of ``group_size`` samples, one version per request."""
+    """Actor: draws slices of ``states_per_slice`` groups of ``group_size`` samples, one version per request."""
 
     def __init__(self, task: str, cfg: GRPOConfig, seed: int, generator_id: int, restarts: int = 0,
                  scorer: Any = None):
@@ -71,11 +73,12 @@ class Generator:
         self.torch_rng = torch.Generator().manual_seed(int(np.random.SeedSequence(stream).generate_state(1)[0]))
         torch.set_num_threads(1)
 
-    def generate(self, version: int, weights: np.ndarray | None, slices: int = 1) -> dict[str, Any]:
-        """``slices`` slices drawn with policy ``version``; ``weights`` (flat) is None when already loaded."""
+    def generate(self, version: int, weights: Any, slices: int = 1) -> dict[str, Any]:
+        """``slices`` slices drawn with policy ``version``; ``weights`` (flat, see ``as_array``) is None when
+        this generator already holds that version."""
         start = time.perf_counter()
         if weights is not None:  # ready-to-update: load, then ready-to-generate
-            self.policy.load_flat_weights(weights)
+            self.policy.load_flat_weights(as_array(weights))
             self.version = version
         if self.version != version:
             raise RuntimeError(f"generator {self.id} holds version {self.version}, asked for {version} without weights")
@@ -87,18 +90,16 @@ class Generator:
                 "log_probs": log_probs.numpy().reshape(n, S, G), "version": self.version, "generator": self.id,
                 "generate_s": time.perf_counter() - start}
 
-    def generate_scored(self, version: int, weights: np.ndarray | None, slices: int, timeout_s: float) -> dict[str, Any]:
-        """:meth:`generate`, then hand the slices to the scorer and return them scored."""
-        import ray
-
-        return ray.get(self.scorer.score.remote(self.generate(version, weights, slices)), timeout=timeout_s)[0]
+    def generate_scored(self, version: int, weights: Any, slices: int) -> dict[str, Any]:
+        """:meth:`generate`, then hand the slices to the scorer (a client of the scorer actor) and return them scored."""
+        return self.scorer.score(self.generate(version, weights, slices))[0]
 
     def pid(self) -> int:
         return os.getpid()
 
 
 class Scorer:
-    """Ray actor: rewards a batch of generations with one call of the task's reward function."""
+    """Actor: rewards a batch of generations with one call of the task's reward function."""
 
     def __init__(self, task: str, seed: int):
         self.task = make_task(task, seed)
@@ -137,25 +138,25 @@ def stack(slices: list[tuple[int, dict[str, Any]]]) -> GroupBatch:
 class GeneratorPool:
     """N generator actors, each with at most ``depth`` requests in flight; a failed one is replaced.
 
-    ``spawn(i, restarts)`` builds actor ``i``; ``request(actor, version, weights)`` sends it one
-    request and returns the reference to wait on. The pool remembers which policy version each
-    actor holds, so weights travel only to an actor whose copy is out of date. A second request
-    queued behind the first (``depth=2``) hides the round trip: the actor starts it the moment
-    it finishes the first.
+    ``spawn(i, restarts)`` starts actor ``i`` on the engine; ``request(actor, version, weights)``
+    sends it one request and returns the pending result. The pool remembers which policy version
+    each actor holds, so weights travel only to an actor whose copy is out of date. A second
+    request queued behind the first (``depth=2``) hides the round trip: the actor starts it the
+    moment it finishes the first.
     """
 
-    def __init__(self, ray: Any, n: int, spawn: Callable[[int, int], Any], request: Callable[..., Any],
+    def __init__(self, engine: ActorEngine, n: int, spawn: Callable[[int, int], Any], request: Callable[..., Any],
                  strategy: StrategyConfig, events: list[str], depth: int = 1):
-        self.ray, self.spawn, self.request, self.strategy, self.events = ray, spawn, request, strategy, events
+        self.engine, self.spawn, self.request, self.strategy, self.events = engine, spawn, request, strategy, events
         self.actors = [spawn(i, 0) for i in range(n)]
         self.depth = depth
         self.restarts = [0] * n
         self.held = [-1] * n                    # the policy version each actor holds (or will, once its queue runs)
         self.busy = [0] * n                     # requests in flight per actor
-        self.in_flight: dict[Any, int] = {}     # request ref -> actor index
+        self.in_flight: dict[Any, int] = {}     # pending request -> actor index
 
     def submit(self, version: int, weights: Callable[[], Any], limit: int | None = None) -> None:
-        """Top up every actor to ``depth`` requests (at most ``limit`` new ones in all), oldest-served first."""
+        """Top up every actor to ``depth`` requests (at most ``limit`` new ones in all), least busy first."""
         budget = len(self.actors) * self.depth if limit is None else limit
         for _ in range(self.depth):
             for i in sorted(range(len(self.actors)), key=lambda j: self.busy[j]):
@@ -171,16 +172,16 @@ class GeneratorPool:
         """Results of the requests that are done (waiting up to ``timeout`` for the first); failures replaced."""
         if not self.in_flight:
             return []
-        done, _ = self.ray.wait(list(self.in_flight), num_returns=len(self.in_flight), timeout=0)
+        done = self.engine.wait(list(self.in_flight), 0)
         if not done and timeout > 0:
-            done, _ = self.ray.wait(list(self.in_flight), num_returns=1, timeout=timeout)
+            done = self.engine.wait(list(self.in_flight), timeout, first=True)
         out = []
-        for ref in done:
-            i = self.in_flight.pop(ref, None)
+        for pending in done:
+            i = self.in_flight.pop(pending, None)
             if i is None:  # a request of an actor replaced earlier in this loop
                 continue
             self.busy[i] -= 1
-            result = self._get(ref, i)
+            result = self._get(pending, i)
             if result is not None:
                 out.append((i, result))
         return out
@@ -189,36 +190,33 @@ class GeneratorPool:
         """Wait until every actor (and ``others``) has started; returns the seconds it took."""
         start = time.perf_counter()
         actors = [*self.actors, *others]
-        refs = [a.pid.remote() for a in actors]
-        ready, late = self.ray.wait(refs, num_returns=len(refs), timeout=self.strategy.timeout_s)
-        if late:
-            names = [f"generator {i}" if i < len(self.actors) else "scorer" for i, r in enumerate(refs) if r in late]
+        pending = [self.engine.call(a, "pid") for a in actors]
+        done = self.engine.wait(pending, self.strategy.timeout_s)
+        if len(done) < len(pending):
+            names = [f"generator {i}" if i < len(self.actors) else "scorer" for i, p in enumerate(pending)
+                     if p not in done]
             raise PipelineStalled(f"{', '.join(names)} did not start within {self.strategy.timeout_s:.0f} s")
-        self.ray.get(ready)  # an actor that failed to start raises here
+        for p in pending:  # an actor that failed to start raises here
+            self.engine.result(p, self.strategy.timeout_s)
         return time.perf_counter() - start
 
     def drain(self) -> list[tuple[int, Any]]:
         """Wait for every request under way (up to ``timeout_s``) and return their results."""
         out = []
         while self.in_flight:
-            ready, _ = self.ray.wait(list(self.in_flight), num_returns=len(self.in_flight),
-                                     timeout=self.strategy.timeout_s)
-            if not ready:
-                late = sorted(self.in_flight.values())
+            if not self.engine.wait(list(self.in_flight), self.strategy.timeout_s, first=True):
+                late = sorted(set(self.in_flight.values()))
                 raise PipelineStalled(f"generator(s) {late} did not finish within {self.strategy.timeout_s:.0f} s")
             out += self.finished()
         return out
 
-    def _get(self, ref: Any, i: int) -> Any:
-        from ray.exceptions import RayActorError, RayTaskError
-
+    def _get(self, pending: Any, i: int) -> Any:
         try:
-            return self.ray.get(ref, timeout=self.strategy.timeout_s)
-        except RayActorError as exc:
-            reason = f"died ({type(exc).__name__})"
-        except RayTaskError as exc:
-            cause = getattr(exc, "cause", None)
-            reason = f"raised {cause}" if cause is not None else f"raised {exc}"
+            return self.engine.result(pending, self.strategy.timeout_s)
+        except ActorDied as exc:
+            reason = f"died ({exc})"
+        except ActorRaised as exc:
+            reason = f"raised {exc}"
             if self.strategy.on_worker_error == "abort":
                 raise GeneratorFailed(f"generator {i} {reason}") from None
         self.restarts[i] += 1
@@ -227,11 +225,11 @@ class GeneratorPool:
                                   f"{self.strategy.max_worker_restarts}); last: {reason.splitlines()[0]}") from None
         self.events.append(f"generator {i} {reason.splitlines()[0]}; restarted ({self.restarts[i]}/"
                            f"{self.strategy.max_worker_restarts})")
-        self._kill(self.actors[i])
+        self.engine.kill(self.actors[i])
         self.actors[i] = self.spawn(i, self.restarts[i])
         self.held[i] = -1
-        for ref in [r for r, j in self.in_flight.items() if j == i]:  # lost with the old actor, never counted
-            del self.in_flight[ref]
+        for p in [p for p, j in self.in_flight.items() if j == i]:  # lost with the old actor, never counted
+            del self.in_flight[p]
         self.busy[i] = 0
         return None
 
@@ -239,12 +237,8 @@ class GeneratorPool:
         """Block until some request finishes; fail after ``starve_timeout_s`` naming ``stage``."""
         if not self.in_flight:
             raise PipelineStalled(f"the learner has no data and no generation is under way ({stage})")
-        self._wait([*self.in_flight], stage, learner_version, buffered)
-
-    def _wait(self, refs: list[Any], stage: str, learner_version: int, buffered: int) -> None:
         timeout = self.strategy.starve_timeout_s
-        ready, _ = self.ray.wait(refs, num_returns=1, timeout=timeout)
-        if not ready:
+        if not self.engine.wait(list(self.in_flight), timeout, first=True):
             raise PipelineStalled(f"the learner received no data for {timeout:.0f} s: the {stage} did not answer "
                                   f"(learner version {learner_version}, buffer {buffered}, "
                                   f"{len(self.in_flight)} generations in flight)")
@@ -252,15 +246,9 @@ class GeneratorPool:
     def restarted(self) -> int:
         return sum(self.restarts)
 
-    def _kill(self, actor: Any) -> None:
-        try:
-            self.ray.kill(actor)
-        except Exception:  # noqa: BLE001, S110 - it may already be gone
-            pass
-
     def close(self) -> None:
         for actor in self.actors:
-            self._kill(actor)
+            self.engine.kill(actor)
 
 
 @dataclass
@@ -307,25 +295,25 @@ def check_pipeline(cfg: GRPOConfig, strategy: StrategyConfig) -> None:
 class Pipeline:
     """GRPO's learner side: owns the generators, the scorer, the queue, the replay buffer and the learner step."""
 
-    def __init__(self, ray: Any, task: str, cfg: GRPOConfig, run: RunConfig, strategy: StrategyConfig):
+    def __init__(self, engine: ActorEngine, task: str, cfg: GRPOConfig, run: RunConfig, strategy: StrategyConfig):
         check_pipeline(cfg, strategy)
-        self.ray, self.task_name, self.cfg, self.run, self.strategy = ray, task, cfg, run, strategy
+        self.engine, self.task_name, self.cfg, self.run, self.strategy = engine, task, cfg, run, strategy
         task_obj = make_task(task, run.seed)
         self.algo = GRPOAlgo(task_obj.obs_dim, task_obj.n_actions, cfg, run.seed)
         self.replay = VersionedReplay(strategy.buffer_capacity, strategy.max_policy_lag, strategy.replay_sampling,
                                       seed=run.seed, max_reuse=strategy.max_reuse)
         self.stats = PipelineStats()
-        generator_cls = ray.remote(num_cpus=0)(Generator)
-        self.scorer = ray.remote(num_cpus=0)(Scorer).remote(task, run.seed)
+        self.scorer = engine.spawn(Scorer, task, run.seed)
+        scorer = engine.client(self.scorer, strategy.timeout_s)
 
-        def request(actor: Any, version: int, weights: np.ndarray | None) -> Any:
+        def request(actor: Any, version: int, weights: Any) -> Any:
             # the generator hands its slices to the scorer itself: the learner sends one request
             # and hears of the slices once, scored
-            return actor.generate_scored.remote(version, weights, cfg.slices_per_call, strategy.timeout_s)
+            return engine.call(actor, "generate_scored", version, weights, cfg.slices_per_call)
 
-        self.pool = GeneratorPool(
-            ray, strategy.workers, lambda i, restarts: generator_cls.remote(task, cfg, run.seed, i, restarts, self.scorer),
-            request, strategy, self.stats.events, depth=2)
+        self.pool = GeneratorPool(engine, strategy.workers,
+                                  lambda i, restarts: engine.spawn(Generator, task, cfg, run.seed, i, restarts, scorer),
+                                  request, strategy, self.stats.events, depth=2)
         self.weights = self.algo.flat_weights()
 
     def train(self, on_step: Any = None) -> dict[str, Any]:
@@ -340,7 +328,8 @@ class Pipeline:
             # generators go again while the queue has room: slices requested, being scored, or
             # buffered but not trained on yet; the learner's pace sets the generators' pace
             ahead = len(pool.in_flight) * per_call + self.replay.untrained()
-            pool.submit(self.algo.version, lambda: self.weights, limit=(queue_size - ahead) // per_call)
+            pool.submit(self.algo.version, lambda: self.engine.weights(self.algo.version, self.weights),
+                        limit=(queue_size - ahead) // per_call)
             self.stats.queue_depths.append(ahead)
             # the learner steps whenever the buffer holds a batch
             batch = self.replay.sample(cfg.slices_per_step, self.algo.version)
@@ -371,21 +360,34 @@ class Pipeline:
 
     def close(self) -> None:
         self.pool.close()
-        self.pool._kill(self.scorer)
+        self.engine.kill(self.scorer)
 
 
 def run_pipeline(task: str, cfg: GRPOConfig, run: RunConfig, strategy: StrategyConfig,
                  run_dir: Path | None = None, on_step: Any = None) -> tuple[dict[str, Any], GRPOAlgo]:
     """Train GRPO on a group task with ``strategy.workers`` generators; returns (summary, learner)."""
-    from distrl.strategies.ray_engine import ray_session
-
     check_pipeline(cfg, strategy)
-    with ray_session(strategy.ray_address, run_dir) as ray:
-        pipeline = Pipeline(ray, task, cfg, run, strategy)
+    with actor_engine(strategy, run_dir) as engine:
+        pipeline = Pipeline(engine, task, cfg, run, strategy)
         try:
             return pipeline.train(on_step), pipeline.algo
         finally:
             pipeline.close()
+
+
+@contextmanager
+def actor_engine(strategy: StrategyConfig, run_dir: Path | None = None, num_cpus: int | None = None) -> Iterator[Any]:
+    """The engine ``strategy.engine`` names, started for the run and stopped after it."""
+    if strategy.engine == "monarch":
+        from distrl.strategies.monarch_engine import monarch_session
+
+        with monarch_session() as engine:
+            yield engine
+        return
+    from distrl.strategies.ray_engine import ray_session
+
+    with ray_session(strategy.ray_address, run_dir, num_cpus=num_cpus) as ray:
+        yield RayActors(ray)
 
 
 class AsyncCollector:
@@ -398,42 +400,45 @@ class AsyncCollector:
     whether or not it was trained on.
     """
 
-    def __init__(self, trainer: Any, strategy: StrategyConfig, ray: Any):
+    def __init__(self, trainer: Any, strategy: StrategyConfig, engine: ActorEngine):
         from distrl.strategies.actor_learner import RolloutWorker, WorkerSpec
 
-        self.trainer, self.strategy, self.ray = trainer, strategy, ray
+        self.trainer, self.strategy, self.engine = trainer, strategy, engine
         self.n_workers = 1  # fragments per learner step
         self.replay = VersionedReplay(strategy.buffer_capacity, strategy.max_policy_lag, strategy.replay_sampling,
                                       seed=trainer.run.seed, max_reuse=strategy.max_reuse)
         self.stats = PipelineStats()
         self.events = self.stats.events
-        actor_cls = ray.remote(RolloutWorker)
         self.seed, self.segment = trainer.run.seed, 0
 
         def spawn(i: int, restarts: int) -> Any:
-            actor = actor_cls.options(num_cpus=strategy.worker_cpus, num_gpus=strategy.worker_gpus).remote(
-                WorkerSpec("ppo", trainer.run, trainer.cfg, i))
+            actor = engine.spawn(RolloutWorker, WorkerSpec("ppo", trainer.run, trainer.cfg, i),
+                                 cpus=strategy.worker_cpus, gpus=strategy.worker_gpus)
             if restarts:  # a replacement starts new episodes, seeded by its restart count
-                actor.reset.remote(self.seed, self.segment + 1_000_003 * restarts)
+                engine.call(actor, "reset", self.seed, self.segment + 1_000_003 * restarts)
             return actor
 
         def request(actor: Any, version: int, weights: dict[str, Any] | None) -> Any:
-            return actor.collect.remote(weights if weights is not None else {"version": version}, 0, True)
+            return engine.call(actor, "collect", weights if weights is not None else {"version": version}, 0, True)
 
-        self.pool = GeneratorPool(ray, strategy.workers, spawn, request, strategy, self.events)
+        self.pool = GeneratorPool(engine, strategy.workers, spawn, request, strategy, self.events)
         self.queue_size = strategy.queue_size or strategy.workers
         self.pending_steps, self.pending_returns, self.pending_lengths = 0, [], []
         self.overheads: list[float] = []
         self.last_overhead_s = 0.0
         self.startup_s = 0.0
 
+    def _weights(self) -> dict[str, Any]:
+        payload = self.trainer.weights()
+        return {**payload, "params": self.engine.weights(payload["version"], payload["params"])}
+
     def reset(self, seed: int, segment: int = 0) -> None:
         if self.pool.in_flight:
             raise RuntimeError("reset() while generations are under way")
         self.seed, self.segment = seed, segment
         self.startup_s += self.pool.ready()
-        refs = [a.reset.remote(seed, segment) for a in self.pool.actors]
-        self.ray.get(refs, timeout=self.strategy.timeout_s)
+        for pending in [self.engine.call(a, "reset", seed, segment) for a in self.pool.actors]:
+            self.engine.result(pending, self.strategy.timeout_s)
 
     def _harvest(self, timeout: float = 0) -> None:
         for _, fragment in self.pool.finished(timeout):
@@ -453,7 +458,7 @@ class AsyncCollector:
     def _submit(self, policy_version: int) -> None:
         """Requests for idle generators while fewer than ``queue_size`` fragments are ahead of the learner."""
         ahead = len(self.pool.in_flight) + self.replay.untrained()
-        self.pool.submit(policy_version, self.trainer.weights, limit=self.queue_size - ahead)
+        self.pool.submit(policy_version, self._weights, limit=self.queue_size - ahead)
         self.stats.queue_depths.append(len(self.pool.in_flight) + self.replay.untrained())
 
     def collect(self, policy_version: int, preempt: Any = None, min_steps: int = 0) -> Any:
@@ -496,7 +501,6 @@ def run_async_ppo(run: RunConfig, strategy: StrategyConfig, cfg: Any, run_dir: P
                   resume_path: Path | None = None) -> dict[str, Any]:
     """PPO on a Gymnasium env with ``strategy.workers`` generators feeding this process's learner."""
     from distrl.strategies.actor_learner import _check_resources
-    from distrl.strategies.ray_engine import ray_session
     from distrl.training import make_trainer
 
     if run.algo != "ppo":
@@ -504,10 +508,11 @@ def run_async_ppo(run: RunConfig, strategy: StrategyConfig, cfg: Any, run_dir: P
                           "use ppo (or grpo on a group task)")
     start = time.perf_counter()
     cpus = max(os.cpu_count() or 1, int(np.ceil(strategy.workers * strategy.worker_cpus)))
-    with ray_session(strategy.ray_address, run_dir, num_cpus=cpus) as ray:
-        _check_resources(ray, strategy)
+    with actor_engine(strategy, run_dir, num_cpus=cpus) as engine:
+        if isinstance(engine, RayActors):
+            _check_resources(engine.ray, strategy)
         trainer = make_trainer("ppo", run, cfg, run_dir=run_dir, strategy=strategy,
-                               collector_factory=lambda t: AsyncCollector(t, strategy, ray))
+                               collector_factory=lambda t: AsyncCollector(t, strategy, engine))
         return trainer.run_to_end(resume_path, start)
 
 

@@ -1,0 +1,120 @@
+"""What the pipeline needs from an actor engine, and Ray's adapter for it.
+
+The pipeline's actors (generators, scorer, rollout workers) are plain classes; an engine hosts
+each in its own process and calls its methods. Everything the pipeline does with actors goes
+through these few operations, so Ray (the default) and Monarch (``--engine monarch``,
+:mod:`distrl.strategies.monarch_engine`) run the same actors and the same pipeline.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import numpy as np
+
+
+class ActorDied(RuntimeError):
+    """The actor's process is gone (killed, crashed); its pending calls never finish."""
+
+
+class ActorRaised(RuntimeError):
+    """The actor's method raised; the message carries the remote error."""
+
+
+class ActorEngine(Protocol):
+    name: str
+
+    def spawn(self, cls: type, *args: Any, cpus: float = 0.0, gpus: float = 0.0) -> Any:
+        """Start ``cls(*args)`` in a process of its own; returns a handle."""
+        ...
+
+    def call(self, actor: Any, method: str, *args: Any) -> Any:
+        """Call ``actor.method(*args)`` without waiting; returns a pending result."""
+        ...
+
+    def wait(self, pending: list[Any], timeout: float, first: bool = False) -> list[Any]:
+        """Those of ``pending`` that are done: after up to ``timeout`` seconds for all (or, with ``first``, for one)."""
+        ...
+
+    def result(self, pending: Any, timeout: float) -> Any:
+        """The value of a pending result; raises :class:`ActorDied` or :class:`ActorRaised`."""
+        ...
+
+    def client(self, actor: Any, timeout: float) -> Any:
+        """A picklable stand-in for ``actor`` that another actor calls synchronously: ``client.method(*args)``."""
+        ...
+
+    def weights(self, version: int, flat: np.ndarray) -> Any:
+        """``flat`` (the policy's parameters, float32) in the form this engine sends best; see :func:`as_array`."""
+        ...
+
+    def kill(self, actor: Any) -> None:
+        ...
+
+
+def as_array(weights: Any) -> np.ndarray:
+    """Flat weights as they arrive at an actor: a numpy array, or a handle that fetches one."""
+    return weights if isinstance(weights, np.ndarray) else weights.fetch()
+
+
+class RayClient:
+    """Calls a Ray actor's methods synchronously, from another actor."""
+
+    def __init__(self, handle: Any, timeout: float):
+        self.handle, self.timeout = handle, timeout
+
+    def __getattr__(self, method: str) -> Any:
+        if method.startswith("__"):  # pickling looks these up before the instance has its fields
+            raise AttributeError(method)
+        import ray
+
+        remote = getattr(self.handle, method)
+        return lambda *args: ray.get(remote.remote(*args), timeout=self.timeout)
+
+
+class RayActors:
+    """The actor engine on Ray: actors are Ray actors, pending results are object references."""
+
+    name = "ray"
+
+    def __init__(self, ray: Any):
+        self.ray = ray
+        self._classes: dict[type, Any] = {}
+
+    def spawn(self, cls: type, *args: Any, cpus: float = 0.0, gpus: float = 0.0) -> Any:
+        remote_cls = self._classes.setdefault(cls, self.ray.remote(cls))
+        return remote_cls.options(num_cpus=cpus, num_gpus=gpus).remote(*args)
+
+    def call(self, actor: Any, method: str, *args: Any) -> Any:
+        return getattr(actor, method).remote(*args)
+
+    def wait(self, pending: list[Any], timeout: float, first: bool = False) -> list[Any]:
+        if not pending:
+            return []
+        done, _ = self.ray.wait(pending, num_returns=1 if first else len(pending), timeout=timeout)
+        return done
+
+    def result(self, pending: Any, timeout: float) -> Any:
+        from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+
+        try:
+            return self.ray.get(pending, timeout=timeout)
+        except RayActorError as exc:
+            raise ActorDied(type(exc).__name__) from None
+        except GetTimeoutError:
+            raise
+        except RayTaskError as exc:
+            cause = getattr(exc, "cause", None)
+            raise ActorRaised(str(cause) if cause is not None else str(exc)) from None
+
+    def client(self, actor: Any, timeout: float) -> RayClient:
+        return RayClient(actor, timeout)
+
+    def weights(self, version: int, flat: np.ndarray) -> np.ndarray:
+        return flat  # small enough to travel inside the call; a put object costs an extra fetch per actor
+
+    def kill(self, actor: Any) -> None:
+        try:
+            self.ray.kill(actor)
+        except Exception:  # noqa: BLE001, S110 - it may already be gone
+            pass

@@ -1,0 +1,87 @@
+"""The pipeline on Monarch (``--engine monarch``): same actors, process meshes, weights through RDMA buffers."""
+
+import os
+import signal
+
+import numpy as np
+import pytest
+import torch
+
+from distrl.config import ConfigError, GRPOConfig, PPOConfig, RunConfig, StrategyConfig
+
+pytestmark = pytest.mark.multiprocess
+monarch = pytest.importorskip("monarch", reason="Monarch is optional: pip install 'distrl[monarch]'")
+
+from distrl.strategies.monarch_engine import monarch_session  # noqa: E402
+from distrl.strategies.pipeline import AsyncCollector, Pipeline  # noqa: E402
+from distrl.training import OnPolicyTrainer  # noqa: E402
+
+RUN = RunConfig(algo="grpo", env="bandit", quiet=True)
+
+
+def children():
+    import psutil
+
+    return [p for p in psutil.Process().children(recursive=True) if p.is_running()]
+
+
+def test_published_weights_are_one_version_each_and_never_rewritten():
+    with monarch_session() as engine:
+        flat = np.arange(6, dtype=np.float32)
+        v1 = engine.weights(1, flat)
+        flat += 100  # the learner's array moves on...
+        v2 = engine.weights(2, flat)
+        assert engine.weights(2, flat) is v2  # one buffer per version, shared by every generator
+        np.testing.assert_array_equal(v1.fetch(), np.arange(6))  # ...version 1's buffer does not
+        np.testing.assert_array_equal(v2.fetch(), np.arange(6) + 100)
+
+
+def test_grpo_pipeline_on_monarch_restarts_a_killed_generator_and_leaves_no_process():
+    cfg = GRPOConfig(learner_steps=60)
+    with monarch_session() as engine:
+        pipeline = Pipeline(engine, "bandit", cfg, RUN, StrategyConfig(strategy="pipeline", workers=2, engine="monarch"))
+        pid = engine.result(engine.call(pipeline.pool.actors[0], "pid"), 60)
+
+        def kill_at_step(version, metrics):
+            if version == 20:
+                os.kill(pid, signal.SIGKILL)
+
+        try:
+            summary = pipeline.train(kill_at_step)
+        finally:
+            pipeline.close()
+        assert engine.faults  # the driver got the failure through the hook instead of exiting
+    assert summary["learner_steps"] == 60 and summary["generator_restarts"] == 1
+    assert summary["events"][0].startswith("generator 0 died")
+    assert summary["slices_generated"] == summary["slices_added"] == (
+        summary["slices_retired"] + summary["slices_evicted"] + summary["slices_dropped_for_lag"]
+        + summary["slices_left_in_buffer"])
+    assert children() == []
+
+
+def test_async_ppo_on_monarch_one_fragment_ahead_reproduces_single_process():
+    cfg = PPOConfig(n_envs=2, n_steps=16, batch_size=32, n_epochs=2, normalize_obs=True)
+    run = RunConfig(env="CartPole-v1", seed=3, vec="sync", quiet=True, total_steps=4 * 32)
+    strategy = StrategyConfig(strategy="pipeline", workers=1, queue_size=1, engine="monarch")
+    with monarch_session() as engine:
+        remote = OnPolicyTrainer(run, cfg, strategy=strategy, collector_factory=lambda t: AsyncCollector(t, strategy, engine))
+        remote.train()
+        remote.close()
+    single = OnPolicyTrainer(run, cfg)
+    single.train()
+    single.close()
+    assert remote.steps == single.steps == 128
+    torch.testing.assert_close(remote.agent.params.data, single.agent.params.data, rtol=0, atol=1e-6)
+
+
+def test_monarch_engine_only_runs_the_pipeline():
+    with pytest.raises(ConfigError, match="engine='monarch' is not allowed: must be ray with --strategy actor-learner"):
+        StrategyConfig(strategy="actor-learner", workers=2, engine="monarch")
+
+
+def test_without_monarch_installed_the_error_names_the_extra(monkeypatch):
+    from distrl.strategies import monarch_engine
+
+    monkeypatch.setattr(monarch_engine, "_MonarchActor", None)
+    with pytest.raises(ConfigError, match=r"engine='monarch' needs Monarch.*pip install 'distrl\[monarch\]'"):
+        monarch_engine.MonarchActors()
