@@ -1,8 +1,9 @@
 """``actor-learner``: N rollout workers (Ray actors) collect; one learner updates.
 
-The IMPALA-style / Flame-Runner pattern. Per iteration the learner puts its weights
-(tagged with the policy version) into Ray's object store once; every worker receives the
-same reference, loads the weights into its policy replica and returns numpy data — whole
+The IMPALA-style / Flame-Runner pattern. Per iteration the learner sends its weights,
+tagged with the policy version, to every worker: inside the call when they are small,
+otherwise put into Ray's object store once and shared by reference (:data:`INLINE_BYTES`).
+Each worker loads them into its policy replica and returns numpy data — whole
 episodes (REINFORCE) or fixed-length fragments (PPO). The learner merges the results in
 worker order (so runs are reproducible whatever order they arrive in) and updates.
 
@@ -27,6 +28,13 @@ from distrl.config import RunConfig, StrategyConfig
 from distrl.data.episodes import EpisodeBatch, merge_episode_batches
 from distrl.data.rollout import Rollout
 from distrl.strategies.actors import as_array
+
+INLINE_BYTES = 100_000
+"""Weights smaller than this travel inside each worker's call (Ray's inline limit for arguments);
+larger ones go into the object store once, shared by every worker. Measured on the 2-core
+machines: an actor receives a small inline payload in about 2.7 ms round trip, but fetching a
+put object costs it 4.7-12 ms, which doubled the per-iteration overhead."""
+
 
 class WorkerError(RuntimeError):
     """A rollout worker failed; the message names the worker (and env, for env errors)."""
@@ -192,7 +200,9 @@ class RemoteCollector:
         """PPO: ``collect(policy_version, ...)``; REINFORCE: ``collect(n_episodes, policy_version)``."""
         start = time.perf_counter()
         shares = self._shares(args[0]) if self.algo == "reinforce" else [0] * self.n_workers
-        payload = self.ray.put(self.trainer.weights())  # one object shared by every worker
+        payload = self.trainer.weights()
+        if sum(v.nbytes for v in payload.values() if isinstance(v, np.ndarray)) >= INLINE_BYTES:
+            payload = self.ray.put(payload)  # one object shared by every worker
         refs = [self.actors[i].collect.remote(payload, shares[i]) for i in range(self.n_workers)]
         # A failed or dead worker's result is ready at once (as an error), so only a hung worker is late.
         _, late = self.ray.wait(refs, num_returns=len(refs), timeout=self.strategy.timeout_s)
