@@ -72,7 +72,7 @@ def main() -> None:
               f"{r['overhead_ms']:.1f} ms" if r["strategy"] != "single" else "—"] for r in rows]),
     ]
     lines += ["", "Overhead = the learner's wall time for a collection beyond the slowest worker's own collection "
-              "time: putting the weights in the object store, scheduling the calls, moving the episodes back and "
+              "time: sending the weights, scheduling the calls, moving the episodes back and "
               "merging them (`time/overhead_s` in TensorBoard, `overhead_ms_median` in summary.json)."]
     write_section("actor-learner: REINFORCE on Ray", "\n".join(lines))
 

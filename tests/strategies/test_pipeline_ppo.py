@@ -105,3 +105,7 @@ def test_async_ppo_with_two_generators_solves_cartpole(tmp_path):
     episodes = (run_dir / "monitor.csv").read_text().strip().splitlines()[2:]
     assert len(episodes) == s["episodes"]
     assert 0 <= s["policy_lag_mean"] <= s["policy_lag_max"] <= 4
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    logged = EventAccumulator(str(run_dir)).Reload().Tags()["scalars"]
+    assert {"pipeline/policy_lag", "pipeline/queue_depth", "time/overhead_s"} <= set(logged)

@@ -426,6 +426,8 @@ class AsyncCollector:
         self.pending_steps, self.pending_returns, self.pending_lengths = 0, [], []
         self.overheads: list[float] = []
         self.last_overhead_s = 0.0
+        self.last_metrics: dict[str, float] = {}
+        """Per-iteration figures the trainer logs to TensorBoard with its own."""
         self.startup_s = 0.0
 
     def _weights(self) -> dict[str, Any]:
@@ -477,6 +479,10 @@ class AsyncCollector:
         self.pending_steps, self.pending_returns, self.pending_lengths = 0, [], []
         self.last_overhead_s = rollout.collect_s  # the learner's wait for data
         self.overheads.append(self.last_overhead_s)
+        self.last_metrics = {"pipeline/policy_lag": float(policy_version - version),
+                             "pipeline/queue_depth": float(self.stats.queue_depths[-1]),
+                             "pipeline/buffer_size": float(len(self.replay)),
+                             "pipeline/generator_restarts": float(self.pool.restarted())}
         return rollout
 
     def finish(self) -> dict[str, Any]:

@@ -77,7 +77,8 @@ class OnPolicyTrainer(TrainerBase):
             metrics.update({"charts/samples": float(totals["samples"][0]), "charts/local_samples": float(rollout.valid.sum()),
                             "time/collect_s": rollout.collect_s, "time/update_s": now - update_start,
                             "time/collected_steps": float(rollout.collected_steps),
-                            "time/overhead_s": getattr(self.collector, "last_overhead_s", 0.0)})
+                            "time/overhead_s": getattr(self.collector, "last_overhead_s", 0.0),
+                            **getattr(self.collector, "last_metrics", {})})
             self._log(rollout.episode_returns, rollout.episode_lengths, totals["episodes"], metrics)
             if self._crossed(self.run.eval_every, per_iteration) and self._evaluate_and_check_target():
                 break
