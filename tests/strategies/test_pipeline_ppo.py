@@ -109,3 +109,14 @@ def test_async_ppo_with_two_generators_solves_cartpole(tmp_path):
 
     logged = EventAccumulator(str(run_dir)).Reload().Tags()["scalars"]
     assert {"pipeline/policy_lag", "pipeline/queue_depth", "time/overhead_s"} <= set(logged)
+
+
+@pytest.mark.multiprocess
+def test_a_generator_that_keeps_failing_ends_the_run_after_max_worker_restarts(ray_local):
+    run = RunConfig(env="distrl_testenvs:ExplodingEnv", seed=0, vec="sync", quiet=True, total_steps=10**9)
+    trainer = pipeline_trainer(ray_local, run, cfg=PPOConfig(n_envs=1, n_steps=4, batch_size=4),
+                               max_worker_restarts=1)
+    with pytest.raises(GeneratorFailed, match=r"generator 0 failed 2 times \(max_worker_restarts=1\); last: raised "):
+        trainer.train()
+    assert trainer.collector.events[0].startswith("generator 0 raised worker 0, env distrl_testenvs:ExplodingEnv")
+    trainer.close()

@@ -27,7 +27,7 @@ import numpy as np
 from distrl.config import RunConfig, StrategyConfig
 from distrl.data.episodes import EpisodeBatch, merge_episode_batches
 from distrl.data.rollout import Rollout
-from distrl.strategies.actors import as_array
+from distrl.strategies.actors import as_array, spend_restart
 
 INLINE_BYTES = 100_000
 """Weights smaller than this travel inside each worker's call (Ray's inline limit for arguments);
@@ -241,10 +241,7 @@ class RemoteCollector:
         self.failures.append(Failure(worker, self.trainer.iteration, first_line))
         if env_error and self.strategy.on_worker_error == "abort":
             raise WorkerError(reason) from None
-        self.restarts[worker] += 1
-        if self.restarts[worker] > self.strategy.max_worker_restarts:
-            raise WorkerError(f"worker {worker} failed {self.restarts[worker]} times (max_worker_restarts="
-                              f"{self.strategy.max_worker_restarts}); last: {first_line}") from None
+        spend_restart(self.restarts, worker, self.strategy.max_worker_restarts, "worker", first_line, WorkerError)
         self.trainer.report(f"worker {worker} failed at iteration {self.trainer.iteration}: {first_line}; "
                             f"restarting it ({self.restarts[worker]}/{self.strategy.max_worker_restarts})")
         try:

@@ -57,8 +57,15 @@ def as_array(weights: Any) -> np.ndarray:
     return weights if isinstance(weights, np.ndarray) else weights.fetch()
 
 
-class RayClient:
-    """Calls a Ray actor's methods synchronously, from another actor."""
+def spend_restart(restarts: list[int], i: int, limit: int, who: str, last: str, error: type[Exception]) -> None:
+    """Count a restart of actor ``i``; raise ``error`` once it has failed more than ``limit`` times."""
+    restarts[i] += 1
+    if restarts[i] > limit:
+        raise error(f"{who} {i} failed {restarts[i]} times (max_worker_restarts={limit}); last: {last}")
+
+
+class SyncClient:
+    """A picklable stand-in for an actor, for another actor to call synchronously: ``client.method(*args)``."""
 
     def __init__(self, handle: Any, timeout: float):
         self.handle, self.timeout = handle, timeout
@@ -66,10 +73,17 @@ class RayClient:
     def __getattr__(self, method: str) -> Any:
         if method.startswith("__"):  # pickling looks these up before the instance has its fields
             raise AttributeError(method)
+        return lambda *args: self._call(method, args)
+
+    def _call(self, method: str, args: tuple) -> Any:
+        raise NotImplementedError
+
+
+class RayClient(SyncClient):
+    def _call(self, method: str, args: tuple) -> Any:
         import ray
 
-        remote = getattr(self.handle, method)
-        return lambda *args: ray.get(remote.remote(*args), timeout=self.timeout)
+        return ray.get(getattr(self.handle, method).remote(*args), timeout=self.timeout)
 
 
 class RayActors:

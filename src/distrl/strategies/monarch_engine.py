@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from distrl.config import ConfigError
-from distrl.strategies.actors import ActorDied, ActorRaised
+from distrl.strategies.actors import ActorDied, ActorRaised, SyncClient
 
 os.environ.setdefault("HYPERACTOR_MESH_SUPERVISION_POLL_FREQUENCY", "500ms")
 
@@ -89,16 +89,11 @@ class Pending:
         return self.done
 
 
-class MonarchClient:
-    """Calls a Monarch-hosted actor's methods synchronously, from another actor."""
+class MonarchClient(SyncClient):
+    """Calls a Monarch-hosted actor (its mesh is the handle) from another actor."""
 
-    def __init__(self, mesh: Any, timeout: float):
-        self.mesh, self.timeout = mesh, timeout
-
-    def __getattr__(self, method: str) -> Any:
-        if method.startswith("__"):  # pickling looks these up before the instance has its fields
-            raise AttributeError(method)
-        return lambda *args: self.mesh.invoke.call_one(method, *args).get(timeout=self.timeout)
+    def _call(self, method: str, args: tuple) -> Any:
+        return self.handle.invoke.call_one(method, *args).get(timeout=self.timeout)
 
 
 class RDMAWeights:

@@ -45,7 +45,7 @@ import torch
 from distrl.algos.grpo import GroupBatch, GroupPolicy, GRPOAlgo
 from distrl.config import ConfigError, GRPOConfig, RunConfig, StrategyConfig
 from distrl.data.replay import VersionedReplay
-from distrl.strategies.actors import ActorDied, ActorEngine, ActorRaised, RayActors, as_array
+from distrl.strategies.actors import ActorDied, ActorEngine, ActorRaised, RayActors, as_array, spend_restart
 from distrl.tasks import make_task
 
 
@@ -219,10 +219,8 @@ class GeneratorPool:
             reason = f"raised {exc}"
             if self.strategy.on_worker_error == "abort":
                 raise GeneratorFailed(f"generator {i} {reason}") from None
-        self.restarts[i] += 1
-        if self.restarts[i] > self.strategy.max_worker_restarts:
-            raise GeneratorFailed(f"generator {i} failed {self.restarts[i]} times (max_worker_restarts="
-                                  f"{self.strategy.max_worker_restarts}); last: {reason.splitlines()[0]}") from None
+        spend_restart(self.restarts, i, self.strategy.max_worker_restarts, "generator", reason.splitlines()[0],
+                      GeneratorFailed)
         self.events.append(f"generator {i} {reason.splitlines()[0]}; restarted ({self.restarts[i]}/"
                            f"{self.strategy.max_worker_restarts})")
         self.engine.kill(self.actors[i])
