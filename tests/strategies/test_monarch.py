@@ -19,18 +19,13 @@ from distrl.training import OnPolicyTrainer  # noqa: E402
 RUN = RunConfig(algo="grpo", env="bandit", quiet=True)
 
 
-def monarch_children():
-    """This process's Monarch actor processes (other tests may have left Ray's running)."""
+def alive(pid):
     import psutil
 
-    found = []
-    for p in psutil.Process().children(recursive=True):
-        try:
-            if p.is_running() and "monarch" in " ".join(p.cmdline()):
-                found.append(p)
-        except psutil.NoSuchProcess:
-            pass
-    return found
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def test_published_weights_are_one_version_each_and_never_rewritten():
@@ -56,7 +51,7 @@ def test_grpo_pipeline_on_monarch_restarts_a_killed_generator_and_leaves_no_proc
 
         try:
             summary = pipeline.train(kill_at_step)
-            running = monarch_children()
+            pids = [engine.result(engine.call(a, "pid"), 60) for a in [*pipeline.pool.actors, pipeline.scorer]]
         finally:
             pipeline.close()
         assert engine.faults  # the driver got the failure through the hook instead of exiting
@@ -65,7 +60,8 @@ def test_grpo_pipeline_on_monarch_restarts_a_killed_generator_and_leaves_no_proc
     assert summary["slices_generated"] == summary["slices_added"] == (
         summary["slices_retired"] + summary["slices_evicted"] + summary["slices_dropped_for_lag"]
         + summary["slices_left_in_buffer"])
-    assert len(running) >= 3 and monarch_children() == []  # 2 generators and the scorer, then none
+    assert len(set(pids)) == 3 and pid not in pids  # 2 generators (one replaced) and the scorer
+    assert not any(alive(p) for p in [pid, *pids])  # and after the close, none of them is left
 
 
 def test_async_ppo_on_monarch_one_fragment_ahead_reproduces_single_process():

@@ -447,7 +447,8 @@ class AsyncCollector:
     def _add(self, fragment: Any) -> None:
         # Ray hands numpy arrays over read-only (zero-copy); the learner's tensors need their own memory
         for name in ("obs", "actions", "rewards", "terminated", "truncated", "valid", "log_probs"):
-            setattr(fragment, name, np.array(getattr(fragment, name)))
+            if getattr(fragment, name) is not None:
+                setattr(fragment, name, np.array(getattr(fragment, name)))
         self.stats.generated += 1
         self.stats.generate_s += fragment.collect_s
         self.pending_steps += fragment.collected_steps
