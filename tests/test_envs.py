@@ -94,3 +94,31 @@ def test_box2d_env_through_its_extra():
     env = make_env("lunarlander", 2)
     assert env.env_id == "LunarLander-v3" and env.reset(seed=0).shape == (2, 8)
     env.close()
+
+
+@pytest.mark.parametrize("env_id", ["Pendulum-v1", "Hopper-v5"])
+def test_one_env_fast_path_steps_exactly_like_a_sync_vector_env(env_id):
+    """A single env skips SyncVectorEnv, with the same next-step autoreset, seeding and episode accounting."""
+    from gymnasium.vector import AutoresetMode
+
+    from distrl.envs import OneEnv, VecEnv
+
+    if env_id.startswith("Hopper"):
+        pytest.importorskip("mujoco")
+    fast = make_env(env_id, 1)
+    assert isinstance(fast.env, OneEnv)
+    sync = VecEnv(gym.make_vec(env_id, num_envs=1, vectorization_mode="sync",
+                               vector_kwargs={"autoreset_mode": AutoresetMode.NEXT_STEP}), env_id)
+    assert np.array_equal(fast.reset(seed=3), sync.reset(seed=3))
+    rng = np.random.default_rng(0)
+    low, high = fast.single_action_space.low, fast.single_action_space.high
+    ends = 0
+    for t in range(1500):
+        action = rng.uniform(low, high)[None].astype(np.float32)
+        a, b = fast.step(action), sync.step(action)
+        for name in ("obs", "reward", "terminated", "truncated", "valid", "episode_returns", "episode_lengths"):
+            assert np.array_equal(getattr(a, name), getattr(b, name)), (t, name)
+        ends += int(a.terminated[0] or a.truncated[0])
+    assert ends >= 5  # episode ends and the reset steps after them were compared too
+    fast.close()
+    sync.close()
