@@ -201,7 +201,8 @@ def train_command(argv: list[str]) -> int:
         run_training(run, algo_cfg, resume_path)
     elif args.strategy.strategy in ("actor-learner", "pipeline"):
         from distrl.strategies.actor_learner import WorkerError, run_actor_learner
-        from distrl.strategies.pipeline import GeneratorFailed, PipelineStalled, run_async_ppo
+        from distrl.strategies.pipeline import GeneratorFailed, PipelineStalled
+        from distrl.strategies.pipeline_ppo import run_async_ppo
 
         checkpoint.check_new_run_dir(Path(run.run_dir), resume_path)
         runner = run_actor_learner if args.strategy.strategy == "actor-learner" else run_async_ppo

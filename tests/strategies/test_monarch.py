@@ -13,7 +13,8 @@ pytestmark = pytest.mark.multiprocess
 monarch = pytest.importorskip("monarch", reason="Monarch is optional: pip install 'distrl[monarch]'")
 
 from distrl.strategies.monarch_engine import monarch_session  # noqa: E402
-from distrl.strategies.pipeline import AsyncCollector, Pipeline  # noqa: E402
+from distrl.strategies.pipeline import Pipeline  # noqa: E402
+from distrl.strategies.pipeline_ppo import AsyncCollector  # noqa: E402
 from distrl.training import OnPolicyTrainer  # noqa: E402
 
 RUN = RunConfig(algo="grpo", env="bandit", quiet=True)

@@ -13,7 +13,8 @@ import torch
 from distrl.config import PPOConfig, RunConfig, StrategyConfig
 from distrl.strategies.actor_learner import RolloutWorker, WorkerSpec
 from distrl.strategies.actors import RayActors
-from distrl.strategies.pipeline import AsyncCollector, GeneratorFailed
+from distrl.strategies.pipeline import GeneratorFailed
+from distrl.strategies.pipeline_ppo import AsyncCollector
 from distrl.training import OnPolicyTrainer
 
 CFG = PPOConfig(n_envs=2, n_steps=16, batch_size=32, n_epochs=2, normalize_obs=True, normalize_reward=True)

@@ -109,14 +109,12 @@ class RayActors:
         return done
 
     def result(self, pending: Any, timeout: float) -> Any:
-        from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+        from ray.exceptions import RayActorError, RayTaskError
 
         try:
             return self.ray.get(pending, timeout=timeout)
         except RayActorError as exc:
             raise ActorDied(type(exc).__name__) from None
-        except GetTimeoutError:
-            raise
         except RayTaskError as exc:
             cause = getattr(exc, "cause", None)
             raise ActorRaised(str(cause) if cause is not None else str(exc)) from None

@@ -9,8 +9,8 @@ trains on what has already arrived. Two workloads share the machinery:
 - Gymnasium envs (``ppo``): a generator is a rollout worker that collects one fragment of
   ``n_steps`` × ``n_envs`` steps per request, with the behaviour log-probabilities; rewards
   come from the env, so there is no scorer; the learner runs a PPO update on one fragment per
-  step, against the behaviour log-probabilities (:class:`AsyncCollector`, an APPO-like
-  asynchronous PPO without V-trace: values and GAE come from the learner's current critic).
+  step, against the behaviour log-probabilities (:mod:`distrl.strategies.pipeline_ppo`, an
+  APPO-like asynchronous PPO without V-trace: values and GAE come from the learner's current critic).
 
 Nobody waits longer than the data demands:
 
@@ -30,7 +30,6 @@ counters add up. A generator that dies is restarted; its lost request was never 
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -386,138 +385,3 @@ def actor_engine(strategy: StrategyConfig, run_dir: Path | None = None, num_cpus
 
     with ray_session(strategy.ray_address, run_dir, num_cpus=num_cpus) as ray:
         yield RayActors(ray)
-
-
-class AsyncCollector:
-    """PPO's pipeline: rollout workers keep collecting while the learner trains; same interface as a collector.
-
-    ``collect()`` returns the next fragment from the versioned replay (behaviour log-probs
-    included), waiting only when the buffer is empty. The rollout it returns counts, in
-    ``collected_steps`` and its episode lists, every step and episode the generators delivered
-    since the previous call, so that step budgets, SPS and monitor.csv cover everything played,
-    whether or not it was trained on.
-    """
-
-    def __init__(self, trainer: Any, strategy: StrategyConfig, engine: ActorEngine):
-        from distrl.strategies.actor_learner import RolloutWorker, WorkerSpec
-
-        self.trainer, self.strategy, self.engine = trainer, strategy, engine
-        self.n_workers = 1  # fragments per learner step
-        self.replay = VersionedReplay(strategy.buffer_capacity, strategy.max_policy_lag, strategy.replay_sampling,
-                                      seed=trainer.run.seed, max_reuse=strategy.max_reuse)
-        self.stats = PipelineStats()
-        self.events = self.stats.events
-        self.seed, self.segment = trainer.run.seed, 0
-
-        def spawn(i: int, restarts: int) -> Any:
-            actor = engine.spawn(RolloutWorker, WorkerSpec("ppo", trainer.run, trainer.cfg, i),
-                                 cpus=strategy.worker_cpus, gpus=strategy.worker_gpus)
-            if restarts:  # a replacement starts new episodes, seeded by its restart count
-                engine.call(actor, "reset", self.seed, self.segment + 1_000_003 * restarts)
-            return actor
-
-        def request(actor: Any, version: int, weights: dict[str, Any] | None) -> Any:
-            return engine.call(actor, "collect", weights if weights is not None else {"version": version}, 0, True)
-
-        self.pool = GeneratorPool(engine, strategy.workers, spawn, request, strategy, self.events)
-        self.queue_size = strategy.queue_size or strategy.workers
-        self.pending_steps, self.pending_returns, self.pending_lengths = 0, [], []
-        self.overheads: list[float] = []
-        self.last_overhead_s = 0.0
-        self.last_metrics: dict[str, float] = {}
-        """Per-iteration figures the trainer logs to TensorBoard with its own."""
-        self.startup_s = 0.0
-
-    def _weights(self) -> dict[str, Any]:
-        payload = self.trainer.weights()
-        return {**payload, "params": self.engine.weights(payload["version"], payload["params"])}
-
-    def reset(self, seed: int, segment: int = 0) -> None:
-        if self.pool.in_flight:
-            raise RuntimeError("reset() while generations are under way")
-        self.seed, self.segment = seed, segment
-        self.startup_s += self.pool.ready()
-        for pending in [self.engine.call(a, "reset", seed, segment) for a in self.pool.actors]:
-            self.engine.result(pending, self.strategy.timeout_s)
-
-    def _harvest(self, timeout: float = 0) -> None:
-        for _, fragment in self.pool.finished(timeout):
-            self._add(fragment)
-
-    def _add(self, fragment: Any) -> None:
-        # Ray hands numpy arrays over read-only (zero-copy); the learner's tensors need their own memory
-        for name in ("obs", "actions", "rewards", "terminated", "truncated", "valid", "log_probs"):
-            if getattr(fragment, name) is not None:
-                setattr(fragment, name, np.array(getattr(fragment, name)))
-        self.stats.generated += 1
-        self.stats.generate_s += fragment.collect_s
-        self.pending_steps += fragment.collected_steps
-        self.pending_returns += fragment.episode_returns
-        self.pending_lengths += fragment.episode_lengths
-        self.replay.add(fragment.policy_version, fragment)
-
-    def _submit(self, policy_version: int) -> None:
-        """Requests for idle generators while fewer than ``queue_size`` fragments are ahead of the learner."""
-        ahead = len(self.pool.in_flight) + self.replay.untrained()
-        self.pool.submit(policy_version, self._weights, limit=self.queue_size - ahead)
-        self.stats.queue_depths.append(len(self.pool.in_flight) + self.replay.untrained())
-
-    def collect(self, policy_version: int, preempt: Any = None, min_steps: int = 0) -> Any:
-        start = time.perf_counter()
-        self._harvest()
-        self._submit(policy_version)
-        while (taken := self.replay.sample(1, policy_version)) is None:
-            self.pool.wait_any("generators", policy_version, len(self.replay))
-            self._harvest()
-            self._submit(policy_version)
-        version, fragment = taken[0]
-        self.stats.lags.append(float(policy_version - version))
-        rollout = dataclasses.replace(fragment, collected_steps=self.pending_steps,
-                                      episode_returns=self.pending_returns, episode_lengths=self.pending_lengths,
-                                      collect_s=time.perf_counter() - start)
-        self.pending_steps, self.pending_returns, self.pending_lengths = 0, [], []
-        self.last_overhead_s = rollout.collect_s  # the learner's wait for data
-        self.overheads.append(self.last_overhead_s)
-        self.last_metrics = {"pipeline/policy_lag": float(policy_version - version),
-                             "pipeline/queue_depth": float(self.stats.queue_depths[-1]),
-                             "pipeline/buffer_size": float(len(self.replay)),
-                             "pipeline/generator_restarts": float(self.pool.restarted())}
-        return rollout
-
-    def finish(self) -> dict[str, Any]:
-        """Drain the generations under way into the buffer; the pipeline's figures for summary.json.
-
-        Times are over the training loop (``train_s``: collection waits and updates, no evaluation
-        or start-up); ``drained_steps`` are the env steps of the fragments drained at the end,
-        which ``total_steps`` does not count.
-        """
-        for _, fragment in self.pool.drain():
-            self._add(fragment)
-        self.stats.learner_busy_s = self.trainer.update_s
-        summary = self.stats.summary(self.trainer.train_s, self.trainer.policy_version, len(self.pool.actors),
-                                     self.replay, self.pool.restarted(), "fragment")
-        return {**summary, "drained_steps": self.pending_steps * self.trainer.cfg.n_envs, "startup_s": self.startup_s}
-
-    def close(self) -> None:
-        self.pool.close()
-
-
-def run_async_ppo(run: RunConfig, strategy: StrategyConfig, cfg: Any, run_dir: Path,
-                  resume_path: Path | None = None) -> dict[str, Any]:
-    """PPO on a Gymnasium env with ``strategy.workers`` generators feeding this process's learner."""
-    from distrl.strategies.actor_learner import _check_resources
-    from distrl.training import make_trainer
-
-    if run.algo != "ppo":
-        raise ConfigError(f"algo={run.algo!r} is not available with --strategy pipeline on a Gymnasium env: "
-                          "use ppo (or grpo on a group task)")
-    start = time.perf_counter()
-    cpus = max(os.cpu_count() or 1, int(np.ceil(strategy.workers * strategy.worker_cpus)))
-    with actor_engine(strategy, run_dir, num_cpus=cpus) as engine:
-        if isinstance(engine, RayActors):
-            _check_resources(engine.ray, strategy)
-        trainer = make_trainer("ppo", run, cfg, run_dir=run_dir, strategy=strategy,
-                               collector_factory=lambda t: AsyncCollector(t, strategy, engine))
-        return trainer.run_to_end(resume_path, start)
-
-
