@@ -90,3 +90,26 @@ def test_command_line_pipeline_writes_the_run_dir(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "distrl", "train", "sac", "pendulum", "--strategy", "pipeline"],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "strategy='pipeline' is not available for sac" in bad.stderr
+
+
+def test_a_stalled_scorer_ends_the_run_naming_the_starved_stage(ray_local):
+    from distrl.strategies.pipeline import Pipeline, PipelineStalled
+
+    strategy = StrategyConfig(strategy="pipeline", workers=2, starve_timeout_s=3)
+    pipeline = Pipeline(RayActors(ray_local), "bandit", GRPOConfig(learner_steps=100_000), RUN, strategy)
+    pid = ray_local.get(pipeline.scorer.pid.remote(), timeout=60)
+    stopped_at = []
+
+    def stop_scorer(version, metrics):
+        if version == 5:
+            os.kill(pid, signal.SIGSTOP)  # alive but silent: generators wait on it, nothing is scored
+            stopped_at.append(time.monotonic())
+
+    try:
+        with pytest.raises(PipelineStalled, match=r"no data for 3 s: the generators and scorer did not answer"):
+            pipeline.train(stop_scorer)
+        waited = time.monotonic() - stopped_at[0]
+    finally:
+        os.kill(pid, signal.SIGCONT)
+        pipeline.close()
+    assert 3 <= waited < 30  # the starve timeout, not the 120 s call timeout

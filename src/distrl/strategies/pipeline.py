@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,16 +44,9 @@ import torch
 from distrl.algos.grpo import GroupBatch, GroupPolicy, GRPOAlgo
 from distrl.config import ConfigError, GRPOConfig, RunConfig, StrategyConfig
 from distrl.data.replay import VersionedReplay
-from distrl.strategies.actors import ActorDied, ActorEngine, ActorRaised, RayActors, as_array, spend_restart
+from distrl.strategies.actors import ActorEngine, RayActors, as_array
+from distrl.strategies.pool import Feeder, GeneratorFailed, GeneratorPool, PipelineStalled  # noqa: F401 - re-exported
 from distrl.tasks import make_task
-
-
-class PipelineStalled(RuntimeError):
-    """A stage produced nothing for ``starve_timeout_s``; the message names it."""
-
-
-class GeneratorFailed(RuntimeError):
-    """A generator raised (or died) more often than allowed, or raised with ``on_worker_error=abort``."""
 
 
 class Generator:
@@ -134,120 +127,6 @@ def stack(slices: list[tuple[int, dict[str, Any]]]) -> GroupBatch:
                       rewards=cat("rewards"), versions=versions)
 
 
-class GeneratorPool:
-    """N generator actors, each with at most ``depth`` requests in flight; a failed one is replaced.
-
-    ``spawn(i, restarts)`` starts actor ``i`` on the engine; ``request(actor, version, weights)``
-    sends it one request and returns the pending result. The pool remembers which policy version
-    each actor holds, so weights travel only to an actor whose copy is out of date. A second
-    request queued behind the first (``depth=2``) hides the round trip: the actor starts it the
-    moment it finishes the first.
-    """
-
-    def __init__(self, engine: ActorEngine, n: int, spawn: Callable[[int, int], Any], request: Callable[..., Any],
-                 strategy: StrategyConfig, events: list[str], depth: int = 1):
-        self.engine, self.spawn, self.request, self.strategy, self.events = engine, spawn, request, strategy, events
-        self.actors = [spawn(i, 0) for i in range(n)]
-        self.depth = depth
-        self.restarts = [0] * n
-        self.held = [-1] * n                    # the policy version each actor holds (or will, once its queue runs)
-        self.busy = [0] * n                     # requests in flight per actor
-        self.in_flight: dict[Any, int] = {}     # pending request -> actor index
-
-    def submit(self, version: int, weights: Callable[[], Any], limit: int | None = None) -> None:
-        """Top up every actor to ``depth`` requests (at most ``limit`` new ones in all), least busy first."""
-        budget = len(self.actors) * self.depth if limit is None else limit
-        for _ in range(self.depth):
-            for i in sorted(range(len(self.actors)), key=lambda j: self.busy[j]):
-                if budget <= 0 or self.busy[i] >= self.depth:
-                    continue
-                stale = self.held[i] != version
-                self.in_flight[self.request(self.actors[i], version, weights() if stale else None)] = i
-                self.held[i] = version
-                self.busy[i] += 1
-                budget -= 1
-
-    def finished(self, timeout: float = 0) -> list[tuple[int, Any]]:
-        """Results of the requests that are done (waiting up to ``timeout`` for the first); failures replaced."""
-        if not self.in_flight:
-            return []
-        done = self.engine.wait(list(self.in_flight), 0)
-        if not done and timeout > 0:
-            done = self.engine.wait(list(self.in_flight), timeout, first=True)
-        out = []
-        for pending in done:
-            i = self.in_flight.pop(pending, None)
-            if i is None:  # a request of an actor replaced earlier in this loop
-                continue
-            self.busy[i] -= 1
-            result = self._get(pending, i)
-            if result is not None:
-                out.append((i, result))
-        return out
-
-    def ready(self, *others: Any) -> float:
-        """Wait until every actor (and ``others``) has started; returns the seconds it took."""
-        start = time.perf_counter()
-        actors = [*self.actors, *others]
-        pending = [self.engine.call(a, "pid") for a in actors]
-        done = self.engine.wait(pending, self.strategy.timeout_s)
-        if len(done) < len(pending):
-            names = [f"generator {i}" if i < len(self.actors) else "scorer" for i, p in enumerate(pending)
-                     if p not in done]
-            raise PipelineStalled(f"{', '.join(names)} did not start within {self.strategy.timeout_s:.0f} s")
-        for p in pending:  # an actor that failed to start raises here
-            self.engine.result(p, self.strategy.timeout_s)
-        return time.perf_counter() - start
-
-    def drain(self) -> list[tuple[int, Any]]:
-        """Wait for every request under way (up to ``timeout_s``) and return their results."""
-        out = []
-        while self.in_flight:
-            if not self.engine.wait(list(self.in_flight), self.strategy.timeout_s, first=True):
-                late = sorted(set(self.in_flight.values()))
-                raise PipelineStalled(f"generator(s) {late} did not finish within {self.strategy.timeout_s:.0f} s")
-            out += self.finished()
-        return out
-
-    def _get(self, pending: Any, i: int) -> Any:
-        try:
-            return self.engine.result(pending, self.strategy.timeout_s)
-        except ActorDied as exc:
-            reason = f"died ({exc})"
-        except ActorRaised as exc:
-            reason = f"raised {exc}"
-            if self.strategy.on_worker_error == "abort":
-                raise GeneratorFailed(f"generator {i} {reason}") from None
-        spend_restart(self.restarts, i, self.strategy.max_worker_restarts, "generator", reason.splitlines()[0],
-                      GeneratorFailed)
-        self.events.append(f"generator {i} {reason.splitlines()[0]}; restarted ({self.restarts[i]}/"
-                           f"{self.strategy.max_worker_restarts})")
-        self.engine.kill(self.actors[i])
-        self.actors[i] = self.spawn(i, self.restarts[i])
-        self.held[i] = -1
-        for p in [p for p, j in self.in_flight.items() if j == i]:  # lost with the old actor, never counted
-            del self.in_flight[p]
-        self.busy[i] = 0
-        return None
-
-    def wait_any(self, stage: str, learner_version: int, buffered: int) -> None:
-        """Block until some request finishes; fail after ``starve_timeout_s`` naming ``stage``."""
-        if not self.in_flight:
-            raise PipelineStalled(f"the learner has no data and no generation is under way ({stage})")
-        timeout = self.strategy.starve_timeout_s
-        if not self.engine.wait(list(self.in_flight), timeout, first=True):
-            raise PipelineStalled(f"the learner received no data for {timeout:.0f} s: the {stage} did not answer "
-                                  f"(learner version {learner_version}, buffer {buffered}, "
-                                  f"{len(self.in_flight)} generations in flight)")
-
-    def restarted(self) -> int:
-        return sum(self.restarts)
-
-    def close(self) -> None:
-        for actor in self.actors:
-            self.engine.kill(actor)
-
-
 @dataclass
 class PipelineStats:
     """What the pipeline did, for summary.json and TensorBoard."""
@@ -311,35 +190,38 @@ class Pipeline:
         self.pool = GeneratorPool(engine, strategy.workers,
                                   lambda i, restarts: engine.spawn(Generator, task, cfg, run.seed, i, restarts, scorer),
                                   request, strategy, self.stats.events, depth=2)
-        self.weights = self.algo.flat_weights()
 
     def train(self, on_step: Any = None) -> dict[str, Any]:
         cfg, pool = self.cfg, self.pool
         per_call = cfg.slices_per_call
         queue_size = self.strategy.queue_size or DEFAULT_QUEUE_SLICES
-        startup = pool.ready(self.scorer)  # the clock starts once every actor is up
-        start = time.perf_counter()
-        while self.algo.version < cfg.learner_steps:
-            for _, scored in pool.finished():
-                self._store([scored])
+
+        def room() -> int:
             # generators go again while the queue has room: slices requested, being scored, or
             # buffered but not trained on yet; the learner's pace sets the generators' pace
             ahead = len(pool.in_flight) * per_call + self.replay.untrained()
-            pool.submit(self.algo.version, lambda: self.engine.weights(self.algo.version, self.weights),
-                        limit=(queue_size - ahead) // per_call)
             self.stats.queue_depths.append(ahead)
-            # the learner steps whenever the buffer holds a batch
-            batch = self.replay.sample(cfg.slices_per_step, self.algo.version)
-            if batch is None:
-                pool.wait_any("generators and scorer", self.algo.version, len(self.replay))
-                continue
-            step_start = time.perf_counter()
-            metrics = self.algo.update(stack(batch))
-            self.weights = self.algo.flat_weights()  # published: the next request carries it
-            self.stats.learner_busy_s += time.perf_counter() - step_start
-            self.stats.lags.append(metrics["lag_mean"])
-            if on_step is not None:
-                on_step(self.algo.version, metrics)
+            return (queue_size - ahead) // per_call
+
+        startup = pool.ready(self.scorer)  # the clock starts once every actor is up
+        start = time.perf_counter()
+        # the feeder thread stores scored slices and sends requests; this loop only samples and steps
+        feeder = Feeder(pool, lambda scored: self._store([scored]), room, self.algo.version,
+                        self.algo.flat_weights(), self.engine.weights, "generators and scorer").start()
+        try:
+            while self.algo.version < cfg.learner_steps:
+                batch = feeder.take(lambda: self.replay.sample(cfg.slices_per_step, self.algo.version),
+                                    self.strategy.starve_timeout_s,
+                                    lambda: f"learner version {self.algo.version}, buffer {len(self.replay)}")
+                step_start = time.perf_counter()
+                metrics = self.algo.update(stack(batch))
+                feeder.publish(self.algo.version, self.algo.flat_weights())
+                self.stats.learner_busy_s += time.perf_counter() - step_start
+                self.stats.lags.append(metrics["lag_mean"])
+                if on_step is not None:
+                    on_step(self.algo.version, metrics)
+        finally:
+            feeder.stop()
         wall = time.perf_counter() - start
         # drain: requests under way are scored into the buffer, so that every generated slice is
         # accounted for (trained, evicted, dropped for lag, or left at the end)

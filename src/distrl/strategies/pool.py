@@ -1,0 +1,218 @@
+"""Keeping a set of generator actors busy: requests, failures and restarts, and a feeder thread.
+
+:class:`GeneratorPool` sends requests to N actors on any :class:`~distrl.strategies.actors.ActorEngine`
+and replaces an actor that dies or raises. :class:`Feeder` runs a pool from a thread of its
+own, storing results as they arrive and sending new requests with the newest weights, so that
+the learner's loop only samples and steps.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from distrl.config import StrategyConfig
+from distrl.strategies.actors import ActorDied, ActorEngine, ActorRaised, spend_restart
+
+
+class PipelineStalled(RuntimeError):
+    """A stage produced nothing for ``starve_timeout_s``; the message names it."""
+
+
+class GeneratorFailed(RuntimeError):
+    """A generator raised (or died) more often than allowed, or raised with ``on_worker_error=abort``."""
+
+
+class GeneratorPool:
+    """N generator actors, each with at most ``depth`` requests in flight; a failed one is replaced.
+
+    ``spawn(i, restarts)`` starts actor ``i`` on the engine; ``request(actor, version, weights)``
+    sends it one request and returns the pending result. The pool remembers which policy version
+    each actor holds, so weights travel only to an actor whose copy is out of date. A second
+    request queued behind the first (``depth=2``) hides the round trip: the actor starts it the
+    moment it finishes the first.
+    """
+
+    def __init__(self, engine: ActorEngine, n: int, spawn: Callable[[int, int], Any], request: Callable[..., Any],
+                 strategy: StrategyConfig, events: list[str], depth: int = 1):
+        self.engine, self.spawn, self.request, self.strategy, self.events = engine, spawn, request, strategy, events
+        self.actors = [spawn(i, 0) for i in range(n)]
+        self.depth = depth
+        self.restarts = [0] * n
+        self.held = [-1] * n                    # the policy version each actor holds (or will, once its queue runs)
+        self.busy = [0] * n                     # requests in flight per actor
+        self.in_flight: dict[Any, int] = {}     # pending request -> actor index
+
+    def submit(self, version: int, weights: Callable[[], Any], limit: int | None = None) -> None:
+        """Top up every actor to ``depth`` requests (at most ``limit`` new ones in all), least busy first."""
+        budget = len(self.actors) * self.depth if limit is None else limit
+        for _ in range(self.depth):
+            for i in sorted(range(len(self.actors)), key=lambda j: self.busy[j]):
+                if budget <= 0 or self.busy[i] >= self.depth:
+                    continue
+                stale = self.held[i] != version
+                self.in_flight[self.request(self.actors[i], version, weights() if stale else None)] = i
+                self.held[i] = version
+                self.busy[i] += 1
+                budget -= 1
+
+    def finished(self, timeout: float = 0) -> list[tuple[int, Any]]:
+        """Results of the requests that are done (waiting up to ``timeout`` for the first); failures replaced."""
+        if not self.in_flight:
+            return []
+        done = self.engine.wait(list(self.in_flight), 0)
+        if not done and timeout > 0:
+            done = self.engine.wait(list(self.in_flight), timeout, first=True)
+        out = []
+        for pending in done:
+            i = self.in_flight.pop(pending, None)
+            if i is None:  # a request of an actor replaced earlier in this loop
+                continue
+            self.busy[i] -= 1
+            result = self._get(pending, i)
+            if result is not None:
+                out.append((i, result))
+        return out
+
+    def ready(self, *others: Any) -> float:
+        """Wait until every actor (and ``others``) has started; returns the seconds it took."""
+        start = time.perf_counter()
+        actors = [*self.actors, *others]
+        pending = [self.engine.call(a, "pid") for a in actors]
+        done = self.engine.wait(pending, self.strategy.timeout_s)
+        if len(done) < len(pending):
+            names = [f"generator {i}" if i < len(self.actors) else "scorer" for i, p in enumerate(pending)
+                     if p not in done]
+            raise PipelineStalled(f"{', '.join(names)} did not start within {self.strategy.timeout_s:.0f} s")
+        for p in pending:  # an actor that failed to start raises here
+            self.engine.result(p, self.strategy.timeout_s)
+        return time.perf_counter() - start
+
+    def drain(self) -> list[tuple[int, Any]]:
+        """Wait for every request under way (up to ``timeout_s``) and return their results."""
+        out = []
+        while self.in_flight:
+            if not self.engine.wait(list(self.in_flight), self.strategy.timeout_s, first=True):
+                late = sorted(set(self.in_flight.values()))
+                raise PipelineStalled(f"generator(s) {late} did not finish within {self.strategy.timeout_s:.0f} s")
+            out += self.finished()
+        return out
+
+    def _get(self, pending: Any, i: int) -> Any:
+        try:
+            return self.engine.result(pending, self.strategy.timeout_s)
+        except ActorDied as exc:
+            reason = f"died ({exc})"
+        except ActorRaised as exc:
+            reason = f"raised {exc}"
+            if self.strategy.on_worker_error == "abort":
+                raise GeneratorFailed(f"generator {i} {reason}") from None
+        spend_restart(self.restarts, i, self.strategy.max_worker_restarts, "generator", reason.splitlines()[0],
+                      GeneratorFailed)
+        self.events.append(f"generator {i} {reason.splitlines()[0]}; restarted ({self.restarts[i]}/"
+                           f"{self.strategy.max_worker_restarts})")
+        self.engine.kill(self.actors[i])
+        self.actors[i] = self.spawn(i, self.restarts[i])
+        self.held[i] = -1
+        for p in [p for p, j in self.in_flight.items() if j == i]:  # lost with the old actor, never counted
+            del self.in_flight[p]
+        self.busy[i] = 0
+        return None
+
+    def wait_any(self, stage: str, learner_version: int, buffered: int) -> None:
+        """Block until some request finishes; fail after ``starve_timeout_s`` naming ``stage``."""
+        if not self.in_flight:
+            raise PipelineStalled(f"the learner has no data and no generation is under way ({stage})")
+        timeout = self.strategy.starve_timeout_s
+        if not self.engine.wait(list(self.in_flight), timeout, first=True):
+            raise PipelineStalled(f"the learner received no data for {timeout:.0f} s: the {stage} did not answer "
+                                  f"(learner version {learner_version}, buffer {buffered}, "
+                                  f"{len(self.in_flight)} generations in flight)")
+
+    def restarted(self) -> int:
+        return sum(self.restarts)
+
+    def close(self) -> None:
+        for actor in self.actors:
+            self.engine.kill(actor)
+
+
+class Feeder:
+    """Runs a :class:`GeneratorPool` from a thread of its own while the learner steps.
+
+    The thread stores every finished request (``store``, called under :attr:`lock`), then tops
+    the generators up with the newest published weights, at most ``room()`` more requests
+    (also under the lock). The learner takes batches under the same lock with :meth:`take`;
+    when there is none it sleeps until a result arrives, and fails after ``starve_timeout_s``
+    naming ``stage``. An error in the thread (a generator past its restarts) is raised in the
+    learner at its next :meth:`take`. Only the thread talks to the engine until :meth:`stop`.
+    """
+
+    POLL_S = 0.005
+    """How long the thread waits for a result before it looks at the published weights again."""
+
+    def __init__(self, pool: GeneratorPool, store: Callable[[Any], None], room: Callable[[], int],
+                 version: int, weights: Any, publish: Callable[[int, Any], Any], stage: str):
+        self.pool, self.store, self.room, self.publish_as, self.stage = pool, store, room, publish, stage
+        self.lock = threading.Condition()
+        self.latest = (version, weights)
+        self.error: BaseException | None = None
+        self.stopping = False
+        self.thread = threading.Thread(target=self._run, name="distrl-feeder", daemon=True)
+
+    def start(self) -> Feeder:
+        self.thread.start()
+        return self
+
+    def publish(self, version: int, weights: Any) -> None:
+        """Make ``weights`` (which must not change afterwards) the ones new requests carry."""
+        with self.lock:
+            self.latest = (version, weights)
+
+    def take(self, sample: Callable[[], Any], timeout: float, describe: Callable[[], str]) -> Any:
+        """``sample()`` under the lock, waiting for results while it returns None."""
+        deadline = time.monotonic() + timeout
+        with self.lock:
+            while True:
+                if self.error is not None:
+                    raise self.error
+                batch = sample()
+                if batch is not None:
+                    self.lock.notify_all()  # room for more requests
+                    return batch
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise PipelineStalled(f"the learner received no data for {timeout:.0f} s: the {self.stage} "
+                                          f"did not answer ({describe()}, {len(self.pool.in_flight)} in flight)")
+                self.lock.wait(left)
+
+    def _run(self) -> None:
+        try:
+            while not self.stopping:
+                results = self.pool.finished(timeout=self.POLL_S)
+                with self.lock:
+                    for _, result in results:
+                        self.store(result)
+                    if results:
+                        self.lock.notify_all()
+                    version, flat = self.latest
+                    room = self.room()
+                    if room <= 0 and not results and not self.pool.in_flight:
+                        self.lock.wait(self.POLL_S)  # queue full and nothing under way: until the learner takes
+                if room > 0:
+                    self.pool.submit(version, lambda: self.publish_as(version, flat), limit=room)
+        except BaseException as exc:  # noqa: BLE001 - handed to the learner, which raises it
+            with self.lock:
+                self.error = exc
+                self.lock.notify_all()
+
+    def stop(self) -> None:
+        """End the thread (after its current round); the pool is the caller's again."""
+        self.stopping = True
+        with self.lock:
+            self.lock.notify_all()
+        self.thread.join(timeout=max(10.0, 2 * self.POLL_S))
+        if self.thread.is_alive():
+            raise PipelineStalled(f"the feeder thread did not stop: a call to the {self.stage} hangs")
