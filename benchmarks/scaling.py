@@ -63,10 +63,11 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--only", default="", help="run only workloads whose name contains this text")
     args = parser.parse_args()
     repeats = 1 if args.quick else args.repeats
     rows = []
-    for env in WORKLOADS:
+    for env in [w for w in WORKLOADS if args.only in w]:
         results: dict[tuple[str, int], list[dict]] = {c: [] for c in CONFIGS}
         total = (51_200 if args.quick else 102_400) if env.startswith("CartPole") else (20_480 if args.quick else 61_440)
         for config in alternating(CONFIGS, repeats):

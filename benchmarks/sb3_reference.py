@@ -1,0 +1,92 @@
+"""stable-baselines3 PPO with distrl's preset for an env: a reference run on the same env version.
+
+    python benchmarks/sb3_reference.py Hopper-v5 --seed 0 --steps 1000000
+    python benchmarks/results.py      # lists the kept reference runs in docs/results.md
+
+The published figures distrl's presets come from were measured on v3/v4 MuJoCo envs. This
+trains stable-baselines3 with exactly the hyperparameters of ``distrl train ppo ENV --preset
+auto`` (translated field by field, VecNormalize for the normalisers) on the env distrl uses,
+and keeps its episode log and a summary under docs/results/sb3/sb3-ppo-ENV-sSEED/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).parents[1]
+OUT = ROOT / "docs" / "results" / "sb3"
+
+
+def sb3_ppo(env_id: str, seed: int):
+    """An SB3 PPO model and its VecNormalize'd env, configured like distrl's preset for ``env_id``."""
+    import torch
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.vec_env import VecNormalize
+
+    from distrl.presets import algo_configs
+
+    _, cfg, _ = algo_configs("ppo", env_id)
+    env = make_vec_env(env_id, n_envs=cfg.n_envs, seed=seed)
+    if cfg.normalize_obs or cfg.normalize_reward:
+        env = VecNormalize(env, norm_obs=cfg.normalize_obs, norm_reward=cfg.normalize_reward, clip_obs=cfg.clip_obs,
+                           gamma=cfg.gamma)
+    lr = cfg.learning_rate if cfg.lr_schedule != "linear" else (lambda remaining: cfg.learning_rate * remaining)
+    activation = {"tanh": torch.nn.Tanh, "relu": torch.nn.ReLU}[cfg.activation]
+    model = PPO("MlpPolicy", env, n_steps=cfg.n_steps, batch_size=cfg.batch_size, n_epochs=cfg.n_epochs,
+                gamma=cfg.gamma, gae_lambda=cfg.gae_lambda, learning_rate=lr, clip_range=cfg.clip_range,
+                ent_coef=cfg.ent_coef, vf_coef=cfg.vf_coef, max_grad_norm=cfg.max_grad_norm, target_kl=cfg.target_kl,
+                normalize_advantage=cfg.normalize_advantage, seed=seed, device="cpu",
+                policy_kwargs=dict(log_std_init=cfg.log_std_init, ortho_init=cfg.ortho_init, activation_fn=activation,
+                                   net_arch=dict(pi=list(cfg.net_arch), vf=list(cfg.net_arch))))
+    return model
+
+
+def main() -> None:
+    import torch
+    from stable_baselines3.common.callbacks import BaseCallback
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("env")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--steps", type=int, default=1_000_000)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    out = OUT / f"sb3-ppo-{args.env}-s{args.seed}"
+    out.mkdir(parents=True, exist_ok=True)
+    model = sb3_ppo(args.env, args.seed)
+    start = time.perf_counter()
+
+    class EpisodeLog(BaseCallback):
+        def _on_training_start(self) -> None:
+            self.file = open(out / "monitor.csv", "w", newline="")
+            self.writer = csv.writer(self.file)
+            self.writer.writerow(["r", "l", "t"])
+
+        def _on_step(self) -> bool:
+            for info in self.locals["infos"]:
+                if "episode" in info:
+                    self.writer.writerow([info["episode"]["r"], info["episode"]["l"],
+                                          round(time.perf_counter() - start, 1)])
+            return True
+
+        def _on_training_end(self) -> None:
+            self.file.close()
+
+    model.learn(args.steps, callback=EpisodeLog())
+    wall = time.perf_counter() - start
+    import stable_baselines3
+
+    (out / "summary.json").write_text(json.dumps({
+        "library": f"stable-baselines3 {stable_baselines3.__version__}", "algo": "ppo", "env": args.env,
+        "seed": args.seed, "total_steps": args.steps, "wall_s": wall, "sps": args.steps / wall,
+        "hyperparameters": f"distrl's preset for {args.env}"}, indent=1))
+    print(f"kept {out}")
+
+
+if __name__ == "__main__":
+    main()
