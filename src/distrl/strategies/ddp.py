@@ -65,6 +65,8 @@ class DistributedSync:
         keeps the group's timeout either way. With more local ranks than cores it sleeps, so
         that a polling rank does not take the core a working one needs.
         """
+        if self.world_size == 1:  # a sum over one rank: nothing to exchange
+            return
         if not self.spin:
             dist.all_reduce(tensor, group=self.group)
             return
