@@ -64,6 +64,7 @@ def main() -> None:
     class EpisodeLog(BaseCallback):
         def _on_training_start(self) -> None:
             self.file = open(out / "monitor.csv", "w", newline="")
+            self.file.write("#" + json.dumps({"t_start": time.time(), "env_id": args.env}) + "\n")  # Monitor format
             self.writer = csv.writer(self.file)
             self.writer.writerow(["r", "l", "t"])
 
