@@ -17,6 +17,13 @@ from typing import Any
 from distrl.config import ConfigError
 
 
+INLINE_RESULT_BYTES = 512 * 1024
+"""The embedded instance returns results up to this size inside the reply instead of through its
+object store (Ray's default: 100 KB). Rollout fragments and episode batches of a few hundred KB
+are the common case here, and the object store's put and fetch cost them milliseconds on small
+machines. A cluster joined with ``--ray-address`` keeps its own setting."""
+
+
 def import_ray() -> Any:
     try:
         import ray
@@ -40,7 +47,7 @@ def ray_session(address: str, run_dir: Path | None = None, num_cpus: int | None 
                 raise ConfigError(f"ray_address={address!r}: cannot connect to a Ray cluster ({exc})") from None
         else:
             ray.init(num_cpus=num_cpus or os.cpu_count(), include_dashboard=False, _node_ip_address="127.0.0.1",
-                     **kwargs)
+                     _system_config={"max_direct_call_object_size": INLINE_RESULT_BYTES}, **kwargs)
         started = True
         if run_dir is not None:
             _link_session_logs(ray, run_dir)
