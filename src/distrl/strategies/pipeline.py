@@ -134,23 +134,43 @@ class PipelineStats:
     learner_busy_s: float = 0.0
     generate_s: float = 0.0
     generated: int = 0
-    queue_depths: list[int] = field(default_factory=list)
-    lags: list[float] = field(default_factory=list)
+    queue_depth: int = 0
+    """The latest queue depth. It and the policy lag are kept as running figures, not lists: the
+    feeder records a depth every few milliseconds, and a run may last millions of steps."""
+    queue_depth_total: int = 0
+    queue_depth_count: int = 0
+    queue_depth_max: int = 0
+    lag_total: float = 0.0
+    lag_count: int = 0
+    lag_min: float = float("inf")
+    lag_max: float = 0.0
     events: list[str] = field(default_factory=list)
+
+    def record_queue(self, depth: int) -> None:
+        self.queue_depth = depth
+        self.queue_depth_total += depth
+        self.queue_depth_count += 1
+        self.queue_depth_max = max(self.queue_depth_max, depth)
+
+    def record_lag(self, lag: float) -> None:
+        self.lag_total += lag
+        self.lag_count += 1
+        self.lag_min = min(self.lag_min, lag)
+        self.lag_max = max(self.lag_max, lag)
 
     def summary(self, wall: float, steps: int, generators: int, replay: VersionedReplay, restarts: int,
                 unit: str) -> dict[str, Any]:
-        lags = np.array(self.lags) if self.lags else np.zeros(1)
         busy = self.learner_busy_s / max(wall, 1e-9)
         counters = {k.replace("slice", unit): v for k, v in replay.counters().items()}
         return {"learner_steps": steps, "pipeline_wall_s": wall, "learner_steps_per_s": steps / max(wall, 1e-9),
                 "learner_busy_fraction": busy, "learner_idle_fraction": 1 - busy,
                 "generator_utilisation": self.generate_s / max(wall * max(generators, 1), 1e-9),
                 f"{unit}s_generated": self.generated, f"{unit}s_per_s": self.generated / max(wall, 1e-9),
-                "queue_depth_mean": float(np.mean(self.queue_depths)) if self.queue_depths else 0.0,
-                "queue_depth_max": max(self.queue_depths, default=0), "buffer_max": replay.max_size,
-                "policy_lag_min": float(lags.min()), "policy_lag_mean": float(lags.mean()),
-                "policy_lag_max": float(lags.max()), "generator_restarts": restarts, "events": self.events,
+                "queue_depth_mean": self.queue_depth_total / max(self.queue_depth_count, 1),
+                "queue_depth_max": self.queue_depth_max, "buffer_max": replay.max_size,
+                "policy_lag_min": self.lag_min if self.lag_count else 0.0,
+                "policy_lag_mean": self.lag_total / max(self.lag_count, 1),
+                "policy_lag_max": self.lag_max, "generator_restarts": restarts, "events": self.events,
                 **counters}
 
 
@@ -200,7 +220,7 @@ class Pipeline:
             # generators go again while the queue has room: slices requested, being scored, or
             # buffered but not trained on yet; the learner's pace sets the generators' pace
             ahead = len(pool.in_flight) * per_call + self.replay.untrained()
-            self.stats.queue_depths.append(ahead)
+            self.stats.record_queue(ahead)
             return (queue_size - ahead) // per_call
 
         startup = pool.ready(self.scorer)  # the clock starts once every actor is up
@@ -217,7 +237,7 @@ class Pipeline:
                 metrics = self.algo.update(stack(batch))
                 feeder.publish(self.algo.version, self.algo.flat_weights())
                 self.stats.learner_busy_s += time.perf_counter() - step_start
-                self.stats.lags.append(metrics["lag_mean"])
+                self.stats.record_lag(metrics["lag_mean"])
                 if on_step is not None:
                     on_step(self.algo.version, metrics)
         finally:

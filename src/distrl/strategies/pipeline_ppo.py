@@ -95,7 +95,7 @@ class AsyncCollector:
         ahead = len(self.pool.in_flight) + self.replay.untrained()
         submitted = len(self.pool.in_flight)
         self.pool.submit(policy_version, self._weights, limit=self.queue_size - ahead)
-        self.stats.queue_depths.append(ahead + len(self.pool.in_flight) - submitted)
+        self.stats.record_queue(ahead + len(self.pool.in_flight) - submitted)
 
     def collect(self, policy_version: int, preempt: Any = None, min_steps: int = 0) -> Any:
         start = time.perf_counter()
@@ -106,7 +106,7 @@ class AsyncCollector:
             self._harvest()
             self._submit(policy_version)
         version, fragment = taken[0]
-        self.stats.lags.append(float(policy_version - version))
+        self.stats.record_lag(float(policy_version - version))
         rollout = dataclasses.replace(fragment, collected_steps=self.pending_steps,
                                       episode_returns=self.pending_returns, episode_lengths=self.pending_lengths,
                                       collect_s=time.perf_counter() - start)
@@ -114,7 +114,7 @@ class AsyncCollector:
         self.last_overhead_s = rollout.collect_s  # the learner's wait for data
         self.overheads.append(self.last_overhead_s)
         self.last_metrics = {"pipeline/policy_lag": float(policy_version - version),
-                             "pipeline/queue_depth": float(self.stats.queue_depths[-1]),
+                             "pipeline/queue_depth": float(self.stats.queue_depth),
                              "pipeline/buffer_size": float(len(self.replay)),
                              "pipeline/generator_restarts": float(self.pool.restarted())}
         return rollout
