@@ -60,10 +60,11 @@ class DistributedSync:
 
         On CPU the wait polls the collective and yields the core between polls instead of
         sleeping: on small virtual machines a process that sleeps takes milliseconds to be
-        woken when the other rank's data arrives. Measured on 2-core test machines with two gloo
-        ranks, a 10k-float all-reduce after 1 ms of other work took 3.1 ms sleeping and 0.7 ms polling. The collective
-        keeps the group's timeout either way. With more local ranks than cores it sleeps, so
-        that a polling rank does not take the core a working one needs.
+        woken when the other rank's data arrives. Measured on 2-core test machines with two
+        gloo ranks, a 10k-float all-reduce after 1 ms of other work took 3.1 ms sleeping and
+        0.7 ms polling. The collective keeps the group's timeout either way. With more local
+        ranks than cores it sleeps, so that a polling rank does not take the core a working
+        one needs.
         """
         if self.world_size == 1:  # a sum over one rank: nothing to exchange
             return
