@@ -139,13 +139,13 @@ def scaling_section() -> list[str]:
     return lines
 
 
-def sb3_section() -> list[str]:
+def sb3_section(runs: list[dict]) -> list[str]:
     """Reference runs of stable-baselines3 with distrl's preset on the same env version (sb3_reference.py)."""
     rows = []
     for summary_path in sorted((RESULTS / "sb3").glob("*/summary.json")):
         s = json.loads(summary_path.read_text())
         returns = read_monitor(summary_path.parent / "monitor.csv")["r"]
-        distrl = [r["last100"] for r in load_runs() if r["summary"]["env"] == s["env"]
+        distrl = [r["last100"] for r in runs if r["summary"]["env"] == s["env"]
                   and r["summary"]["algo"] == s["algo"] and r["summary"]["strategy"] == "single"
                   and r["seed"] == s["seed"]]
         rows.append([s["env"], s["algo"].upper(), s["library"], str(s["seed"]), f"{s['total_steps']:,}",
@@ -170,7 +170,7 @@ def write_page() -> None:
             "kept in `docs/results/` (each run's monitor.csv, summary.json and config.json). "
             "Return columns: mean ± std over seeds of each run's mean over its last 100 training episodes, "
             "and of its final 10-episode deterministic evaluation.", "",
-            "## Learning", "", *learning_table(runs), "", *curve_figures(runs), *sb3_section(),
+            "## Learning", "", *learning_table(runs), "", *curve_figures(runs), *sb3_section(runs),
             "## Speedup against ideal, per strategy", "", *scaling_section()]
     if notes.is_file():
         body += [notes.read_text().strip(), ""]

@@ -201,7 +201,7 @@ def train_command(argv: list[str]) -> int:
         run_training(run, algo_cfg, resume_path)
     elif args.strategy.strategy in ("actor-learner", "pipeline"):
         from distrl.strategies.actor_learner import WorkerError, run_actor_learner
-        from distrl.strategies.pipeline import GeneratorFailed, PipelineStalled
+        from distrl.strategies.pool import GeneratorFailed, PipelineStalled
         from distrl.strategies.pipeline_ppo import run_async_ppo
 
         checkpoint.check_new_run_dir(Path(run.run_dir), resume_path)

@@ -93,7 +93,8 @@ def test_command_line_pipeline_writes_the_run_dir(tmp_path):
 
 
 def test_a_stalled_scorer_ends_the_run_naming_the_starved_stage(ray_local):
-    from distrl.strategies.pipeline import Pipeline, PipelineStalled
+    from distrl.strategies.pipeline import Pipeline
+    from distrl.strategies.pool import PipelineStalled
 
     strategy = StrategyConfig(strategy="pipeline", workers=2, starve_timeout_s=3)
     pipeline = Pipeline(RayActors(ray_local), "bandit", GRPOConfig(learner_steps=100_000), RUN, strategy)

@@ -13,7 +13,7 @@ import torch
 from distrl.config import PPOConfig, RunConfig, StrategyConfig
 from distrl.strategies.actor_learner import RolloutWorker, WorkerSpec
 from distrl.strategies.actors import RayActors
-from distrl.strategies.pipeline import GeneratorFailed
+from distrl.strategies.pool import GeneratorFailed
 from distrl.strategies.pipeline_ppo import AsyncCollector
 from distrl.training import OnPolicyTrainer
 

@@ -45,7 +45,7 @@ from distrl.algos.grpo import GroupBatch, GroupPolicy, GRPOAlgo
 from distrl.config import ConfigError, GRPOConfig, RunConfig, StrategyConfig
 from distrl.data.replay import VersionedReplay
 from distrl.strategies.actors import ActorEngine, RayActors, as_array
-from distrl.strategies.pool import Feeder, GeneratorFailed, GeneratorPool, PipelineStalled  # noqa: F401 - re-exported
+from distrl.strategies.pool import Feeder, GeneratorPool
 from distrl.tasks import make_task
 
 

@@ -19,7 +19,8 @@ import numpy as np
 from distrl.config import ConfigError, RunConfig, StrategyConfig
 from distrl.data.replay import VersionedReplay
 from distrl.strategies.actors import ActorEngine, RayActors
-from distrl.strategies.pipeline import GeneratorPool, PipelineStats, actor_engine
+from distrl.strategies.pipeline import PipelineStats, actor_engine
+from distrl.strategies.pool import GeneratorPool
 
 
 class AsyncCollector:

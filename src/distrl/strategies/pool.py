@@ -213,6 +213,6 @@ class Feeder:
         self.stopping = True
         with self.lock:
             self.lock.notify_all()
-        self.thread.join(timeout=max(10.0, 2 * self.POLL_S))
+        self.thread.join(timeout=10.0)
         if self.thread.is_alive():
             raise PipelineStalled(f"the feeder thread did not stop: a call to the {self.stage} hangs")
