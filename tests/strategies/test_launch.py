@@ -68,6 +68,21 @@ def test_a_rank_that_raises_ends_the_job_naming_the_rank(tmp_path):
     assert last.startswith("distrl: error: rank 1 failed") and "boom from rank 1's env" in last
 
 
+def test_the_launcher_names_the_rank_that_failed_in_substance_not_the_peer_that_exited_first():
+    from distrl.strategies.launch import WorkerFailed, _wait_all, _Worker
+
+    def rank(delay, message):
+        code = f"import sys, time; time.sleep({delay}); print({message!r}, file=sys.stderr); sys.exit(1)"
+        return subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, text=True)
+
+    peer = "distrl: error: rank 0: RuntimeError: [gloo/pair.cc:553] Connection closed by peer [127.0.0.1]:1"
+    workers = [_Worker(0, rank(0.0, peer)), _Worker(1, rank(0.5, "distrl: error: rank 1: ValueError: bad obs"))]
+    with pytest.raises(WorkerFailed) as failed:
+        _wait_all(workers)
+    assert str(failed.value) == ("rank 1 failed (exit status 1): distrl: error: rank 1: ValueError: bad obs"
+                                 " (then failed too: rank 0)")
+
+
 def test_a_killed_rank_ends_the_job_within_60s_and_leaves_no_process(tmp_path):
     psutil = pytest.importorskip("psutil")
     launcher = subprocess.Popen([sys.executable, "-m", "distrl", "train", "ppo", "CartPole-v1", "--strategy", "ddp",

@@ -14,6 +14,7 @@ from __future__ import annotations
 import collections
 import ctypes
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -24,6 +25,12 @@ from pathlib import Path
 from typing import Any
 
 STOP_GRACE_S = 5.0
+PEERS_GRACE_S = 2.0
+"""After the first rank fails, how long to wait for the others' own errors before choosing whom to name."""
+
+PEER_FAILURE = re.compile(r"gloo|nccl|connection (closed|reset) by peer|timed out|remote worker crashing",
+                          re.IGNORECASE)
+"""An error that a rank reports because a peer died; the rank that died first is the news."""
 
 
 class WorkerFailed(RuntimeError):
@@ -125,10 +132,34 @@ def _wait_all(procs: list[_Worker]) -> None:
                 continue
             running.remove(worker)
             if code != 0:
-                _stop_all(procs)
-                worker.reader.join(timeout=2.0)
-                raise WorkerFailed(f"rank {worker.rank} failed ({_describe_exit(code)}): {_error_line(worker.tail)}")
+                raise WorkerFailed(_root_cause(procs))
         time.sleep(0.05)
+
+
+def _root_cause(procs: list[_Worker]) -> str:
+    """Name the rank that failed first in substance, not the peers that then lost it in a collective.
+
+    Ranks exit within milliseconds of each other when one dies, often inside one poll, so
+    the order of exit says little; a rank whose error is a lost peer is named only if no
+    rank has another error.
+    """
+    deadline = time.monotonic() + PEERS_GRACE_S
+    while time.monotonic() < deadline and any(w.process.poll() is None for w in procs):
+        time.sleep(0.05)
+    failed = [w for w in procs if w.process.poll() not in (0, None)]  # on their own, not stopped by us
+    _stop_all(procs)
+    for worker in failed:
+        worker.reader.join(timeout=2.0)
+    return blame({w.rank: f"failed ({_describe_exit(w.process.returncode)}): {_error_line(w.tail)}" for w in failed})
+
+
+def blame(errors: dict[int, str]) -> str:
+    """One line from each failed rank's ``failed …: error``: a rank whose error is a lost peer is named last."""
+    ranks = sorted(errors)
+    first = next((r for r in ranks if not PEER_FAILURE.search(errors[r])), ranks[0])
+    others = [r for r in ranks if r != first]
+    also = f" (then failed too: rank {', '.join(map(str, others))})" if others else ""
+    return f"rank {first} {errors[first]}{also}"
 
 
 def _stop_all(procs: list[_Worker]) -> None:
@@ -168,11 +199,21 @@ def _wait_ray(ray: Any, refs: list) -> list:
     results: dict[int, Any] = {}
     while pending:
         done, pending = ray.wait(pending, num_returns=1)
-        ref = done[0]
-        rank = refs.index(ref)
         try:
-            results[rank] = ray.get(ref)
-        except Exception as exc:  # noqa: BLE001 - any actor failure ends the job, named by rank
-            cause = getattr(exc, "cause", None) or exc
-            raise WorkerFailed(f"rank {rank} failed: {type(cause).__name__}: {cause}") from None
+            results[refs.index(done[0])] = ray.get(done[0])
+        except Exception:  # noqa: BLE001 - any actor failure ends the job, named by rank
+            raise WorkerFailed(_ray_root_cause(ray, refs)) from None
     return [results[r] for r in range(len(refs))]
+
+
+def _ray_root_cause(ray: Any, refs: list) -> str:
+    """As :func:`_root_cause`, for ranks running as Ray actors."""
+    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=PEERS_GRACE_S)
+    errors: dict[int, str] = {}
+    for ref in ready:
+        try:
+            ray.get(ref)
+        except Exception as exc:  # noqa: BLE001 - any actor failure is reported
+            cause = getattr(exc, "cause", None) or exc
+            errors[refs.index(ref)] = f"failed: {type(cause).__name__}: {cause}"
+    return blame(errors)

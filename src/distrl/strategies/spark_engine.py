@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from distrl.config import ConfigError, RunConfig, StrategyConfig
-from distrl.strategies.launch import WorkerFailed
+from distrl.strategies.launch import WorkerFailed, blame
 
 RANK_ERROR = "distrl-rank-error: "
 """Prefix of the one JSON line a failing rank prints; the launcher finds it in the run's output."""
@@ -162,9 +162,6 @@ def _watch_output(found: list[str]) -> Iterator[None]:
         sys.stdout, sys.stderr = saved
 
 
-_PEER_FAILURE = re.compile(r"gloo|nccl|connection (closed|reset) by peer|timed out", re.IGNORECASE)
-
-
 def describe_failure(exc: BaseException, workers: int, output: Sequence[str] = ()) -> str:
     """One line for a failed TorchDistributor run: the first rank that reported an exception, else its output."""
     text = _all_text(exc)
@@ -179,11 +176,7 @@ def describe_failure(exc: BaseException, workers: int, output: Sequence[str] = (
             if report not in reports:
                 reports.append(report)
     if reports:
-        # a rank whose peer died fails in a collective; the rank that died first is the news
-        first = next((r for r in reports if not _PEER_FAILURE.search(r["error"])), reports[0])
-        others = sorted({r["rank"] for r in reports} - {first["rank"]})
-        also = f" (then failed too: rank {', '.join(map(str, others))})" if others else ""
-        return f"rank {first['rank']} of {workers} failed under Spark: {first['error']}{also}"
+        return blame({r["rank"]: f"of {workers} failed under Spark: {r['error']}" for r in reversed(reports)})
     lines = [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("at ")]
     errors = [line for line in lines if "Error" in line or "Exception" in line]
     last = errors[-1] if errors else (lines[-1] if lines else type(exc).__name__)
