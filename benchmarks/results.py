@@ -69,14 +69,31 @@ def load_runs() -> list[dict]:
         summary = json.loads(summary_path.read_text())
         config = json.loads((run_dir / "config.json").read_text())
         returns = read_monitor(run_dir / "monitor.csv")["r"]
-        runs.append({"dir": run_dir, "summary": summary, "config": config,
-                     "last100": float(returns[-100:].mean()), "seed": config["run"]["seed"]})
+        run = {"dir": run_dir, "summary": summary, "config": config,
+               "last100": float(returns[-100:].mean()), "seed": config["run"]["seed"]}
+        run["settings"] = settings(run)
+        runs.append(run)
     return runs
+
+
+def settings(run: dict) -> str:
+    """The preset whose hyperparameters the run trained with (whatever it was called then), else "custom"."""
+    from distrl.config import ALGO_CONFIGS, to_dict
+    from distrl.presets import PRESETS
+
+    algo = run["summary"]["algo"]
+    used = json.loads(json.dumps(run["config"][algo]))
+    for name, values in PRESETS.get(algo, {}).items():
+        params = {k: v for k, v in values.items() if k != "total_steps"}
+        if json.loads(json.dumps(to_dict(ALGO_CONFIGS[algo](**params)))) == used:
+            return name
+    return "custom"
 
 
 def group_key(run: dict) -> tuple:
     s = run["summary"]
-    return s["algo"], s["env"], s["strategy"], s["workers"], run["config"]["strategy"].get("scaling", "per-worker")
+    return (s["algo"], s["env"], s["strategy"], s["workers"], run["config"]["strategy"].get("scaling", "per-worker"),
+            run["settings"])
 
 
 def mean_std(values: list[float]) -> str:
@@ -90,18 +107,18 @@ def learning_table(runs: list[dict]) -> list[str]:
     for run in runs:
         groups[group_key(run)].append(run)
     rows = []
-    for (algo, env, strategy, workers, scaling), members in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0])):
+    for (algo, env, strategy, workers, scaling, preset), members in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0])):
         members.sort(key=lambda r: r["seed"])
         strat = strategy if strategy == "single" else f"{strategy} ×{workers}" + (
             f", {scaling}" if strategy == "ddp" else "")
         steps = members[0]["summary"]["total_steps"]
-        rows.append([env, algo.upper(), strat, ", ".join(str(r["seed"]) for r in members), f"{steps:,}",
+        rows.append([env, algo.upper(), preset, strat, ", ".join(str(r["seed"]) for r in members), f"{steps:,}",
                      mean_std([r["last100"] for r in members]),
                      mean_std([r["summary"]["final_eval_mean_return"] for r in members]),
                      f"{statistics.mean(r['summary']['wall_s'] for r in members) / 60:,.1f}",
                      f"{statistics.mean(r['summary']['sps'] for r in members):,.0f}",
                      REFERENCES.get((algo, env), "")])
-    header = ["env", "algo", "strategy", "seeds", "steps", "last 100 training episodes", "10-episode eval",
+    header = ["env", "algo", "preset", "strategy", "seeds", "steps", "last 100 training episodes", "10-episode eval",
               "wall min", "SPS", "reference (1M steps)"]
     return markdown_table(header, rows)
 
@@ -115,7 +132,7 @@ def curve_figures(runs: list[dict]) -> list[str]:
     for (algo, env), dirs in sorted(by_env.items(), key=lambda kv: kv[0][1]):
         name = f"{algo}-{SHORT.get(env, env)}.png"
         smooth = 20 if env not in ("CartPole-v1", "Pendulum-v1") else 10
-        reference = sorted((RESULTS / "sb3").glob(f"sb3-{algo}-{env}-s*"))  # sb3_reference.py, same env version
+        reference = sorted((RESULTS / "sb3").glob(f"sb3-{algo}-{env}-*"))  # sb3_reference.py, same env version
         reward_curves(sorted(dirs) + reference, "total-steps", k=smooth, out=RESULTS / name,
                       title=f"{algo.upper()} {env} (mean of {smooth} episodes)")
         lines += [f"![{algo.upper()} {env}](results/{name})", ""]
@@ -147,17 +164,17 @@ def sb3_section(runs: list[dict]) -> list[str]:
         returns = read_monitor(summary_path.parent / "monitor.csv")["r"]
         distrl = [r["last100"] for r in runs if r["summary"]["env"] == s["env"]
                   and r["summary"]["algo"] == s["algo"] and r["summary"]["strategy"] == "single"
-                  and r["seed"] == s["seed"]]
-        rows.append([s["env"], s["algo"].upper(), s["library"], str(s["seed"]), f"{s['total_steps']:,}",
+                  and r["seed"] == s["seed"] and r["settings"] == s["preset"]]
+        rows.append([s["env"], s["algo"].upper(), s["preset"], s["library"], str(s["seed"]), f"{s['total_steps']:,}",
                      f"{float(returns[-100:].mean()):,.0f}", f"{distrl[0]:,.0f}" if distrl else "—",
                      f"{s['wall_s'] / 60:,.1f}"])
     if not rows:
         return []
-    header = ["env", "algo", "library", "seed", "steps", "last 100 training episodes", "distrl, same seed",
+    header = ["env", "algo", "preset", "library", "seed", "steps", "last 100 training episodes", "distrl, same seed",
               "wall min"]
     return ["## Reference runs on the same env version", "",
             "`python benchmarks/sb3_reference.py ENV --seed N`: stable-baselines3 trained with exactly the "
-            "hyperparameters of distrl's preset (VecNormalize for the normalisers). The published figures in the "
+            "hyperparameters of a distrl preset (VecNormalize for the normalisers). The published figures in the "
             "table above were measured on v3/v4 envs; these show what the reference implementation reaches on "
             "the v5 env distrl trains on.", "", *markdown_table(header, rows), ""]
 

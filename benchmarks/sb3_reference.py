@@ -1,12 +1,13 @@
-"""stable-baselines3 PPO with distrl's preset for an env: a reference run on the same env version.
+"""stable-baselines3 PPO with a distrl preset: a reference run on the same env version.
 
-    python benchmarks/sb3_reference.py Hopper-v5 --seed 0 --steps 1000000
+    python benchmarks/sb3_reference.py Hopper-v5 --seed 0 --steps 1000000 [--preset hopper-zoo]
     python benchmarks/results.py      # lists the kept reference runs in docs/results.md
 
 The published figures distrl's presets come from were measured on v3/v4 MuJoCo envs. This
 trains stable-baselines3 with exactly the hyperparameters of ``distrl train ppo ENV --preset
-auto`` (translated field by field, VecNormalize for the normalisers) on the env distrl uses,
-and keeps its episode log and a summary under docs/results/sb3/sb3-ppo-ENV-sSEED/.
+PRESET`` (``auto`` by default; translated field by field, VecNormalize for the normalisers)
+on the env distrl uses, and keeps its episode log and a summary under
+docs/results/sb3/sb3-ppo-ENV-PRESET-sSEED/.
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ ROOT = Path(__file__).parents[1]
 OUT = ROOT / "docs" / "results" / "sb3"
 
 
-def sb3_ppo(env_id: str, seed: int):
-    """An SB3 PPO model and its VecNormalize'd env, configured like distrl's preset for ``env_id``."""
+def sb3_ppo(env_id: str, seed: int, preset: str = "auto"):
+    """An SB3 PPO model and its VecNormalize'd env, configured like distrl's ``preset`` for ``env_id``."""
     import torch
     from stable_baselines3 import PPO
     from stable_baselines3.common.env_util import make_vec_env
@@ -30,7 +31,7 @@ def sb3_ppo(env_id: str, seed: int):
 
     from distrl.presets import algo_configs
 
-    _, cfg, _ = algo_configs("ppo", env_id)
+    _, cfg, _ = algo_configs("ppo", env_id, preset)
     env = make_vec_env(env_id, n_envs=cfg.n_envs, seed=seed)
     if cfg.normalize_obs or cfg.normalize_reward:
         env = VecNormalize(env, norm_obs=cfg.normalize_obs, norm_reward=cfg.normalize_reward, clip_obs=cfg.clip_obs,
@@ -54,11 +55,15 @@ def main() -> None:
     parser.add_argument("env")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--steps", type=int, default=1_000_000)
+    parser.add_argument("--preset", default="auto")
     args = parser.parse_args()
+    from distrl.presets import resolve_preset
+
+    preset, _ = resolve_preset("ppo", args.env, args.preset)
     torch.set_num_threads(1)
-    out = OUT / f"sb3-ppo-{args.env}-s{args.seed}"
+    out = OUT / f"sb3-ppo-{args.env}-{preset}-s{args.seed}"
     out.mkdir(parents=True, exist_ok=True)
-    model = sb3_ppo(args.env, args.seed)
+    model = sb3_ppo(args.env, args.seed, preset)
     start = time.perf_counter()
 
     class EpisodeLog(BaseCallback):
@@ -85,7 +90,7 @@ def main() -> None:
     (out / "summary.json").write_text(json.dumps({
         "library": f"stable-baselines3 {stable_baselines3.__version__}", "algo": "ppo", "env": args.env,
         "seed": args.seed, "total_steps": args.steps, "wall_s": wall, "sps": args.steps / wall,
-        "hyperparameters": f"distrl's preset for {args.env}"}, indent=1))
+        "preset": preset, "hyperparameters": f"distrl's {preset} preset"}, indent=1))
     print(f"kept {out}")
 
 
