@@ -143,6 +143,24 @@ def test_ray_launcher_places_ranks_as_actors(tmp_path):
     assert summary(run_dir)["workers"] == 2 and summary(run_dir)["total_steps"] == 2048
 
 
+def test_the_ray_launcher_names_the_rank_that_failed_in_substance(ray_local):
+    from distrl.strategies.launch import WorkerFailed, _wait_ray
+
+    def _fail_after(delay, error):  # defined here so that Ray ships it by value
+        import time
+
+        time.sleep(delay)
+        raise error
+
+    fail = ray_local.remote(_fail_after)
+    refs = [fail.remote(0.0, RuntimeError("[gloo/pair.cc:553] Connection closed by peer [127.0.0.1]:1")),
+            fail.remote(0.5, ValueError("bad obs"))]
+    with pytest.raises(WorkerFailed) as failed:
+        _wait_ray(ray_local, refs)
+    # rank 0 is reported too when its task has failed by then; on a busy machine it may start late
+    assert str(failed.value).startswith("rank 1 failed: ValueError: bad obs")
+
+
 def test_unreachable_ray_cluster_is_a_clear_error(tmp_path):
     pytest.importorskip("ray")
     result = distrl("train", "ppo", "CartPole-v1", "--strategy", "ddp", "--workers", "2",
