@@ -81,9 +81,10 @@ def settings(run: dict) -> str:
     from distrl.config import ALGO_CONFIGS, to_dict
     from distrl.presets import PRESETS
 
-    algo = run["summary"]["algo"]
+    algo, env = run["summary"]["algo"], run["summary"]["env"]
     used = json.loads(json.dumps(run["config"][algo]))
-    for name, values in PRESETS.get(algo, {}).items():
+    presets = PRESETS.get(algo, {})
+    for name, values in sorted(presets.items(), key=lambda kv: kv[0] != env):  # the env's own preset first
         params = {k: v for k, v in values.items() if k != "total_steps"}
         if json.loads(json.dumps(to_dict(ALGO_CONFIGS[algo](**params)))) == used:
             return name
