@@ -35,3 +35,16 @@ def test_unknown_hyperparameter_is_named():
 def test_discrete_only_env_rejects_nothing_but_box_obs_required():
     with pytest.raises(ConfigError, match="Discrete observation space"):
         PPO("FrozenLake-v1")
+
+
+@pytest.mark.parametrize("flush", [True, False])
+def test_a_cpu_run_flushes_subnormal_floats_to_zero_unless_told_not_to(flush):
+    import torch
+
+    torch.set_flush_denormal(not flush)
+    try:
+        PPO("CartPole-v1", n_envs=1, n_steps=8, batch_size=8, flush_denormal=flush).close()
+        tiny = torch.tensor([1e-39])  # below float32's smallest normal number, about 1.18e-38
+        assert ((tiny * 1.0).item() == 0.0) is flush
+    finally:
+        torch.set_flush_denormal(False)  # torch's default

@@ -309,6 +309,10 @@ class RunConfig:
     threads: int = 1
     """Intra-op torch threads per process. 1 suits small networks and several workers per machine;
     wide networks (SAC's 256x256) gain from more when the process has the cores to itself."""
+    flush_denormal: bool = True
+    """On the CPU, treat subnormal floats (below about 1.2e-38) as zero. Adam's second-moment
+    estimates decay into that range, where x86 arithmetic is tens of times slower: SAC's Adam
+    steps on Pendulum took 1.5 ms each instead of 0.14 ms."""
     quiet: bool = False
     """No progress display."""
     debug: bool = False

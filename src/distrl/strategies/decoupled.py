@@ -220,6 +220,7 @@ def run_decoupled_rank(run: RunConfig, strategy: StrategyConfig, cfg: PPOConfig,
                        resume_path: Path | None, start: float) -> dict[str, Any] | None:
     """Rank 0 plays, ranks 1..N-1 train. Called with the world process group initialised."""
     from distrl.training import OnPolicyTrainer, resolve_device
+    from distrl.training.common import set_cpu_options
 
     world, rank = dist.get_world_size(), dist.get_rank()
     check_layout(cfg, strategy, world)
@@ -231,7 +232,7 @@ def run_decoupled_rank(run: RunConfig, strategy: StrategyConfig, cfg: PPOConfig,
         if device.type == "cuda":
             device = torch.device("cuda", (rank - 1) % torch.cuda.device_count())
             torch.cuda.set_device(device)
-        torch.set_num_threads(run.threads)
+        set_cpu_options(run)
         run_trainer(run, strategy, cfg, device, trainers_group)
         return None
     player = OnPolicyTrainer(run.replace(device=strategy.player_device), cfg, run_dir=run_dir, strategy=strategy)

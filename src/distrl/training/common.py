@@ -59,6 +59,13 @@ def configs_from_checkpoint(path: Path) -> tuple[RunConfig, StrategyConfig, Any,
             from_dict(ALGO_CONFIGS[algo], config[algo]), state)
 
 
+
+def set_cpu_options(run: RunConfig) -> None:
+    """This process's torch CPU settings for a run: intra-op threads and subnormal flushing."""
+    torch.set_num_threads(run.threads)  # default 1: for small networks a second thread only contends
+    torch.set_flush_denormal(run.flush_denormal)
+
+
 class TrainerBase:
     """Placement, logging, evaluation and checkpoint plumbing around an algorithm's loop.
 
@@ -79,7 +86,7 @@ class TrainerBase:
         self.is_main = self.sync.rank == 0
         self.device = device if device is not None else resolve_device(run.device)
         if self.device.type == "cpu":
-            torch.set_num_threads(run.threads)  # default 1: for small networks a second thread only contends
+            set_cpu_options(run)
         self.env_id = resolve_env_id(run.env)
         self.env = make_env(self.env_id, cfg.n_envs, run.vec)
         try:

@@ -18,6 +18,7 @@ import distrl
 from distrl import checkpoint
 from distrl.config import GRPOConfig, RunConfig, StrategyConfig, to_dict
 from distrl.logs import Console, write_json_atomic
+from distrl.training.common import set_cpu_options
 from distrl.tasks import make_task
 
 EVAL_STATES = 1024
@@ -86,7 +87,7 @@ def train_grpo(run: RunConfig, strategy: StrategyConfig, cfg: GRPOConfig, run_di
             console.line(f"step {version}/{cfg.learner_steps}: mean reward {metrics['mean_reward']:.3f}, "
                          f"lag {metrics['lag_mean']:.2f}, kl_ref {metrics['kl_ref']:.4f}")
 
-    torch.set_num_threads(run.threads)
+    set_cpu_options(run)
     start = time.perf_counter()
     try:
         if strategy.strategy == "pipeline":
