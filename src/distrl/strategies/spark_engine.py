@@ -176,6 +176,7 @@ def describe_failure(exc: BaseException, workers: int, output: Sequence[str] = (
             if report not in reports:
                 reports.append(report)
     if reports:
+        # reversed: when a rank reported twice, its first report is the one kept
         return blame({r["rank"]: f"of {workers} failed under Spark: {r['error']}" for r in reversed(reports)})
     lines = [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("at ")]
     errors = [line for line in lines if "Error" in line or "Exception" in line]

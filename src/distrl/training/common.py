@@ -59,7 +59,6 @@ def configs_from_checkpoint(path: Path) -> tuple[RunConfig, StrategyConfig, Any,
             from_dict(ALGO_CONFIGS[algo], config[algo]), state)
 
 
-
 def set_cpu_options(run: RunConfig) -> None:
     """This process's torch CPU settings for a run: intra-op threads and subnormal flushing."""
     torch.set_num_threads(run.threads)  # default 1: for small networks a second thread only contends
