@@ -45,6 +45,7 @@ def main() -> None:
     args = parser.parse_args()
     repeats = 1 if args.quick else 3
     rows = []
+    overheads: dict[str, list[float]] = {}
     for env, iterations in ENVS.items():
         iterations = max(1, iterations // 2) if args.quick else iterations
         results: dict = {c: [] for c in CONFIGS}
@@ -53,6 +54,7 @@ def main() -> None:
             results[config].append(r)
             print(f"{env} {config[0]:13s} x{config[1]}: {r['episodes_per_s']:.1f} episodes/s, "
                   f"wall {r['process_wall_s']:.1f}s, overhead {r.get('overhead_ms_median', 0):.1f} ms", flush=True)
+        overheads[env] = [r.get("overhead_ms_median", 0.0) for r in results[CONFIGS[1]]]
         base = statistics.median(r["episodes_per_s"] for r in results[CONFIGS[0]])
         for config, runs in results.items():
             eps = statistics.median(r["episodes_per_s"] for r in runs)
@@ -73,7 +75,12 @@ def main() -> None:
     ]
     lines += ["", "Overhead = the learner's wall time for a collection beyond the slowest worker's own collection "
               "time: sending the weights, scheduling the calls, moving the episodes back and "
-              "merging them (`time/overhead_s` in TensorBoard, `overhead_ms_median` in summary.json)."]
+              "merging them (`time/overhead_s` in TensorBoard, `overhead_ms_median` in summary.json). Weights go "
+              "out pickled once for all workers, and batches under 512 KB come back pickled as one buffer; larger "
+              "ones (Ant's) come back through Ray's object store.",
+              "",
+              "Raw values, median overhead per run (ms): " + "; ".join(
+                  f"{env} {', '.join(f'{x:.1f}' for x in values)}" for env, values in overheads.items())]
     write_section("actor-learner: REINFORCE on Ray", "\n".join(lines))
 
 

@@ -1,5 +1,6 @@
 """actor-learner on Ray: determinism, equivalence with single, fault tolerance, error reporting."""
 
+import dataclasses
 import os
 import signal
 import subprocess
@@ -89,6 +90,28 @@ def test_env_exception_restarts_until_the_limit(ray_local):
         run_iterations(trainer, 3)
     assert any("boom from ExplodingEnv" in e for e in trainer.events)
     trainer.close()
+
+
+def test_a_worker_that_does_not_answer_in_time_is_named(ray_local):
+    trainer = reinforce_trainer(ray_local, env="distrl_testenvs:SlowCartPole")  # 2 ms per step
+    trainer.collector.strategy = dataclasses.replace(trainer.collector.strategy, timeout_s=0.05)
+    with pytest.raises(WorkerError, match=r"rollout worker\(s\) \[0, 1\] did not return a batch within 0.05s"):
+        run_iterations(trainer, 1)
+    trainer.close()
+
+
+@pytest.mark.parametrize("flush", [True, False])
+def test_a_rollout_worker_takes_the_runs_cpu_settings(flush):
+    from distrl.strategies.actor_learner import RolloutWorker, WorkerSpec
+
+    torch.set_flush_denormal(not flush)
+    try:
+        run = RunConfig(algo="reinforce", env="CartPole-v1", flush_denormal=flush, threads=1)
+        RolloutWorker(WorkerSpec("reinforce", run, REINFORCEConfig(n_envs=1), 0))
+        assert ((torch.tensor([1e-39]) * 1.0).item() == 0.0) is flush  # 1e-39 is subnormal in float32
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_flush_denormal(False)  # torch's default
 
 
 def test_missing_ray_names_the_extra(monkeypatch):
