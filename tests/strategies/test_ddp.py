@@ -158,6 +158,16 @@ def test_whole_run_with_two_ranks_equals_single_process_on_the_same_envs():
     torch.testing.assert_close(p0, single.agent.params.data, rtol=0, atol=2e-5)
 
 
+def test_one_rank_equals_single_process_bit_for_bit():
+    cfg = PPOConfig(n_envs=4, n_steps=16, batch_size=32, n_epochs=2, max_grad_norm=0.1, normalize_obs=True)
+    [(params, steps)] = run_ranks(whole_run, 1, cfg, 3)
+    single = OnPolicyTrainer(RunConfig(env="CartPole-v1", total_steps=steps, seed=5, vec="sync", quiet=True), cfg)
+    single.train()
+    single.close()
+    assert steps == single.steps == 3 * 64
+    assert torch.equal(params, single.agent.params.data)
+
+
 def straggler(rank, world):
     from distrl.strategies.ddp import DistributedSync
 

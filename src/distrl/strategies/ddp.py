@@ -78,6 +78,8 @@ class DistributedSync:
 
     def gradients(self, grad: torch.Tensor, stats: torch.Tensor) -> None:
         """One all-reduce (sum) of the flat gradient and the statistics, packed in one buffer."""
+        if self.world_size == 1:  # already the sum: no packing, no exchange
+            return
         n, k = grad.numel(), stats.numel()
         if self._buffer is None or self._buffer.numel() != n + k:
             self._buffer = torch.empty(n + k, dtype=grad.dtype, device=grad.device)
@@ -97,6 +99,8 @@ class DistributedSync:
 
     def gather(self, values: np.ndarray, counts: list[int] | None = None) -> list[np.ndarray]:
         values = np.asarray(values, dtype=np.float64)
+        if self.world_size == 1:
+            return [values.copy()]
         row_shape = values.shape[1:]
         if counts is None:
             sizes = torch.zeros(self.world_size, dtype=torch.float64, device=self.device)
