@@ -76,7 +76,8 @@ def main() -> None:
     lines += ["", "Overhead = the learner's wall time for a collection beyond the slowest worker's own collection "
               "time: sending the weights, scheduling the calls, moving the episodes back and "
               "merging them (`time/overhead_s` in TensorBoard, `overhead_ms_median` in summary.json). Weights go "
-              "out pickled once for all workers, and batches under 512 KB come back pickled as one buffer; larger "
+              "out packed once for all workers, and batches under 512 KB come back packed as one buffer (a JSON "
+              "header and the arrays' bytes, `distrl.data.wire`); larger "
               "ones (Ant's) come back through Ray's object store.",
               "",
               "Raw values, median overhead per run (ms): " + "; ".join(
