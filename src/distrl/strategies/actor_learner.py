@@ -38,8 +38,10 @@ put object costs it 4.7-12 ms, which doubled the per-iteration overhead.
 
 Weights go out and batches come back packed into one ``bytes`` message (:mod:`distrl.data.wire`,
 :meth:`RolloutWorker.collect_packed`): the learner serialises the weights once for all workers
-instead of once per call, and Ray moves one buffer instead of a dozen small arrays. In a probe with 2 workers on CartPole (50 episodes
-each) the median time beyond the slower worker's collection went from 3.5-4.4 ms to 2.9-3.1 ms."""
+instead of once per call, and Ray moves one buffer instead of a dozen small arrays. In a probe with
+2 workers on CartPole (50 episodes each), one pickled buffer each way took the median time beyond
+the slower worker's collection from 3.5-4.4 ms to 2.9-3.1 ms; the wire message, which cannot run
+code when read, cost 0.36 ms more than pickle in an interleaved comparison (3.97 against 3.61 ms)."""
 
 PACKED_RESULT_BYTES = 512 * 1024
 """Batches with fewer bytes of arrays than this come back packed; larger ones as they are."""
