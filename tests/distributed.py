@@ -11,7 +11,7 @@ from datetime import timedelta
 from distrl.strategies.launch import free_port
 
 
-def _entry(fn, rank, world_size, port, results, args):
+def _entry(fn, rank, world_size, port, results, collected, timeout, args):
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port), LOCAL_RANK=str(rank))
     import torch
@@ -25,14 +25,18 @@ def _entry(fn, rank, world_size, port, results, args):
         results.put((rank, None, traceback.format_exc()))
     finally:
         dist.destroy_process_group()
+        # A tensor in the queue travels as a file descriptor that this process hands over when the
+        # parent reads it: exiting before then leaves the parent nothing to connect to.
+        collected.wait(timeout=timeout)
 
 
 def run_ranks(fn, world_size: int, *args, timeout: float = 120.0) -> list:
     """``fn(rank, world_size, *args)`` on every rank; returns the results in rank order."""
     ctx = mp.get_context("spawn")
-    results = ctx.Queue()
+    results, collected = ctx.Queue(), ctx.Event()
     port = free_port()
-    procs = [ctx.Process(target=_entry, args=(fn, r, world_size, port, results, args)) for r in range(world_size)]
+    procs = [ctx.Process(target=_entry, args=(fn, r, world_size, port, results, collected, timeout, args))
+             for r in range(world_size)]
     for p in procs:
         p.start()
     out, errors = {}, []
@@ -45,6 +49,7 @@ def run_ranks(fn, world_size: int, *args, timeout: float = 120.0) -> list:
     except queue.Empty:
         errors.append(f"ranks {sorted(set(range(world_size)) - set(out))} did not answer within {timeout}s")
     finally:
+        collected.set()
         for p in procs:
             p.join(timeout=10)
             if p.is_alive():
