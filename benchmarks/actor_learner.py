@@ -22,7 +22,7 @@ from pathlib import Path
 
 from harness import alternating, markdown_table, write_section
 
-ENVS = {"Ant-v5": 2, "Hopper-v5": 3, "CartPole-v1": 20}  # iterations per run
+ENVS = {"Ant-v5": 4, "Hopper-v5": 3, "CartPole-v1": 20}  # iterations per run
 CONFIGS = [("single", 1), ("actor-learner", 2)]
 
 
@@ -42,23 +42,29 @@ def run_once(env: str, strategy: str, workers: int, iterations: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--repeats", type=int, default=5, help="runs per configuration")
     args = parser.parse_args()
-    repeats = 1 if args.quick else 3
+    repeats = 1 if args.quick else args.repeats
     rows = []
     overheads: dict[str, list[float]] = {}
+    rates: dict[str, list[list[float]]] = {}
     for env, iterations in ENVS.items():
         iterations = max(1, iterations // 2) if args.quick else iterations
         results: dict = {c: [] for c in CONFIGS}
         for config in alternating(CONFIGS, repeats):
             r = run_once(env, *config, iterations)
             results[config].append(r)
-            print(f"{env} {config[0]:13s} x{config[1]}: {r['episodes_per_s']:.1f} episodes/s, "
+            print(f"{env} {config[0]:22s} x{config[1]}: {r['episodes_per_s']:.1f} episodes/s, {r['sps']:.0f} SPS, "
                   f"wall {r['process_wall_s']:.1f}s, overhead {r.get('overhead_ms_median', 0):.1f} ms", flush=True)
         overheads[env] = [r.get("overhead_ms_median", 0.0) for r in results[CONFIGS[1]]]
+        rates[env] = [[r["episodes_per_s"] for r in results[c]] for c in CONFIGS]
         base = statistics.median(r["episodes_per_s"] for r in results[CONFIGS[0]])
+        base_sps = statistics.median(r["sps"] for r in results[CONFIGS[0]])
         for config, runs in results.items():
             eps = statistics.median(r["episodes_per_s"] for r in runs)
+            sps = statistics.median(r["sps"] for r in runs)
             rows.append({"env": env, "strategy": config[0], "workers": config[1], "episodes": runs[0]["episodes"],
+                         "sps": sps, "sps_speedup": sps / base_sps,
                          "episodes_per_s": eps, "train_s": statistics.median(r["train_s"] for r in runs),
                          "wall_s": statistics.median(r["process_wall_s"] for r in runs), "speedup": eps / base,
                          "overhead_ms": statistics.median(r.get("overhead_ms_median", 0.0) for r in runs)})
@@ -67,13 +73,17 @@ def main() -> None:
         f"100 episodes per iteration, one env per collector, {repeats} runs per configuration, alternating, medians.",
         "",
         *markdown_table(
-            ["env", "strategy", "workers", "episodes", "episodes/s", "training s", "wall s (with start-up)", "speedup",
-             "overhead per iteration"],
+            ["env", "strategy", "workers", "episodes", "episodes/s", "speedup", "steps/s", "speedup in steps/s",
+             "training s", "wall s (with start-up)", "overhead per iteration"],
             [[r["env"], r["strategy"], str(r["workers"]), str(r["episodes"]), f"{r['episodes_per_s']:.1f}",
-              f"{r['train_s']:.1f}", f"{r['wall_s']:.1f}", f"{r['speedup']:.2f}×",
+              f"{r['speedup']:.2f}×", f"{r['sps']:,.0f}", f"{r['sps_speedup']:.2f}×",
+              f"{r['train_s']:.1f}", f"{r['wall_s']:.1f}",
               f"{r['overhead_ms']:.1f} ms" if r["strategy"] != "single" else "—"] for r in rows]),
     ]
-    lines += ["", "Overhead = the learner's wall time for a collection beyond the slowest worker's own collection "
+    lines += ["", "Episodes/s depends on the episodes' lengths, which differ between the two strategies (their "
+              "workers' envs are seeded differently), so the speedup is also given in steps/s.",
+              "",
+              "Overhead = the learner's wall time for a collection beyond the slowest worker's own collection "
               "time: sending the weights, scheduling the calls, moving the episodes back and "
               "merging them (`time/overhead_s` in TensorBoard, `overhead_ms_median` in summary.json). Weights go "
               "out packed once for all workers, and batches under 512 KB come back packed as one buffer (a JSON "
@@ -81,7 +91,11 @@ def main() -> None:
               "ones (Ant's) come back through Ray's object store.",
               "",
               "Raw values, median overhead per run (ms): " + "; ".join(
-                  f"{env} {', '.join(f'{x:.1f}' for x in values)}" for env, values in overheads.items())]
+                  f"{env} {', '.join(f'{x:.1f}' for x in values)}" for env, values in overheads.items()),
+              "",
+              "Raw values, episodes/s per run (single; actor-learner): " + "; ".join(
+                  f"{env} " + "; ".join(", ".join(f"{x:.1f}" for x in runs) for runs in per_config)
+                  for env, per_config in rates.items())]
     write_section("actor-learner: REINFORCE on Ray", "\n".join(lines))
 
 

@@ -74,19 +74,18 @@ def grpo_section(repeats: int) -> str:
                          "start-up s", "greedy reward, random → optimal"], rows), "",
         "Rates are over the training loop; start-up (actor processes importing torch) is the column beside. "
         "The generator/scorer/learner example this pattern comes from runs about 10 learner steps/s on these "
-        "CPUs when ported to Monarch 0.7.0 (the figure the issue gives; not re-measured here), with a learner "
+        "CPUs when ported to Monarch 0.7.0 (measured when it was ported; not re-measured here), with a learner "
         "step of 2 slices of one state each, against 4 slices of 16 states here.", "",
         "What the table says: with slices reused up to 4 times within a lag of 8 versions (the example samples "
-        "its buffer with replacement too) the learner is busy 94% of the time on both engines and steps about "
-        "as fast as the synchronous loop. Trained on once each, a slice must arrive for every 4 the learner "
-        "takes, and 2 generators plus the scorer, each request crossing the engine three times on the 2 cores "
-        "the learner also needs, deliver about 75% of that. Engine calls run in a feeder thread beside the "
-        "learner (strategies/pool.py); in this benchmark's previous run, before it, the learner's own loop sent and received them, and it was "
-        "busy 62% (each slice once) and 78% (reuse). The synchronous loop does the toy's work faster on two "
-        "cores: a toy slice is a fraction of a millisecond of work, less than moving it between processes. "
-        "Monarch runs the same actors more slowly here: each poll of a pending call and each published weight "
-        "version (one RDMA buffer, over TCP on these machines) costs about 0.5-0.7 ms. Runs vary by ±30% on "
-        "these shared machines.",
+        "its buffer with replacement too) the learner is busy over 90% of the time on both engines. Trained on "
+        "once each, a slice must arrive for every 4 the learner takes, and 2 generators plus the scorer, each "
+        "request crossing the engine three times on the 2 cores the learner also needs, deliver 75-85% of that. "
+        "Engine calls run in a feeder thread beside the learner (strategies/pool.py); before it, when the "
+        "learner's own loop sent and received them, the learner was busy 62% (each slice once) and 78% (reuse). "
+        "The synchronous loop does the toy's work faster on two cores: a toy slice is a fraction of a "
+        "millisecond of work, less than moving it between processes. On Monarch each poll of a pending call "
+        "and each published weight version (one RDMA buffer, over TCP on these machines) costs about "
+        "0.5-0.7 ms. Runs vary by ±30% on these shared machines, and whole runs of this benchmark by more.",
     ])
 
 

@@ -28,7 +28,7 @@ RESULTS = ROOT / "docs" / "results"
 PAGE = ROOT / "docs" / "results.md"
 KEPT = ("monitor.csv", "summary.json", "config.json")
 
-# Published 1M-step figures (v3/v4 environments), quoted by the issue that asked for these runs.
+# Published 1M-step figures (v3/v4 environments): RL Zoo's benchmark table and CleanRL's reports.
 REFERENCES = {
     ("ppo", "Hopper-v5"): "RL Zoo 2410; CleanRL 2383",
     ("ppo", "HalfCheetah-v5"): "RL Zoo 5819; CleanRL 1443",
