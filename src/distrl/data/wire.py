@@ -8,6 +8,7 @@ Values may be arrays, JSON values (numbers, strings, lists, None) and dicts of t
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 import numpy as np
@@ -47,7 +48,7 @@ def unpack(message: bytes) -> dict[str, Any]:
         if isinstance(value, dict):
             if ARRAY in value:
                 start, dtype, shape = value[ARRAY]
-                count = int(np.prod(shape, dtype=np.int64))
+                count = math.prod(shape)  # Python ints: a tenth of np.prod's cost on a short list
                 return np.frombuffer(body, np.dtype(dtype), count, start).reshape(shape)
             return {k: decode(v) for k, v in value.items()}
         return value
