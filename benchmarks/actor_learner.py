@@ -83,6 +83,13 @@ def main() -> None:
     lines += ["", "Episodes/s depends on the episodes' lengths, which differ between the two strategies (their "
               "workers' envs are seeded differently), so the speedup is also given in steps/s.",
               "",
+              "What limits the speedup: the two workers' episodes vary in length and in cost per step, so one often "
+              "finishes well before the other. In a separate measurement the busier worker's collection took 18.5% "
+              "longer than the two workers' mean on Ant-v5 and 13% on CartPole-v1, which caps 2 workers near "
+              "2 / 1.185 = 1.69× in steps/s. Handing the episodes out in shrinking chunks to whichever worker was "
+              "free did not measurably help on this machine (Ant 1.71× against 1.66× in steps/s, CartPole 1.17× "
+              "against 1.20×) and doubled the overhead, so workers keep one equal share each.",
+              "",
               "Overhead = the learner's wall time for a collection beyond the slowest worker's own collection "
               "time: sending the weights, scheduling the calls, moving the episodes back and "
               "merging them (`time/overhead_s` in TensorBoard, `overhead_ms_median` in summary.json). Weights go "
