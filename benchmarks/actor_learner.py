@@ -12,15 +12,12 @@ Configurations alternate; medians are reported.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-from harness import alternating, markdown_table, write_section
+from harness import alternating, markdown_table, train_at_once, write_section
 
 ENVS = {"Ant-v5": 4, "Hopper-v5": 3, "CartPole-v1": 20}  # iterations per run
 # "independent" runs the single-process run twice at once: what two processes reach on this machine
@@ -32,18 +29,12 @@ def run_once(env: str, strategy: str, workers: int, iterations: int) -> dict:
     """One training run (or, for ``independent``, ``workers`` copies of the single run at once); its summary."""
     copies = workers if strategy == "independent" else 1
     flags = ["--strategy", "single"] if strategy == "independent" else ["--strategy", strategy, "--workers", str(workers)]
+    args = ["reinforce", env, "--preset", "none", "--n-envs", "1", "--episodes-per-iter", "100",
+            "--iterations", str(iterations), *flags]
     with tempfile.TemporaryDirectory() as tmp:
-        run_dirs = [Path(tmp) / f"run{i}" for i in range(copies)]
         start = time.perf_counter()
-        procs = [subprocess.Popen([sys.executable, "-m", "distrl", "train", "reinforce", env, "--preset", "none",
-                                   "--n-envs", "1", "--episodes-per-iter", "100", "--iterations", str(iterations),
-                                   *flags, "--quiet", "--run-dir", str(run_dir)],
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for run_dir in run_dirs]
-        for p in procs:
-            if p.wait() != 0:
-                raise RuntimeError(p.stderr.read().decode() if p.stderr else "run failed")
+        summaries = train_at_once([(Path(tmp) / f"run{i}", args) for i in range(copies)])
         wall_s = time.perf_counter() - start
-        summaries = [json.loads((run_dir / "summary.json").read_text()) for run_dir in run_dirs]
     summary = dict(summaries[0])
     for key in ("sps", "episodes_per_s", "episodes"):
         summary[key] = sum(s[key] for s in summaries)

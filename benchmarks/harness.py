@@ -33,6 +33,25 @@ def measure(script: str, lib: str, task: str, seed: int, arg: Any) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def train_at_once(runs: list[tuple[Path, list[str]]]) -> list[dict]:
+    """Start ``distrl train ARGS --quiet --run-dir DIR`` for every ``(DIR, ARGS)`` at once, wait for all,
+    and return their summary.json contents. Each run's stderr goes to a file beside its run dir (a pipe
+    could fill up and stall a run) and is shown if the run fails."""
+    procs = []
+    for run_dir, args in runs:
+        err = open(run_dir.parent / f"{run_dir.name}.stderr", "w+")  # noqa: SIM115 - closed below
+        procs.append((subprocess.Popen([sys.executable, "-m", "distrl", "train", *args, "--quiet", "--run-dir",
+                                        str(run_dir)], stdout=subprocess.DEVNULL, stderr=err), err))
+    for proc, err in procs:
+        code = proc.wait()
+        err.seek(0)
+        message = err.read()
+        err.close()
+        if code != 0:
+            raise RuntimeError(message or "run failed")
+    return [json.loads((run_dir / "summary.json").read_text()) for run_dir, _ in runs]
+
+
 def alternating(items: list, repeats: int):
     """``items`` ``repeats`` times, in reverse order every other round, so drift hits every item alike."""
     for i in range(repeats):

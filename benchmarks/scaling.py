@@ -13,15 +13,12 @@ each run's summary.json.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-from harness import alternating, write_section
+from harness import alternating, train_at_once, write_section
 
 ROOT = Path(__file__).parents[1]
 WORKLOADS = {
@@ -45,13 +42,8 @@ def run_once(env: str, extra: list[str], strategy: str, workers: int, steps: int
             steps //= workers
         else:
             runs = [(Path(tmp) / "run", ["--strategy", strategy, "--workers", str(workers)])]
-        procs = [subprocess.Popen([sys.executable, "-m", "distrl", "train", "ppo", env, *extra, "--total-steps",
-                                   str(steps), *flags, "--quiet", "--run-dir", str(run_dir)],
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for run_dir, flags in runs]
-        for p in procs:
-            if p.wait() != 0:
-                raise RuntimeError(p.stderr.read().decode() if p.stderr else "run failed")
-        summaries = [json.loads((run_dir / "summary.json").read_text()) for run_dir, _ in runs]
+        summaries = train_at_once([(run_dir, ["ppo", env, *extra, "--total-steps", str(steps), *flags])
+                                   for run_dir, flags in runs])
     summary = dict(summaries[0])
     summary["sps"] = sum(s["sps"] for s in summaries)
     summary["total_steps"] = sum(s["total_steps"] for s in summaries)
