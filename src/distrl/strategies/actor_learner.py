@@ -41,7 +41,13 @@ Weights go out and batches come back packed into one ``bytes`` message (:mod:`di
 instead of once per call, and Ray moves one buffer instead of a dozen small arrays. In a probe with
 2 workers on CartPole (50 episodes each), one pickled buffer each way took the median time beyond
 the slower worker's collection from 3.5-4.4 ms to 2.9-3.1 ms; the wire message, which cannot run
-code when read, cost 0.36 ms more than pickle in an interleaved comparison (3.97 against 3.61 ms)."""
+code when read, cost 0.36 ms more than pickle in an interleaved comparison (3.97 against 3.61 ms).
+
+Ray's compiled graphs (one per worker, calls and results through shared-memory channels) were
+tried and dropped: with 2 workers on CartPole they cut that time to 3.2-4.4 ms against 6.3-6.7 ms
+for tasks, but a process waiting on a channel busy-waits (the learner showed 100% CPU while its
+workers collected), which on 2 cores takes a core from the workers: episodes/s fell from 144-170
+to 78-103."""
 
 PACKED_RESULT_BYTES = 512 * 1024
 """Batches with fewer bytes of arrays than this come back packed; larger ones as they are."""
