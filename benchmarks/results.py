@@ -1,6 +1,7 @@
 """docs/results.md from the runs kept under docs/results/: the learning table, reward curves, speedup charts.
 
     python benchmarks/results.py collect RUN_DIR [RUN_DIR ...]  # keep a finished run's small files
+    python benchmarks/results.py collect RUN_DIR --timing-not-comparable "WHY"  # e.g. paused, resumed
     python benchmarks/results.py collect-bench BENCH_DIR NAME    # keep a `distrl bench scaling` result
     python benchmarks/results.py                                  # rewrite docs/results.md and its PNGs
 
@@ -27,6 +28,7 @@ ROOT = Path(__file__).parents[1]
 RESULTS = ROOT / "docs" / "results"
 PAGE = ROOT / "docs" / "results.md"
 KEPT = ("monitor.csv", "summary.json", "config.json")
+CAVEATS = "caveats.json"
 
 # Published 1M-step figures (v3/v4 environments): RL Zoo's benchmark table and CleanRL's reports.
 REFERENCES = {
@@ -43,7 +45,9 @@ SHORT = {"Hopper-v5": "hopper", "HalfCheetah-v5": "halfcheetah", "Walker2d-v5": 
          "CartPole-v1": "cartpole", "Pendulum-v1": "pendulum"}
 
 
-def collect(run_dirs: list[str]) -> None:
+def collect(run_dirs: list[str], timing_caveat: str = "") -> None:
+    """Keep each run's small files; ``timing_caveat`` says why its wall time and SPS do not compare
+    with other runs' (stopped for a while, resumed in another session), and the table says so."""
     for run in map(Path, run_dirs):
         if not (run / "summary.json").is_file():
             raise SystemExit(f"{run}: no summary.json, the run has not finished")
@@ -51,6 +55,8 @@ def collect(run_dirs: list[str]) -> None:
         target.mkdir(parents=True, exist_ok=True)
         for name in KEPT:
             shutil.copy2(run / name, target / name)
+        if timing_caveat:
+            (target / CAVEATS).write_text(json.dumps({"timing": timing_caveat}, indent=2) + "\n")
         print(f"kept {target}")
 
 
@@ -69,7 +75,8 @@ def load_runs() -> list[dict]:
         summary = json.loads(summary_path.read_text())
         config = json.loads((run_dir / "config.json").read_text())
         returns = read_monitor(run_dir / "monitor.csv")["r"]
-        run = {"dir": run_dir, "summary": summary, "config": config,
+        caveats = json.loads((run_dir / CAVEATS).read_text()) if (run_dir / CAVEATS).is_file() else {}
+        run = {"dir": run_dir, "summary": summary, "config": config, "timing_caveat": caveats.get("timing", ""),
                "last100": float(returns[-100:].mean()), "seed": config["run"]["seed"]}
         run["settings"] = settings(run)
         runs.append(run)
@@ -107,21 +114,27 @@ def learning_table(runs: list[dict]) -> list[str]:
     groups: dict[tuple, list[dict]] = defaultdict(list)
     for run in runs:
         groups[group_key(run)].append(run)
-    rows = []
+    rows, caveats = [], []
     for (algo, env, strategy, workers, scaling, preset), members in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0])):
         members.sort(key=lambda r: r["seed"])
         strat = strategy if strategy == "single" else f"{strategy} ×{workers}" + (
             f", {scaling}" if strategy == "ddp" else "")
         steps = members[0]["summary"]["total_steps"]
+        timed = [r for r in members if not r["timing_caveat"]]
+        caveats += [f"{r['dir'].name}: {r['timing_caveat']}" for r in members if r["timing_caveat"]]
         rows.append([env, algo.upper(), preset, strat, ", ".join(str(r["seed"]) for r in members), f"{steps:,}",
                      mean_std([r["last100"] for r in members]),
                      mean_std([r["summary"]["final_eval_mean_return"] for r in members]),
-                     f"{statistics.mean(r['summary']['wall_s'] for r in members) / 60:,.1f}",
-                     f"{statistics.mean(r['summary']['sps'] for r in members):,.0f}",
+                     f"{statistics.mean(r['summary']['wall_s'] for r in timed) / 60:,.1f}" if timed else "n/c",
+                     f"{statistics.mean(r['summary']['sps'] for r in timed):,.0f}" if timed else "n/c",
                      REFERENCES.get((algo, env), "")])
     header = ["env", "algo", "preset", "strategy", "seeds", "steps", "last 100 training episodes", "10-episode eval",
               "wall min", "SPS", "reference (1M steps)"]
-    return markdown_table(header, rows)
+    lines = markdown_table(header, rows)
+    if caveats:  # wall time and SPS of these runs are left out of the means ("n/c" when no run is left)
+        lines += ["", "Wall time and SPS leave out runs whose timing does not compare (n/c: none left): "
+                  + "; ".join(caveats) + "."]
+    return lines
 
 
 def curve_figures(runs: list[dict]) -> list[str]:
@@ -198,7 +211,13 @@ def write_page() -> None:
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "collect":
-        collect(sys.argv[2:])
+        args = sys.argv[2:]
+        caveat = ""
+        if "--timing-not-comparable" in args:
+            at = args.index("--timing-not-comparable")
+            caveat = args[at + 1]
+            del args[at:at + 2]
+        collect(args, caveat)
     elif len(sys.argv) > 1 and sys.argv[1] == "collect-bench":
         collect_bench(sys.argv[2], sys.argv[3])
     else:

@@ -1,0 +1,31 @@
+"""benchmarks/results.py: runs whose timing does not compare stay out of the wall-time and SPS columns."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
+
+import results  # noqa: E402
+
+
+def run(name, seed, wall_s, sps, last100, caveat=""):
+    return {"dir": Path(name), "seed": seed, "last100": last100, "timing_caveat": caveat, "settings": "HalfCheetah-v5",
+            "config": {"strategy": {}},
+            "summary": {"algo": "sac", "env": "HalfCheetah-v5", "strategy": "single", "workers": 1,
+                        "total_steps": 1000, "wall_s": wall_s, "sps": sps, "final_eval_mean_return": last100 + 10}}
+
+
+def test_a_run_marked_as_not_comparable_is_left_out_of_wall_time_and_sps_but_not_returns():
+    lines = results.learning_table([run("sac-a-s0", 0, 600.0, 100.0, 1000.0),
+                                    run("sac-a-s1", 1, 6000.0, 10.0, 3000.0, caveat="paused for 2 hours")])
+    row = lines[2].split(" | ")
+    assert row[4] == "0, 1" and row[6] == "2,000 ± 1,414"  # both seeds' returns
+    assert row[8] == "10.0" and row[9] == "100"  # wall minutes and SPS of seed 0 alone
+    assert lines[-1].endswith("sac-a-s1: paused for 2 hours.")
+
+
+def test_a_group_with_no_comparable_timing_says_so():
+    lines = results.learning_table([run("sac-b-s0", 0, 600.0, 100.0, 1000.0, caveat="resumed in another session")])
+    row = lines[2].split(" | ")
+    assert row[8] == "n/c" and row[9] == "n/c"
+    assert "sac-b-s0: resumed in another session" in lines[-1]
