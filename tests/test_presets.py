@@ -12,7 +12,7 @@ from distrl.presets import PRESETS
 # commented out in the file), and the library's defaults are PPOConfig's.
 TUNED_NETWORK = dict(net_arch=(256, 256), activation="relu", ortho_init=False, log_std_init=-2.0, n_steps=512)
 ZOO = {
-    "Ant-v5": dict(n_steps=2048, batch_size=64, n_epochs=10, learning_rate=3e-4, gamma=0.99, gae_lambda=0.95,
+    "ant-zoo": dict(n_steps=2048, batch_size=64, n_epochs=10, learning_rate=3e-4, gamma=0.99, gae_lambda=0.95,
                    clip_range=0.2, ent_coef=0.0, vf_coef=0.5, max_grad_norm=0.5, net_arch=(64, 64), activation="tanh",
                    ortho_init=True, log_std_init=0.0),
     "HalfCheetah-v5": dict(TUNED_NETWORK, batch_size=64, gamma=0.98, learning_rate=2.0633e-05, ent_coef=0.000401762,
