@@ -12,6 +12,7 @@ are listed in the generated page, so anyone can regenerate them.
 
 from __future__ import annotations
 
+import argparse
 import json
 import shutil
 import statistics
@@ -48,9 +49,11 @@ SHORT = {"Hopper-v5": "hopper", "HalfCheetah-v5": "halfcheetah", "Walker2d-v5": 
 def collect(run_dirs: list[str], timing_caveat: str = "") -> None:
     """Keep each run's small files; ``timing_caveat`` says why its wall time and SPS do not compare
     with other runs' (stopped for a while, resumed in another session), and the table says so."""
+    unfinished = [run for run in run_dirs if not (Path(run) / "summary.json").is_file()]
+    if unfinished:  # checked before anything is copied
+        print(f"results.py collect: error: {unfinished[0]}: no summary.json, the run has not finished", file=sys.stderr)
+        raise SystemExit(2)
     for run in map(Path, run_dirs):
-        if not (run / "summary.json").is_file():
-            raise SystemExit(f"{run}: no summary.json, the run has not finished")
         target = RESULTS / "runs" / run.name
         target.mkdir(parents=True, exist_ok=True)
         for name in KEPT:
@@ -211,13 +214,12 @@ def write_page() -> None:
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "collect":
-        args = sys.argv[2:]
-        caveat = ""
-        if "--timing-not-comparable" in args:
-            at = args.index("--timing-not-comparable")
-            caveat = args[at + 1]
-            del args[at:at + 2]
-        collect(args, caveat)
+        parser = argparse.ArgumentParser(prog="results.py collect")
+        parser.add_argument("run_dirs", nargs="+")
+        parser.add_argument("--timing-not-comparable", default="", metavar="WHY",
+                            help="keep the run's returns but leave its wall time and SPS out of the table")
+        args = parser.parse_args(sys.argv[2:])
+        collect(args.run_dirs, args.timing_not_comparable)
     elif len(sys.argv) > 1 and sys.argv[1] == "collect-bench":
         collect_bench(sys.argv[2], sys.argv[3])
     else:
