@@ -1,11 +1,13 @@
 import json
 import os
 
+import numpy as np
 import pytest
 import torch
 
 from distrl import checkpoint
 from distrl.config import ConfigError, PPOConfig, RunConfig
+from distrl.logs import RunLogger
 from distrl.training import OnPolicyTrainer
 
 SMALL = PPOConfig(n_envs=4, n_steps=16, batch_size=32, n_epochs=2, learning_rate=1e-3, lr_schedule="linear",
@@ -84,3 +86,45 @@ def test_interrupted_and_resumed_run_is_bit_identical(tmp_path):
     assert not torch.equal(other.agent.params.data, full.agent.params.data)
     for t in (full, resumed, other):
         t.close()
+
+
+def _episodes(run_dir):
+    """A Monitor file's (return, length) rows, without the wall-clock column."""
+    return [tuple(line.split(",")[:2]) for line in (run_dir / "monitor.csv").read_text().splitlines()[2:]]
+
+
+def test_resumed_run_logs_each_episode_once(tmp_path):
+    full = OnPolicyTrainer(small_run(tmp_path / "full", checkpoint_every=192), SMALL, run_dir=tmp_path / "full")
+    full.train()
+    full.close()
+    first = OnPolicyTrainer(small_run(tmp_path / "cut", checkpoint_every=192), SMALL, run_dir=tmp_path / "cut")
+    first.train(stop_at=512)  # dies 128 steps after its last checkpoint, at 384: those episodes come again
+    first.close()
+    latest = checkpoint.find_latest(tmp_path / "cut")
+    seen = json.loads((latest / checkpoint.STATE).read_text())["episodes"]
+    assert seen < first.episodes == len(_episodes(tmp_path / "cut"))
+    resumed = OnPolicyTrainer(small_run(tmp_path / "cut", checkpoint_every=192), SMALL, run_dir=tmp_path / "cut")
+    resumed.load_checkpoint(latest)
+    assert len(_episodes(tmp_path / "cut")) == seen
+    before = [float(r) for r, _ in _episodes(tmp_path / "full")[:seen]]
+    assert resumed.logger.mean_return == pytest.approx(np.mean(before[-100:]))
+    resumed.train()
+    resumed.close()
+    assert resumed.episodes == full.episodes
+    assert _episodes(tmp_path / "cut") == _episodes(tmp_path / "full")
+
+
+def test_rewind_cuts_every_workers_monitor_file_to_the_checkpoint(tmp_path):
+    logger = RunLogger(tmp_path, "CartPole-v1", total_steps=100, quiet=True)
+    logger.episodes([1.0, 2.0], [1, 2], step=10, rank=0)
+    logger.episodes([3.0], [3], step=10, rank=1)
+    rows = logger.monitor_rows()
+    assert rows == {"monitor.csv": 3, "ranks/rank-0.monitor.csv": 2, "ranks/rank-1.monitor.csv": 1}
+    logger.episodes([4.0], [4], step=20, rank=1)
+    logger.rewind(rows)
+    logger.episodes([5.0], [5], step=20, rank=1)
+    logger.close()
+    assert [r for r, _ in _episodes(tmp_path)] == ["1", "2", "3", "5"]
+    rank1 = (tmp_path / "ranks" / "rank-1.monitor.csv").read_text().splitlines()[2:]
+    assert [line.split(",")[0] for line in rank1] == ["3", "5"]
+    assert logger.mean_return == pytest.approx(np.mean([1.0, 2.0, 3.0, 5.0]))

@@ -21,11 +21,14 @@ class MonitorWriter:
     def __init__(self, path: Path, env_id: str):
         self.path = path
         if path.exists() and path.stat().st_size > 0:
-            header = json.loads(path.open().readline()[1:])
+            with path.open() as f:
+                header = json.loads(f.readline()[1:])
+                self.rows = max(0, sum(1 for line in f if line.strip()) - 1)  # less the "r,l,t" line
             self.t_start = float(header["t_start"])
             self.file = path.open("a")
         else:
             self.t_start = time.time()
+            self.rows = 0
             self.file = path.open("w")
             self.file.write("#" + json.dumps({"t_start": self.t_start, "env_id": env_id}) + "\n")
             self.file.write("r,l,t\n")
@@ -37,6 +40,7 @@ class MonitorWriter:
         t = round(time.time() - self.t_start, 6)
         self.file.writelines(f"{r:.6g},{n},{t}\n" for r, n in zip(returns, lengths))
         self.file.flush()
+        self.rows += len(returns)
 
     def close(self) -> None:
         self.file.close()
@@ -55,6 +59,23 @@ def read_monitor(path: Path) -> dict[str, np.ndarray]:
         if name not in columns:
             raise ValueError(f"{path}: Monitor header lacks column {name!r}")
     return {name: np.array([float(row[columns[name]]) for row in rows]) for name in ("r", "l", "t")}
+
+
+def truncate_monitor(path: Path, rows: int) -> list[float]:
+    """Keep a Monitor file's header and its first ``rows`` episodes; returns their returns.
+
+    A run resumed from a checkpoint replays the steps after it, so the episodes the
+    interrupted run logged after that checkpoint must go, or they would be counted twice.
+    """
+    if not path.exists():
+        return []
+    lines = path.read_text().splitlines(keepends=True)
+    kept = lines[:2 + rows]
+    if len(kept) < len(lines):
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        tmp.write_text("".join(kept))
+        os.replace(tmp, path)
+    return [float(line.split(",", 1)[0]) for line in kept[2:] if line.strip()]
 
 
 def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
@@ -140,6 +161,26 @@ class RunLogger:
         if returns:
             self.tb.add_scalar("charts/episodic_return", float(np.mean(returns)), step)
             self.tb.add_scalar("charts/episodic_length", float(np.mean(lengths)), step)
+
+    def monitor_rows(self) -> dict[str, int]:
+        """Episodes logged so far in each Monitor file, by path relative to the run directory."""
+        writers = [self.monitor, *self.rank_monitors.values()]
+        return {str(w.path.relative_to(self.run_dir)): w.rows for w in writers}
+
+    def rewind(self, rows: dict[str, int]) -> None:
+        """Cut each Monitor file back to the episodes a checkpoint had seen (see :func:`truncate_monitor`)."""
+        self.monitor.close()
+        for writer in self.rank_monitors.values():
+            writer.close()
+        self.rank_monitors = {}  # reopened, in append mode, when their workers next log
+        kept: list[float] = []
+        for name, n in rows.items():
+            returns = truncate_monitor(self.run_dir / name, n)
+            if name == MONITOR_FILE:
+                kept = returns
+        self.monitor = MonitorWriter(self.run_dir / MONITOR_FILE, self.env_id)
+        self.recent_returns.clear()
+        self.recent_returns.extend(kept)
 
     def scalars(self, values: dict[str, float], step: int, every_s: float = 0.0) -> None:
         """Write scalars to TensorBoard; with ``every_s``, at most that often (short iterations)."""

@@ -21,7 +21,7 @@ from distrl import checkpoint
 from distrl.config import ALGO_CONFIGS, ConfigError, RunConfig, StrategyConfig, from_dict, to_dict
 from distrl.envs import VecEnv, check_spaces, make_env, resolve_env_id
 from distrl.evaluation import evaluate
-from distrl.logs import RunLogger, write_json_atomic
+from distrl.logs import MONITOR_FILE, RunLogger, write_json_atomic
 from distrl.protocols import Sync
 from distrl.strategies.single import LocalSync
 
@@ -297,6 +297,7 @@ class TrainerBase:
             "algo": self.algo_name, "env_id": self.env_id, "config": self.config_dict(), **self.counters(),
             "observation_dim": self.obs_dim, "action_space": space_to_json(self.env.single_action_space),
             "distrl_version": distrl.__version__,
+            "monitor_rows": self.logger.monitor_rows() if self.logger is not None else {},
         }
         return self.state_tensors(), state
 
@@ -332,6 +333,8 @@ class TrainerBase:
         self.steps, self.iteration = state["steps"], state["iteration"]
         self.episodes, self.policy_version = state["episodes"], state["policy_version"]
         self.train_s = state.get("train_s", 0.0)
+        if self.logger is not None:  # older checkpoints: the main Monitor file holds every episode
+            self.logger.rewind(state.get("monitor_rows") or {MONITOR_FILE: self.episodes})
         self.start_segment()
 
     def broadcast_state(self) -> None:
