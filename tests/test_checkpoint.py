@@ -108,8 +108,10 @@ def test_resumed_run_logs_each_episode_once(tmp_path):
     assert len(_episodes(tmp_path / "cut")) == seen
     before = [float(r) for r, _ in _episodes(tmp_path / "full")[:seen]]
     assert resumed.logger.mean_return == pytest.approx(np.mean(before[-100:]))
+    assert resumed.wall_before == json.loads((latest / checkpoint.STATE).read_text())["wall_s"] > 0
     resumed.train()
-    resumed.close()
+    summary = resumed.finish(wall_s=0.5)
+    assert summary["wall_s"] == pytest.approx(resumed.wall_before + 0.5)  # the first process's time counts too
     assert resumed.episodes == full.episodes
     assert _episodes(tmp_path / "cut") == _episodes(tmp_path / "full")
 

@@ -102,6 +102,9 @@ class TrainerBase:
         self.train_s = 0.0
         self.update_s = 0.0
         self.eval_s = 0.0
+        self.wall_before = 0.0
+        """Wall time of the earlier processes of a resumed run, up to its checkpoint."""
+        self._created = time.perf_counter()
         self.last_eval: tuple[float, float] | None = None
         self.last_metrics: dict[str, float] = {}
         self.events: list[str] = []
@@ -246,13 +249,14 @@ class TrainerBase:
         return {"overhead_ms_median": 1000 * float(np.median(overheads)), "overhead_ms_max": 1000 * float(np.max(overheads))}
 
     def finish(self, wall_s: float) -> dict[str, Any]:
-        """Final evaluation, model and summary.json (main worker), then close."""
+        """Final evaluation, model and summary.json (main worker), then close; ``wall_s`` is this
+        process's time, to which a resumed run adds its earlier processes' (``wall_before``)."""
         if self.is_main and self._eval_steps != self.steps:
             self.evaluate_now()
         finish_collector = getattr(getattr(self, "collector", None), "finish", None)
         if finish_collector is not None:  # a pipeline drains its generators and reports its counters
             self.extra_summary.update(finish_collector())
-        summary = {**self.summary(), "wall_s": wall_s}
+        summary = {**self.summary(), "wall_s": self.wall_before + wall_s}
         if self.is_main and self.run_dir is not None:
             self.save_checkpoint(self.run_dir / checkpoint.MODEL_DIR)
             write_json_atomic(self.run_dir / "summary.json", summary)
@@ -290,7 +294,8 @@ class TrainerBase:
 
     def counters(self) -> dict[str, Any]:
         return {"steps": self.steps, "iteration": self.iteration, "episodes": self.episodes,
-                "policy_version": self.policy_version, "train_s": self.train_s}
+                "policy_version": self.policy_version, "train_s": self.train_s,
+                "wall_s": self.wall_before + time.perf_counter() - self._created}
 
     def checkpoint_contents(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         state = {
@@ -333,6 +338,7 @@ class TrainerBase:
         self.steps, self.iteration = state["steps"], state["iteration"]
         self.episodes, self.policy_version = state["episodes"], state["policy_version"]
         self.train_s = state.get("train_s", 0.0)
+        self.wall_before = state.get("wall_s", 0.0)
         if self.logger is not None:  # older checkpoints: the main Monitor file holds every episode
             self.logger.rewind(state.get("monitor_rows") or {MONITOR_FILE: self.episodes})
         self.start_segment()
