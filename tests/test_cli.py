@@ -83,6 +83,23 @@ def test_resume_from_cli_continues_to_new_total(tmp_path):
     assert sum(1 for _ in open(run_dir / "monitor.csv")) > 3
 
 
+def test_resume_from_an_earlier_checkpoint_continues_its_run(tmp_path):
+    args = ["train", "ppo", "cartpole", "--n-envs", "4", "--n-steps", "16", "--batch-size", "32", "--n-epochs", "1",
+            "--quiet", "--total-steps", "512", "--checkpoint-every", "256"]
+    assert main([*args, "--run-dir", str(tmp_path / "full")]) == 0
+    assert main([*args, "--run-dir", str(tmp_path / "run")]) == 0
+    older = tmp_path / "run" / "checkpoints" / f"step-{256:012d}"
+    assert main([*args, "--resume", str(older)]) == 0
+    assert sorted(p.name for p in older.iterdir()) == ["state.json", "tensors.safetensors"]  # nothing written into it
+
+    def episodes(run_dir):
+        return [line.split(",")[:2] for line in (run_dir / "monitor.csv").read_text().splitlines()[2:]]
+
+    # steps 256-512 were played twice; the run logs them once, as the uninterrupted run did
+    assert episodes(tmp_path / "run") == episodes(tmp_path / "full")
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["episodes"] == len(episodes(tmp_path / "full"))
+
+
 def test_sac_trains_saves_its_replay_and_resumes(tmp_path, capsys):
     run_dir = tmp_path / "run"
     args = ["train", "sac", "Pendulum-v1", "--learning-starts", "50", "--batch-size", "32", "--net-arch", "32", "32",

@@ -81,6 +81,16 @@ def _steps_of(path: Path) -> int:
         return -1
 
 
+def run_dir_of(checkpoint_path: Path) -> Path | None:
+    """The run directory a checkpoint belongs to (``RUN/model``, ``RUN/checkpoints/step-N``), if any."""
+    path = Path(checkpoint_path)
+    if path.name == MODEL_DIR:
+        return path.parent
+    if path.parent.name == CHECKPOINTS_DIR:
+        return path.parent.parent
+    return None
+
+
 def find_latest(run_or_checkpoint: Path) -> Path:
     """The checkpoint to load from a run directory (newest by steps) or a checkpoint path."""
     path = Path(run_or_checkpoint)

@@ -178,7 +178,8 @@ def train_command(argv: list[str]) -> int:
         run_cfg, strategy, cfg, _ = configs_from_checkpoint(resume_path)
         if resolve_env_id(env) != resolve_env_id(run_cfg.env):
             raise ConfigError(f"env={env!r} differs from the resumed run's env {run_cfg.env!r}")
-        run_cfg = run_cfg.replace(resume=resume_arg, run_dir=resume_arg)
+        home = checkpoint.run_dir_of(resume_path)  # a checkpoint from elsewhere starts a new run directory
+        run_cfg = run_cfg.replace(resume=resume_arg, run_dir=str(home) if home is not None else "")
         if run_cfg.algo != algo:
             raise ConfigError(f"algo={algo!r} differs from the resumed run's algorithm {run_cfg.algo!r}")
     else:

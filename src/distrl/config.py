@@ -295,7 +295,8 @@ class RunConfig:
     checkpoint_every: int = 0
     """Save a checkpoint every this many steps (0: only the final model)."""
     resume: str = ""
-    """Continue the run in this directory from its latest checkpoint."""
+    """Continue the run in this directory from its latest checkpoint, or from this checkpoint
+    (RUN/checkpoints/step-N: run RUN goes on from step N)."""
     eval_every: int = 0
     """Run a deterministic evaluation every this many steps (0: only at the end)."""
     eval_episodes: int = 10

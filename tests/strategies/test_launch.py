@@ -133,6 +133,13 @@ def test_ddp_run_resumes_from_its_checkpoint(tmp_path):
     assert again.returncode == 0, again.stderr
     assert summary(run_dir)["total_steps"] == 2048
 
+    def rows(path):
+        return len(path.read_text().splitlines()) - 2
+
+    episodes = summary(run_dir)["episodes"]  # each episode logged once, across both processes and both ranks
+    assert rows(run_dir / "monitor.csv") == episodes
+    assert sum(rows(run_dir / "ranks" / f"rank-{r}.monitor.csv") for r in (0, 1)) == episodes
+
 
 def test_ray_launcher_places_ranks_as_actors(tmp_path):
     pytest.importorskip("ray")
