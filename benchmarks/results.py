@@ -42,6 +42,7 @@ REFERENCES = {
     ("ppo", "CartPole-v1"): "solved at 475",
     ("sac", "Pendulum-v1"): "solved at -200",
 }
+NOT_LEARNING = {"save_replay"}  # algorithm fields that change what is stored, not what is learned
 SHORT = {"Hopper-v5": "hopper", "HalfCheetah-v5": "halfcheetah", "Walker2d-v5": "walker2d", "Ant-v5": "ant",
          "CartPole-v1": "cartpole", "Pendulum-v1": "pendulum"}
 
@@ -92,11 +93,12 @@ def settings(run: dict) -> str:
     from distrl.presets import PRESETS
 
     algo, env = run["summary"]["algo"], run["summary"]["env"]
-    used = json.loads(json.dumps(run["config"][algo]))
+    used = {k: v for k, v in json.loads(json.dumps(run["config"][algo])).items() if k not in NOT_LEARNING}
     presets = PRESETS.get(algo, {})
     for name, values in sorted(presets.items(), key=lambda kv: kv[0] != env):  # the env's own preset first
         params = {k: v for k, v in values.items() if k != "total_steps"}
-        if json.loads(json.dumps(to_dict(ALGO_CONFIGS[algo](**params)))) == used:
+        preset = json.loads(json.dumps(to_dict(ALGO_CONFIGS[algo](**params))))
+        if {k: v for k, v in preset.items() if k not in NOT_LEARNING} == used:
             return name
     return "custom"
 

@@ -1,4 +1,4 @@
-"""benchmarks/results.py: runs whose timing does not compare stay out of the wall-time and SPS columns."""
+"""benchmarks/results.py: which preset a run used; runs whose timing does not compare stay out of wall time and SPS."""
 
 import sys
 from pathlib import Path
@@ -29,3 +29,14 @@ def test_a_group_with_no_comparable_timing_says_so():
     row = lines[2].split(" | ")
     assert row[8] == "n/c" and row[9] == "n/c"
     assert "sac-b-s0: resumed in another session" in lines[-1]
+
+
+def test_a_run_that_stored_its_replay_buffer_still_used_its_preset():
+    from distrl.config import SACConfig, to_dict
+    from distrl.presets import PRESETS
+
+    params = {k: v for k, v in PRESETS["sac"]["Hopper-v5"].items() if k != "total_steps"}
+    stored = dict(to_dict(SACConfig(**params)), save_replay=True)
+    sac_run = {"summary": {"algo": "sac", "env": "Hopper-v5"}, "config": {"sac": stored}}
+    assert results.settings(sac_run) == "Hopper-v5"
+    assert results.settings({**sac_run, "config": {"sac": dict(stored, tau=0.02)}}) == "custom"
