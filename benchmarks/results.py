@@ -93,12 +93,15 @@ def settings(run: dict) -> str:
     from distrl.presets import PRESETS
 
     algo, env = run["summary"]["algo"], run["summary"]["env"]
-    used = {k: v for k, v in json.loads(json.dumps(run["config"][algo])).items() if k not in NOT_LEARNING}
+
+    def learned(cfg: dict) -> dict:  # JSON-normalised (tuples as lists), without NOT_LEARNING fields
+        return {k: v for k, v in json.loads(json.dumps(cfg)).items() if k not in NOT_LEARNING}
+
+    used = learned(run["config"][algo])
     presets = PRESETS.get(algo, {})
     for name, values in sorted(presets.items(), key=lambda kv: kv[0] != env):  # the env's own preset first
         params = {k: v for k, v in values.items() if k != "total_steps"}
-        preset = json.loads(json.dumps(to_dict(ALGO_CONFIGS[algo](**params))))
-        if {k: v for k, v in preset.items() if k not in NOT_LEARNING} == used:
+        if learned(to_dict(ALGO_CONFIGS[algo](**params))) == used:
             return name
     return "custom"
 
