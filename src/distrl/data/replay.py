@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from distrl.config import ConfigError
+from distrl.config import ConfigError, require
 
 
 @dataclass(frozen=True)
@@ -162,3 +162,42 @@ class VersionedReplay:
                 "slices_never_trained": self.added - self.trained, "slices_retired": self.retired,
                 "slices_evicted": self.evicted, "slices_dropped_for_lag": self.dropped_for_lag,
                 "slices_left_in_buffer": len(self._slices)}
+
+def available_memory_bytes() -> int | None:
+    """Memory the system can give this process without swapping (MemAvailable), or None if unknown."""
+    try:
+        import psutil
+
+        return int(psutil.virtual_memory().available)
+    except ImportError:
+        pass
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def check_replay_memory(buffer_size: int, obs_shape: tuple[int, ...], obs_dtype: np.dtype | type, action_dim: int,
+                        fraction: float = 0.8) -> None:
+    """Refuse a replay buffer larger than ``fraction`` of the available memory, before allocating it.
+
+    numpy's zero-filled arrays are allocated lazily, so an oversized buffer either fails at once
+    (CarRacing's 96x96x3 observations at the default 1M transitions asked for 103 GiB) or, worse,
+    runs until the buffer fills and the kernel kills the process.
+    """
+    obs_bytes = int(np.prod(obs_shape)) * np.dtype(obs_dtype).itemsize
+    per_transition = 2 * obs_bytes + 4 * action_dim + 4 + 4  # obs, next_obs, actions, reward, terminated
+    available = available_memory_bytes()
+    if available is None:
+        return
+    budget = int(fraction * available)
+    fits = budget // per_transition
+    gib = 2**30
+    require(buffer_size <= fits, "buffer_size", buffer_size,
+            f"at most {fits:,} here: {buffer_size:,} transitions of {per_transition:,} bytes would take "
+            f"{buffer_size * per_transition / gib:.1f} GiB and this machine has {available / gib:.1f} GiB available",
+            f"e.g. --buffer-size {fits}")

@@ -11,7 +11,8 @@ import torch
 
 from distrl.data.normalize import ObsNormalizer, RewardScaler, moments
 from distrl.envs import VecEnv
-from distrl.nets import ActorCritic
+from distrl.nets import Agent
+from distrl.spaces import stored_layout
 
 
 def gae(rewards: np.ndarray, values: np.ndarray, terminated: np.ndarray, truncated: np.ndarray,
@@ -91,7 +92,7 @@ class Rollout:
 class RolloutBatch:
     """A flat on-policy training batch; B = T * N, invalid steps carry ``valid == 0``."""
 
-    obs: torch.Tensor            # [B, obs_dim]
+    obs: torch.Tensor            # [B, *obs_shape] in the stored dtype (uint8 images, float32 vectors)
     actions: torch.Tensor        # [B] (discrete) or [B, A]
     log_probs: torch.Tensor      # [B] behaviour log-probabilities
     values: torch.Tensor         # [B] critic values at collection time
@@ -114,7 +115,7 @@ class RolloutCollector:
     workers: ``env_offset`` is just the global index of its first environment.
     """
 
-    def __init__(self, env: VecEnv, agent: ActorCritic, obs_normalizer: ObsNormalizer,
+    def __init__(self, env: VecEnv, agent: Agent, obs_normalizer: ObsNormalizer,
                  reward_scaler: RewardScaler, n_steps: int, seed: int, env_offset: int = 0):
         self.env = env
         self.agent = agent
@@ -124,6 +125,7 @@ class RolloutCollector:
         self.env_offset = env_offset
         self.noise_rngs: list[np.random.Generator] = []
         self._raw_obs: np.ndarray | None = None
+        self.obs_shape, self.obs_dtype = stored_layout(env.single_observation_space)
 
     def reset(self, seed: int, segment: int = 0) -> None:
         """Begin new episodes everywhere and restart the sampling streams.
@@ -138,12 +140,7 @@ class RolloutCollector:
                            for i in range(self.env.n_envs)]
 
     def _noise(self) -> np.ndarray:
-        shape = (self.n_steps, *self.agent.noise_shape())
-        if self.agent.discrete:
-            draws = [rng.random(shape, dtype=np.float32) for rng in self.noise_rngs]
-        else:
-            draws = [rng.standard_normal(shape, dtype=np.float32) for rng in self.noise_rngs]
-        return np.stack(draws, axis=1)
+        return np.stack([self.agent.spec.draw_noise(rng, (self.n_steps,)) for rng in self.noise_rngs], axis=1)
 
     def collect(self, policy_version: int, preempt: Callable[[], bool] | None = None, min_steps: int = 0) -> Rollout:
         """Step all environments ``n_steps`` times (or fewer, see ``preempt``).
@@ -158,12 +155,11 @@ class RolloutCollector:
         assert self._raw_obs is not None, "call reset() before collect()"
         start = time.perf_counter()
         T, N = self.n_steps, self.env.n_envs
-        obs_dim = self._raw_obs.shape[-1]
-        normalize = self.obs_normalizer.enabled
-        obs = np.empty((T + 1, N, obs_dim), dtype=np.float32)
-        raw_obs = np.empty((T + 1, N, obs_dim), dtype=np.float32) if normalize else obs
-        action_shape = () if self.agent.discrete else (self.agent.action_dim,)
-        actions = np.empty((T, N, *action_shape), dtype=np.int64 if self.agent.discrete else np.float32)
+        normalize = self.obs_normalizer.enabled  # vector observations only: images stay uint8
+        obs = np.empty((T + 1, N, *self.obs_shape), dtype=self.obs_dtype)
+        raw_obs = np.empty_like(obs) if normalize else obs
+        spec = self.agent.spec
+        actions = np.empty((T, N, *spec.action_shape), dtype=spec.action_dtype)
         rewards = np.empty((T, N), dtype=np.float32)
         terminated = np.empty((T, N), dtype=bool)
         truncated = np.empty((T, N), dtype=bool)
@@ -171,7 +167,8 @@ class RolloutCollector:
         noise = self._noise()
         rollout = Rollout(obs, actions, rewards, terminated, truncated, valid, policy_version)
         raw_obs[0] = self._raw_obs
-        obs[0] = self.obs_normalizer(raw_obs[0])
+        if normalize:
+            obs[0] = self.obs_normalizer(raw_obs[0])
         for t in range(T):
             action = self.agent.act(obs[t], noise[t])
             actions[t] = action
@@ -192,7 +189,7 @@ class RolloutCollector:
                 break
         self._raw_obs = raw_obs[T]
         if normalize:
-            rollout.obs_moments = moments(raw_obs[1:T + 1].reshape(T * N, obs_dim))
+            rollout.obs_moments = moments(raw_obs[1:T + 1].reshape(T * N, -1))
         if self.reward_scaler.enabled:
             rollout.reward_moments = self.reward_scaler.take_moments()
         rollout.collected_steps = T

@@ -11,7 +11,8 @@ from gymnasium import spaces
 
 from distrl.nets.core import MLP, ParamBuffer, mlp_shapes
 from distrl.nets.distributions import (CategoricalTerms, GaussianTerms, categorical_grad, categorical_terms,
-                                       gaussian_grad, gaussian_terms)
+                                       gaussian_grad, gaussian_terms, sample_actions)
+from distrl.spaces import action_spec
 
 
 @dataclass
@@ -30,16 +31,11 @@ class ActorCritic:
     def __init__(self, obs_dim: int, action_space: spaces.Space, net_arch: tuple[int, ...] = (64, 64),
                  activation: str = "tanh", log_std_init: float = 0.0, ortho_init: bool = True,
                  device: torch.device | str = "cpu", seed: int = 0):
-        self.discrete = isinstance(action_space, spaces.Discrete)
-        if self.discrete:
-            assert isinstance(action_space, spaces.Discrete)
-            self.action_dim = int(action_space.n)
-            self.low = self.high = None
-        else:
-            assert isinstance(action_space, spaces.Box)
-            self.action_dim = int(np.prod(action_space.shape))
-            self.low = action_space.low.astype(np.float32)
-            self.high = action_space.high.astype(np.float32)
+        self.spec = action_spec(action_space)
+        if self.spec.kind == "multi_categorical":
+            raise ValueError("ActorCritic takes Discrete or Box actions; the module path takes MultiDiscrete")
+        self.discrete = self.spec.discrete
+        self.action_dim = self.spec.action_dim
         self.obs_dim = obs_dim
         self.device = torch.device(device)
         policy_sizes = (obs_dim, *net_arch, self.action_dim)
@@ -83,43 +79,41 @@ class ActorCritic:
         Gaussian policy. ``None`` acts deterministically (argmax or mean). Gaussian
         actions are returned unclipped; :meth:`env_action` clips them to the bounds.
         """
-        out = self._acting_policy(obs)
-        if self.discrete:
-            if noise is None:
-                return out.argmax(-1)
-            probs = np.exp(out - out.max(-1, keepdims=True))
-            cdf = np.cumsum(probs, -1)
-            return np.minimum((noise[:, None] * cdf[:, -1:] > cdf).sum(-1), self.action_dim - 1)
-        if noise is None:
-            return out
-        return out + np.exp(self._acting_log_std) * noise
+        out = self._acting_policy(obs.reshape(len(obs), -1))
+        std = None if self.discrete else np.exp(self._acting_log_std)
+        return sample_actions(self.spec.kind, out, std, noise)
 
     def env_action(self, action: np.ndarray) -> np.ndarray:
         """The action to send to the env: Gaussian samples clipped to the action bounds."""
-        if self.discrete:
-            return action
-        return np.clip(action, self.low, self.high)
+        return self.spec.env_action(action)
 
     def noise_shape(self) -> tuple[int, ...]:
         """Shape of the per-step sampling noise of one environment (see :meth:`act`)."""
-        return () if self.discrete else (self.action_dim,)
+        return self.spec.noise_shape
+
+    def _flat(self, obs: torch.Tensor) -> torch.Tensor:
+        return obs.reshape(obs.shape[0], self.obs_dim).to(self.device, torch.float32)
 
     @torch.no_grad()
     def values(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.critic(obs).squeeze(-1)
+        return self.critic(self._flat(obs)).squeeze(-1)
 
     @torch.no_grad()
     def log_prob(self, obs: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
-        return self.dist_terms(self.policy(obs), actions).log_prob
+        return self._terms(self.policy(self._flat(obs)), actions).log_prob
 
-    def dist_terms(self, head: torch.Tensor, actions: torch.Tensor) -> CategoricalTerms | GaussianTerms:
-        """Log-probabilities and entropies of ``actions`` under the head outputs."""
+    def dist_terms(self, fwd: TrainForward, actions: torch.Tensor) -> CategoricalTerms | GaussianTerms:
+        """Log-probabilities and entropies of ``actions`` under a forward pass's head outputs."""
+        return self._terms(fwd.head, actions)
+
+    def _terms(self, head: torch.Tensor, actions: torch.Tensor) -> CategoricalTerms | GaussianTerms:
         if self.discrete:
             return categorical_terms(head, actions)
         return gaussian_terms(head, self.params.view("policy.log_std"), actions)
 
     def forward_train(self, obs: torch.Tensor) -> TrainForward:
         """Both trunks, keeping what :meth:`backward` needs."""
+        obs = self._flat(obs)
         head, policy_inputs = self.policy.forward_cached(obs)
         values, critic_inputs = self.critic.forward_cached(obs)
         return TrainForward(head, values.squeeze(-1), policy_inputs, critic_inputs)

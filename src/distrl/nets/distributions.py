@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
@@ -74,3 +75,39 @@ def gaussian_grad(terms: GaussianTerms, d_log_prob: torch.Tensor,
     if d_entropy is not None:
         d_log_std += d_entropy.sum()
     return d_mean, d_log_std
+
+
+def multi_categorical_terms(logits: torch.Tensor, actions: torch.Tensor, nvec: tuple[int, ...]) -> CategoricalTerms:
+    """Independent choices: ``logits`` [B, sum(nvec)], ``actions`` [B, len(nvec)]; log-prob and entropy
+    are sums over the parts. ``log_p`` and ``p`` hold every part's log-softmax side by side."""
+    log_p = torch.cat([torch.log_softmax(part, -1) for part in logits.split(nvec, dim=-1)], -1)
+    p = log_p.exp()
+    offsets = torch.tensor([0, *nvec[:-1]], device=logits.device).cumsum(0)
+    log_prob = log_p.gather(1, actions.long() + offsets).sum(1)
+    entropy = -(p * log_p).sum(-1)
+    return CategoricalTerms(log_prob, entropy, log_p, p)
+
+
+def sample_actions(kind: str, out: np.ndarray, std: np.ndarray | None, noise: np.ndarray | None,
+                   nvec: tuple[int, ...] = ()) -> np.ndarray:
+    """Actions from head outputs ``out`` [B, head] (numpy), with the caller's noise.
+
+    Choices are drawn by inverse-CDF sampling from uniforms (one per choice), Gaussian actions
+    as ``mean + std * normal``; ``noise=None`` acts deterministically (argmax, mean). The noise
+    is drawn by the caller from per-environment streams, so that the same environments take
+    the same actions however they are split over workers.
+    """
+    if kind == "gaussian":
+        return out if noise is None else out + std * noise
+    if kind == "categorical":
+        return _inverse_cdf(out, None if noise is None else noise)
+    parts = np.split(out, np.cumsum(nvec)[:-1], axis=-1)
+    return np.stack([_inverse_cdf(part, None if noise is None else noise[:, j]) for j, part in enumerate(parts)], 1)
+
+
+def _inverse_cdf(logits: np.ndarray, uniform: np.ndarray | None) -> np.ndarray:
+    if uniform is None:
+        return logits.argmax(-1)
+    probs = np.exp(logits - logits.max(-1, keepdims=True))
+    cdf = np.cumsum(probs, -1)
+    return np.minimum((uniform[:, None] * cdf[:, -1:] > cdf).sum(-1), logits.shape[-1] - 1)

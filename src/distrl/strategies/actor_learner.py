@@ -79,19 +79,17 @@ class RolloutWorker:
     def __init__(self, spec: WorkerSpec):
         import torch
 
-        from distrl.envs import make_env
-        from distrl.nets import ActorCritic
-
+        from distrl.envs import make_run_env
+        from distrl.nets import make_agent
+        from distrl.spaces import stored_layout
         from distrl.training.common import set_cpu_options
 
         set_cpu_options(spec.run)  # as the learner and single do: threads, subnormal flushing
         self.spec = spec
         cfg, run = spec.cfg, spec.run
-        self.env = make_env(run.env, cfg.n_envs, run.vec)
-        obs_dim = int(np.prod(self.env.single_observation_space.shape))
-        ortho = getattr(cfg, "ortho_init", True)
-        self.agent = ActorCritic(obs_dim, self.env.single_action_space, cfg.net_arch, cfg.activation,
-                                 cfg.log_std_init, ortho, torch.device("cpu"), run.seed)
+        self.env = make_run_env(run, cfg.n_envs)
+        obs_space = self.env.single_observation_space
+        self.agent = make_agent(obs_space, self.env.single_action_space, cfg, torch.device("cpu"), run.seed, run.policy)
         if spec.algo == "reinforce":
             from distrl.data.episodes import EpisodeCollector
 
@@ -101,7 +99,8 @@ class RolloutWorker:
             from distrl.data.normalize import ObsNormalizer, RewardScaler
             from distrl.data.rollout import RolloutCollector
 
-            self.obs_normalizer = ObsNormalizer(self.env.single_observation_space.shape, cfg.normalize_obs, cfg.clip_obs)
+            shape, dtype = stored_layout(obs_space)
+            self.obs_normalizer = ObsNormalizer(shape, cfg.normalize_obs, cfg.clip_obs, dtype=dtype)
             self.reward_scaler = RewardScaler(cfg.n_envs, cfg.gamma, cfg.normalize_reward)
             self.collector = RolloutCollector(self.env, self.agent, self.obs_normalizer, self.reward_scaler,
                                               cfg.n_steps, run.seed, spec.env_offset)
@@ -157,7 +156,7 @@ class RolloutWorker:
 
         T, N = rollout.rewards.shape
         with torch.no_grad():
-            obs = torch.from_numpy(rollout.obs[:T].reshape(T * N, -1))
+            obs = torch.from_numpy(rollout.obs[:T].reshape(T * N, *rollout.obs.shape[2:]))
             actions = torch.from_numpy(rollout.actions.reshape(T * N, *rollout.actions.shape[2:]))
             return self.agent.log_prob(obs, actions).numpy().reshape(T, N)
 

@@ -62,21 +62,27 @@ def trainer_config(cfg: PPOConfig, strategy: StrategyConfig, trainers: int) -> P
                                normalize_advantage=False)
 
 
-def _send_batch(packed: torch.Tensor, share: bool, trainers: int) -> None:
-    if share:
-        dist.broadcast(packed, 0)
-    else:
-        shards = list(packed.chunk(trainers))
-        dist.scatter(torch.empty_like(shards[0]), [torch.empty_like(shards[0]), *shards], src=0)
+def _send_batch(packed: PackedBatch, share: bool, trainers: int) -> None:
+    """Observations (in their stored dtype: images travel as uint8) and the float rows, to every trainer."""
+    for tensor in (packed.obs.cpu().contiguous(), packed.data.cpu().contiguous()):
+        if share:
+            dist.broadcast(tensor, 0)
+        else:
+            shards = list(tensor.chunk(trainers))
+            dist.scatter(torch.empty_like(shards[0]), [torch.empty_like(shards[0]), *shards], src=0)
 
 
-def _receive_batch(rows: int, columns: int, share: bool, trainers: int) -> torch.Tensor:
-    buffer = torch.empty(rows if share else rows // trainers, columns)
-    if share:
-        dist.broadcast(buffer, 0)
-    else:
-        dist.scatter(buffer, None, src=0)
-    return buffer
+def _receive_batch(rows: int, obs_shape: tuple[int, ...], obs_dtype: torch.dtype, columns: int, share: bool,
+                   trainers: int) -> tuple[torch.Tensor, torch.Tensor]:
+    n = rows if share else rows // trainers
+    received = []
+    for buffer in (torch.empty(n, *obs_shape, dtype=obs_dtype), torch.empty(n, columns)):
+        if share:
+            dist.broadcast(buffer, 0)
+        else:
+            dist.scatter(buffer, None, src=0)
+        received.append(buffer)
+    return received[0], received[1]
 
 
 class PlayerAlgo:
@@ -107,7 +113,7 @@ class PlayerAlgo:
                advantage_moments: np.ndarray | None = None) -> dict[str, float]:
         packed = PackedBatch.pack(batch, self.algo.normalized_advantages(batch, sync, advantage_moments))
         self._header(UPDATE, progress_remaining)
-        _send_batch(packed.data.cpu().contiguous(), self.share, self.trainers)
+        _send_batch(packed, self.share, self.trainers)
         start = time.perf_counter()
         params = self.algo.agent.params.data
         staged = params.cpu() if params.device.type != "cpu" else params
@@ -142,23 +148,23 @@ def run_trainer(run: RunConfig, strategy: StrategyConfig, cfg: PPOConfig, device
 
     Returns a checksum of the weights after every update (tests compare them with the player's).
     """
-    from distrl.strategies.ddp import checksum
-    from distrl.envs import make_env
-    from distrl.nets import ActorCritic
-    from distrl.strategies.ddp import DistributedSync
+    from distrl.envs import make_run_env
+    from distrl.nets import make_agent
+    from distrl.spaces import stored_layout
+    from distrl.strategies.ddp import DistributedSync, checksum
 
     world, rank = dist.get_world_size(), dist.get_rank()
     trainers = world - 1
-    probe = make_env(run.env, 1, run.vec)
-    obs_dim = int(np.prod(probe.single_observation_space.shape))
-    space = probe.single_action_space
+    probe = make_run_env(run, 1)
+    obs_space, action_space = probe.single_observation_space, probe.single_action_space
     probe.close()
-    agent = ActorCritic(obs_dim, space, cfg.net_arch, cfg.activation, cfg.log_std_init, cfg.ortho_init, device, run.seed)
+    obs_shape, obs_dtype = stored_layout(obs_space)
+    agent = make_agent(obs_space, action_space, cfg, device, run.seed, run.policy)
     algo = PPOAlgo(trainer_config(cfg, strategy, trainers), agent, run.seed)
     sync = DistributedSync(device, strategy.timeout_s, group=trainers_group)
-    _receive_start_state(agent, algo, obs_dim)
-    action_dim = 1 if agent.discrete else agent.action_dim
-    columns = obs_dim + action_dim + 5
+    _receive_start_state(agent, algo, int(np.prod(obs_shape)))
+    action_shape = agent.spec.action_shape
+    torch_dtype = torch.from_numpy(np.zeros(0, obs_dtype)).dtype
     segment = -1
     history: list[str] = []
     while True:
@@ -176,8 +182,9 @@ def run_trainer(run: RunConfig, strategy: StrategyConfig, cfg: PPOConfig, device
         if new_segment != segment:  # every trainer shuffles alike with --share-data, apart otherwise
             segment = new_segment
             algo.reseed(run.seed, 0 if strategy.share_data else rank, segment)
-        data = _receive_batch(cfg.rollout_size, columns, strategy.share_data, trainers).to(device)
-        packed = PackedBatch(data, obs_dim, action_dim, agent.discrete)
+        obs, data = _receive_batch(cfg.rollout_size, obs_shape, torch_dtype, PackedBatch.columns(action_shape),
+                                   strategy.share_data, trainers)
+        packed = PackedBatch(obs.to(device), data.to(device), action_shape, agent.discrete)
         part = (rank - 1, trainers) if strategy.share_data else None
         metrics = algo.update_packed(packed, sync, progress, part)
         params = agent.params.data

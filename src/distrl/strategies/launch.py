@@ -52,7 +52,7 @@ def check_before_launch(run: Any, strategy: Any, cfg: Any, resume_path: Path | N
         check_layout(cfg, strategy, strategy.workers)
     else:
         scaled(cfg, strategy, strategy.workers)
-    TRAINERS[run.algo].check_env(run)
+    TRAINERS[run.algo].check_env(run, cfg)
 
 
 def free_port() -> int:

@@ -19,7 +19,7 @@ from gymnasium import spaces
 import distrl
 from distrl import checkpoint
 from distrl.config import ALGO_CONFIGS, ConfigError, RunConfig, StrategyConfig, from_dict, to_dict
-from distrl.envs import VecEnv, check_spaces, make_env, resolve_env_id
+from distrl.envs import VecEnv, check_spaces, make_run_env, portable_env_name, resolve_env_id
 from distrl.evaluation import evaluate
 from distrl.logs import MONITOR_FILE, RunLogger, write_json_atomic
 from distrl.protocols import Sync
@@ -87,7 +87,7 @@ class TrainerBase:
         if self.device.type == "cpu":
             set_cpu_options(run)
         self.env_id = resolve_env_id(run.env)
-        self.env = make_env(self.env_id, cfg.n_envs, run.vec)
+        self.env = make_run_env(run, cfg.n_envs, self.env_id)
         try:
             check_spaces(self.algo_name, self.env, self.action_spaces)
         except ConfigError:
@@ -121,7 +121,7 @@ class TrainerBase:
     @classmethod
     def check_env(cls, run: RunConfig) -> None:
         """Fail now, in the launching process, if workers could not build this env."""
-        env = make_env(run.env, 1, run.vec)
+        env = make_run_env(run, 1)
         try:
             check_spaces(cls.algo_name, env, cls.action_spaces)
         finally:
@@ -214,7 +214,7 @@ class TrainerBase:
         """Deterministic evaluation over ``eval_episodes`` episodes; returns (mean, std)."""
         start = time.perf_counter()
         if self._eval_env is None:
-            self._eval_env = make_env(self.env_id, self.run.eval_episodes, self.run.vec)
+            self._eval_env = make_run_env(self.run, self.run.eval_episodes, self.env_id)
         returns = evaluate(self.act_for_eval, self._eval_env, self.run.seed + EVAL_SEED_OFFSET)
         self.last_eval = (float(returns.mean()), float(returns.std()))
         self._eval_steps = self.steps
@@ -289,7 +289,7 @@ class TrainerBase:
     # ---- checkpoints ----
 
     def config_dict(self) -> dict[str, Any]:
-        return {"run": to_dict(self.run.replace(env=self.env_id)), "strategy": to_dict(self.strategy),
+        return {"run": to_dict(self.run.replace(env=portable_env_name(self.env_id))), "strategy": to_dict(self.strategy),
                 self.algo_name: to_dict(self.requested), f"{self.algo_name}_effective": to_dict(self.cfg)}
 
     def counters(self) -> dict[str, Any]:
@@ -299,7 +299,7 @@ class TrainerBase:
 
     def checkpoint_contents(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         state = {
-            "algo": self.algo_name, "env_id": self.env_id, "config": self.config_dict(), **self.counters(),
+            "algo": self.algo_name, "env_id": portable_env_name(self.env_id), "config": self.config_dict(), **self.counters(),
             "observation_dim": self.obs_dim, "action_space": space_to_json(self.env.single_action_space),
             "distrl_version": distrl.__version__,
             "monitor_rows": self.logger.monitor_rows() if self.logger is not None else {},

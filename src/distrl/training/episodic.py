@@ -13,7 +13,8 @@ import torch
 from distrl.algos.reinforce import REINFORCEAlgo
 from distrl.config import REINFORCEConfig, RunConfig, StrategyConfig
 from distrl.data.episodes import EpisodeCollector
-from distrl.nets import ActorCritic
+from distrl.nets import make_agent
+from distrl.nets.factory import PolicySource, check_agent_spaces
 from distrl.protocols import Sync
 from distrl.training.common import TrainerBase
 
@@ -26,10 +27,10 @@ class EpisodicTrainer(TrainerBase):
     def __init__(self, run: RunConfig, cfg: REINFORCEConfig, sync: Sync | None = None,
                  run_dir: Path | None = None, log: bool = True, strategy: StrategyConfig | None = None,
                  requested: REINFORCEConfig | None = None, device: torch.device | None = None,
-                 collector_factory: Callable[[TrainerBase], Any] | None = None):
+                 collector_factory: Callable[[TrainerBase], Any] | None = None, policy: PolicySource = None):
         super().__init__(run, cfg, sync, run_dir, log, strategy, requested, device)
-        self.agent = ActorCritic(self.obs_dim, self.env.single_action_space, cfg.net_arch, cfg.activation,
-                                 cfg.log_std_init, True, self.device, run.seed)
+        self.agent = make_agent(self.env.single_observation_space, self.env.single_action_space, cfg, self.device,
+                                run.seed, policy if policy is not None else run.policy)
         self.algo = REINFORCEAlgo(cfg, self.agent)
         self.last_iteration_return: float | None = None
         if collector_factory is None:
@@ -38,6 +39,10 @@ class EpisodicTrainer(TrainerBase):
         else:
             self.collector = collector_factory(self)
         self.start_segment()
+
+    @classmethod
+    def check_spaces(cls, env_id: str, observation_space: Any, action_space: Any, cfg: Any) -> None:
+        check_agent_spaces(env_id, cls.algo_name, observation_space, action_space, cfg)
 
     def weights(self) -> dict[str, Any]:
         """What a remote collector needs to act like this learner: the policy version and parameters."""
@@ -80,7 +85,7 @@ class EpisodicTrainer(TrainerBase):
         return summary
 
     def act_for_eval(self, obs: np.ndarray) -> np.ndarray:
-        return self.agent.env_action(self.agent.act(obs.astype(np.float32), None))
+        return self.agent.env_action(self.agent.act(obs.astype(self.obs_dtype), None))
 
     def start_segment(self) -> None:
         self.collector.reset(self.run.seed, self.steps)

@@ -12,7 +12,7 @@ from gymnasium import spaces
 
 from distrl.algos.sac import SACAlgo
 from distrl.config import RunConfig, SACConfig, StrategyConfig
-from distrl.data.replay import ReplayBuffer
+from distrl.data.replay import ReplayBuffer, check_replay_memory
 from distrl.protocols import Sync
 from distrl.training.common import TrainerBase
 
@@ -34,6 +34,7 @@ class OffPolicyTrainer(TrainerBase):
         self.action_dim = int(np.prod(space.shape))
         self.low, self.high = space.low.astype(np.float32), space.high.astype(np.float32)
         self.algo = SACAlgo(cfg, self.obs_dim, self.action_dim, self.device, run.seed)
+        check_replay_memory(cfg.buffer_size, self.obs_shape, np.float32, self.action_dim)  # the buffer stores float32
         self.replay = ReplayBuffer(cfg.buffer_size, self.obs_dim, self.action_dim)
         self.env_offset = self.sync.rank * cfg.n_envs
         self.start_segment()

@@ -15,7 +15,8 @@ from distrl.algos.ppo import PPOAlgo
 from distrl.config import PPOConfig, RunConfig, StrategyConfig
 from distrl.data.normalize import ObsNormalizer, RewardScaler
 from distrl.data.rollout import Rollout, RolloutBatch, RolloutCollector
-from distrl.nets import ActorCritic
+from distrl.nets import make_agent
+from distrl.nets.factory import PolicySource, check_agent_spaces
 from distrl.protocols import Sync
 from distrl.training.common import TrainerBase
 
@@ -28,7 +29,7 @@ class OnPolicyTrainer(TrainerBase):
     def __init__(self, run: RunConfig, cfg: PPOConfig, sync: Sync | None = None,
                  run_dir: Path | None = None, log: bool = True, strategy: StrategyConfig | None = None,
                  requested: PPOConfig | None = None, device: torch.device | None = None,
-                 collector_factory: Callable[[TrainerBase], Any] | None = None):
+                 collector_factory: Callable[[TrainerBase], Any] | None = None, policy: PolicySource = None):
         """
         Args:
             run, cfg: what to train; ``cfg`` is the config this worker runs (after scaling).
@@ -38,11 +39,12 @@ class OnPolicyTrainer(TrainerBase):
             requested: the PPO config as the user gave it, before ``--scaling``.
             device: overrides ``run.device`` (a ddp rank's own GPU).
             collector_factory: builds a collector in place of the local one (actor-learner's remote workers).
+            policy: the network, when the Python API was given a module, class or factory (default: ``run.policy``).
         """
         super().__init__(run, cfg, sync, run_dir, log, strategy, requested, device)
-        self.agent = ActorCritic(self.obs_dim, self.env.single_action_space, cfg.net_arch, cfg.activation,
-                                 cfg.log_std_init, cfg.ortho_init, self.device, run.seed)
-        self.obs_normalizer = ObsNormalizer(self.obs_shape, cfg.normalize_obs, cfg.clip_obs)
+        self.agent = make_agent(self.env.single_observation_space, self.env.single_action_space, cfg, self.device,
+                                run.seed, policy if policy is not None else run.policy)
+        self.obs_normalizer = ObsNormalizer(self.obs_shape, cfg.normalize_obs, cfg.clip_obs, dtype=self.obs_dtype)
         self.reward_scaler = RewardScaler(cfg.n_envs, cfg.gamma, cfg.normalize_reward)
         self.collector: Any = RolloutCollector(self.env, self.agent, self.obs_normalizer, self.reward_scaler,
                                                cfg.n_steps, run.seed, env_offset=self.sync.rank * cfg.n_envs)
@@ -50,6 +52,10 @@ class OnPolicyTrainer(TrainerBase):
             self.collector = collector_factory(self)
         self.algo = PPOAlgo(cfg, self.agent, run.seed)
         self.start_segment()
+
+    @classmethod
+    def check_spaces(cls, env_id: str, observation_space: Any, action_space: Any, cfg: Any) -> None:
+        check_agent_spaces(env_id, cls.algo_name, observation_space, action_space, cfg)
 
     def train(self, total_steps: int | None = None, stop_at: int | None = None) -> dict[str, Any]:
         """Train until ``total_steps`` (schedules anneal over it); ``stop_at`` ends early, as an interruption would."""

@@ -1,0 +1,119 @@
+"""The one place an on-policy agent is built: closed-form MLPs where they apply, a module otherwise.
+
+The closed-form :class:`ActorCritic` serves flat vector observations with Discrete or Box
+actions and no user network: it is what makes small-network PPO fast. Everything else —
+images, Dict or Discrete observations, MultiDiscrete and MultiBinary actions, a chosen CNN,
+a user's module — goes through :class:`ModuleAgent`, over the same flat parameter buffer.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Any, Union
+
+import numpy as np
+import torch
+from gymnasium import spaces
+from torch import nn
+
+from distrl.config import ConfigError
+from distrl.nets.actor_critic import ActorCritic
+from distrl.nets.encoders import ActorCriticModule, make_encoder
+from distrl.nets.module import ModuleAgent
+from distrl.spaces import action_spec, check_observation_space, is_image, is_vector
+
+Agent = Union[ActorCritic, ModuleAgent]
+PolicySource = Union[str, nn.Module, Callable[..., nn.Module], None]
+"""What a user passes as the network: 'package.module:function', a module, a module class or a factory."""
+
+
+def resolve_policy(policy: PolicySource) -> nn.Module | Callable[..., nn.Module] | None:
+    """Import a 'package.module:function' policy factory; other sources are returned as they are."""
+    if not isinstance(policy, str):
+        return policy
+    if not policy:
+        return None
+    module_name, _, attr = policy.partition(":")
+    if not module_name or not attr:
+        raise ConfigError(f"policy={policy!r} is not allowed: must be 'package.module:function'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"policy={policy!r}: cannot import module {module_name!r} ({exc})") from None
+    factory = getattr(module, attr, None)
+    if not callable(factory):
+        raise ConfigError(f"policy={policy!r}: module {module_name!r} has no callable {attr!r}; a policy factory is "
+                          "called with (observation_space, action_space, config) and returns a torch.nn.Module")
+    return factory
+
+
+def uses_closed_form(observation_space: spaces.Space, action_space: spaces.Space, cfg: Any,
+                     policy: PolicySource = None) -> bool:
+    """Whether the closed-form MLPs serve this run: flat float vectors, Discrete or Box actions,
+    the built-in network and no encoder asked for."""
+    return (policy in (None, "") and isinstance(observation_space, spaces.Box) and not is_image(observation_space)
+            and isinstance(action_space, (spaces.Discrete, spaces.Box))
+            and getattr(cfg, "encoder", "auto") in ("auto", "mlp"))
+
+
+def build_module(observation_space: spaces.Space, action_space: spaces.Space, cfg: Any,
+                 policy: PolicySource, seed: int) -> nn.Module:
+    """The network of the module path: the user's (seeded with ``seed``), or the built-in encoder and heads.
+
+    A user's module either returns ``(head, value)`` itself, or has an integer ``features_dim``
+    attribute and is used as the encoder in front of distrl's heads.
+    """
+    spec = action_spec(action_space)
+    activation = getattr(cfg, "activation", "tanh")
+    source = resolve_policy(policy)
+    if source is None:
+        net = ActorCriticModule(make_encoder(observation_space, getattr(cfg, "encoder", "auto")), spec.head_size,
+                                tuple(cfg.net_arch), activation)
+        if getattr(cfg, "ortho_init", True):
+            net.init_orthogonal(torch.Generator().manual_seed(seed))
+        return net
+    if isinstance(source, nn.Module):
+        module = source
+    else:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)  # the user's own initialisation, the same on every worker and rerun
+            module = source(observation_space, action_space, cfg)
+    if not isinstance(module, nn.Module):
+        raise ConfigError(f"policy={_name(policy)} returned {type(module).__name__}, not a torch.nn.Module")
+    if isinstance(getattr(module, "features_dim", None), (int, np.integer)):
+        return ActorCriticModule(module, spec.head_size, tuple(cfg.net_arch), activation)
+    return module
+
+
+def make_agent(observation_space: spaces.Space, action_space: spaces.Space, cfg: Any, device: torch.device | str,
+               seed: int, policy: PolicySource = None) -> Agent:
+    """The agent for a PPO or REINFORCE run (``cfg`` is its config); see the module docstring."""
+    check_observation_space(observation_space)
+    action_spec(action_space)  # a one-line error for an action space no head fits
+    if uses_closed_form(observation_space, action_space, cfg, policy):
+        obs_dim = int(np.prod(observation_space.shape))
+        return ActorCritic(obs_dim, action_space, tuple(cfg.net_arch), cfg.activation, getattr(cfg, "log_std_init", 0.0),
+                           getattr(cfg, "ortho_init", True), device, seed)
+    module = build_module(observation_space, action_space, cfg, policy, seed)
+    return ModuleAgent(module, observation_space, action_space, getattr(cfg, "log_std_init", 0.0), device)
+
+
+def _name(policy: PolicySource) -> str:
+    return repr(policy) if isinstance(policy, str) else getattr(policy, "__qualname__", type(policy).__name__)
+
+
+def check_agent_spaces(env_id: str, algo: str, observation_space: spaces.Space, action_space: spaces.Space,
+                       cfg: Any) -> None:
+    """Fail before any process starts when a PPO or REINFORCE agent cannot be built for these spaces."""
+    try:
+        check_observation_space(observation_space)
+        action_spec(action_space, algo)
+    except ConfigError as exc:
+        raise ConfigError(f"env={env_id!r}: {exc}") from None
+    if getattr(cfg, "normalize_obs", False) and not is_vector(observation_space):
+        raise ConfigError(f"normalize_obs=True is not allowed for env={env_id!r}: its {type(observation_space).__name__} "
+                          "observations are not a flat vector (images are scaled to [0, 1] by the encoder); "
+                          "use --no-normalize-obs")
+    if getattr(cfg, "encoder", "auto") not in ("auto", "mlp") and not uses_closed_form(observation_space, action_space, cfg):
+        make_encoder(observation_space, cfg.encoder)  # e.g. the Nature CNN on an image too small for it

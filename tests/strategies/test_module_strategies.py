@@ -1,0 +1,105 @@
+"""Every strategy with the module path: a CNN on uint8 images and a user's module on vectors.
+
+Each distributed run is compared with single-process PPO on the same seed and data, as the
+closed-form path's equivalence tests do.
+"""
+
+import dataclasses
+
+import pytest
+import torch
+
+from distrl.config import PPOConfig, RunConfig, StrategyConfig
+from distrl.nets import ModuleAgent
+from distrl.training import OnPolicyTrainer
+from distributed import run_ranks
+
+pytestmark = pytest.mark.multiprocess
+
+# A 6x6 uint8 image (the small CNN) passed through env kwargs, so every process must reapply them.
+PIXELS = RunConfig(env="distrl_spaceenvs:QuadrantEnv", env_kwargs=("size=6", "length=4"), seed=4, vec="sync", quiet=True)
+USER_NET = RunConfig(env="CartPole-v1", policy="distrl_spaceenvs:tiny_net", seed=4, vec="sync", quiet=True)
+CFG = PPOConfig(n_envs=2, n_steps=16, batch_size=32, n_epochs=2, learning_rate=3e-3, net_arch=(16,))
+RUNS = {"pixels": PIXELS, "user-net": USER_NET}
+
+
+def single_params(run: RunConfig, cfg: PPOConfig, steps: int) -> torch.Tensor:
+    trainer = OnPolicyTrainer(run.replace(total_steps=steps), cfg)
+    assert isinstance(trainer.agent, ModuleAgent)
+    trainer.train()
+    trainer.close()
+    assert trainer.steps == steps
+    return trainer.agent.params.data.clone()
+
+
+def ddp_rank(rank, world, run, cfg, iterations):
+    from distrl.strategies.ddp import DistributedSync
+
+    trainer = OnPolicyTrainer(run.replace(total_steps=iterations * cfg.rollout_size * world), cfg,
+                              sync=DistributedSync(torch.device("cpu"), 30))
+    trainer.broadcast_state()
+    trainer.train()
+    trainer.close()
+    return trainer.agent.params.data.clone()
+
+
+@pytest.mark.parametrize("name", RUNS)
+def test_ddp_with_a_module_equals_single_process(name):
+    run = RUNS[name]
+    p0, p1 = run_ranks(ddp_rank, 2, run, CFG, 3)
+    single = single_params(run, dataclasses.replace(CFG, n_envs=4, batch_size=64), 3 * 64)
+    assert torch.equal(p0, p1)
+    torch.testing.assert_close(p0, single, rtol=0, atol=2e-5)
+
+
+def decoupled_rank(rank, world, run, iterations):
+    import torch.distributed as dist
+
+    from distrl.strategies.decoupled import PlayerAlgo, run_trainer, send_start_state
+
+    strategy = StrategyConfig(strategy="decoupled", workers=world, share_data=True, trainer_device="cpu")
+    group = dist.new_group(list(range(1, world)))
+    if rank > 0:
+        return run_trainer(run, strategy, CFG, torch.device("cpu"), group)
+    player = OnPolicyTrainer(run, CFG, strategy=strategy)
+    player.algo = PlayerAlgo(player.algo, strategy, world)
+    send_start_state(player)
+    for _ in range(iterations):
+        player.train(stop_at=player.steps + 1)
+    params = player.agent.params.data.clone()
+    player.algo.stop()
+    player.close()
+    return params
+
+
+def test_decoupled_sends_uint8_images_to_the_trainers_and_equals_single_process():
+    run = PIXELS.replace(total_steps=3 * 32)
+    params, *_ = run_ranks(decoupled_rank, 3, run, 3)
+    torch.testing.assert_close(params, single_params(PIXELS, CFG, 3 * 32), rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", RUNS)
+def test_actor_learner_with_a_module_equals_single_process(ray_local, name):
+    from distrl.strategies.actor_learner import RemoteCollector
+
+    run = RUNS[name].replace(total_steps=3 * 64)
+    strategy = StrategyConfig(strategy="actor-learner", workers=2)
+    remote = OnPolicyTrainer(run, CFG, strategy=strategy, collector_factory=lambda t: RemoteCollector(t, strategy, ray_local))
+    remote.train()
+    remote.close()
+    single = single_params(RUNS[name], dataclasses.replace(CFG, n_envs=4), 3 * 64)
+    torch.testing.assert_close(remote.agent.params.data, single, rtol=0, atol=1e-6)
+
+
+def test_pipeline_with_a_cnn_one_fragment_ahead_equals_single_process(ray_local):
+    from distrl.strategies.actors import RayActors
+    from distrl.strategies.pipeline_ppo import AsyncCollector
+
+    run = PIXELS.replace(total_steps=4 * 32)
+    strategy = StrategyConfig(strategy="pipeline", workers=1, queue_size=1)
+    remote = OnPolicyTrainer(run, CFG, strategy=strategy,
+                             collector_factory=lambda t: AsyncCollector(t, strategy, RayActors(ray_local)))
+    remote.train()
+    remote.close()
+    assert remote.policy_version == 4
+    torch.testing.assert_close(remote.agent.params.data, single_params(PIXELS, CFG, 4 * 32), rtol=0, atol=1e-6)
