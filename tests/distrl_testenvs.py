@@ -100,3 +100,58 @@ class ExplodingOnRank1(CountEnv):
         if self.armed and self.calls > 50:
             raise RuntimeError("boom from rank 1's env")
         return super().step(action)
+
+
+class GoRight(gym.Env):
+    """A corridor of ``size`` cells: action 1 moves right (+1 at the end, which terminates), 0 stays (-0.1);
+    truncated after 4 * size steps."""
+
+    def __init__(self, size: int = 4):
+        self.size = size
+        self.observation_space = gym.spaces.Box(0.0, 1.0, (1,), np.float32)
+        self.action_space = gym.spaces.Discrete(2)
+        self.pos = self.t = 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.pos = self.t = 0
+        return np.array([0.0], dtype=np.float32), {}
+
+    def step(self, action):
+        self.pos += int(action)
+        self.t += 1
+        done = self.pos >= self.size
+        return (np.array([self.pos / self.size], dtype=np.float32), 1.0 if done else -0.1, done,
+                self.t >= 4 * self.size, {})
+
+
+def make_count_env(length: int = 3, terminate: bool = False) -> gym.Env:
+    """A factory entry point ('distrl_testenvs:make_count_env')."""
+    return CountEnv(length, terminate)
+
+
+def returns_none():
+    """A function that is no env factory."""
+    return None
+
+
+NOT_AN_ENV = 42
+
+
+class NotAnEnv:
+    pass
+
+
+def double_reward(env: gym.Env) -> gym.Env:
+    """A wrapper function: rewards times 2."""
+    return gym.wrappers.TransformReward(env, lambda r: 2.0 * r)
+
+
+def add_one_reward(env: gym.Env) -> gym.Env:
+    """A wrapper function: rewards plus 1 (with double_reward, the order shows)."""
+    return gym.wrappers.TransformReward(env, lambda r: r + 1.0)
+
+
+def broken_wrapper(env: gym.Env):
+    """A wrapper that forgets to return the env."""
+    env.reset()

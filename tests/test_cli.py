@@ -6,6 +6,7 @@ import pytest
 
 from distrl import checkpoint
 from distrl.cli import main
+from distrl.config import ConfigError
 
 FAST = ["--total-steps", "2048", "--n-envs", "8", "--n-steps", "16", "--batch-size", "64", "--n-epochs", "2", "--quiet"]
 
@@ -28,6 +29,12 @@ def run_cli(*args, cwd=None):
     (["train", "sac", "CartPole-v1"], "has a Discrete action space; sac needs Box"),
     (["train", "sac", "Pendulum-v1", "--buffer-size", "100"], "buffer_size=100 is not allowed: must be >= batch_size"),
     (["train", "sac", "Pendulum-v1", "--ent-coef", "lots"], "ent_coef='lots'"),
+    (["train", "ppo", "os:system"], "an entry point must be a gymnasium.Env subclass or a function returning"),
+    (["train", "ppo", "distrl_testenvs:returns_none"], "returned a NoneType, not a gymnasium.Env"),
+    (["train", "ppo", "CartPole-v1", "--env-kwargs", "fast"], "env_kwargs='fast' is not allowed: must be key=value"),
+    (["train", "ppo", "CartPole-v1", "--env-kwargs", "speed=2"], "env_kwargs=speed=2 is not accepted by CartPole-v1"),
+    (["train", "ppo", "CartPole-v1", "--wrapper", "distrl_testenvs:broken_wrapper"], "'distrl_testenvs:broken_wrapper' returned"),
+    (["train", "ppo", "CartPole-v1", "--policy", "nets"], "policy='nets' is not allowed"),
 ])
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys, args, message):
     code = main([*args, "--run-dir", str(tmp_path / "run")] if args[0] == "train" and len(args) > 2 else args)
@@ -121,3 +128,40 @@ def test_run_dir_whose_only_checkpoint_is_truncated_says_so(tmp_path, capsys):
     (path / checkpoint.STATE).write_text('{"format": "distrl-che')
     assert main(["eval", str(tmp_path / "run")]) == 2
     assert "truncated or corrupt" in capsys.readouterr().err
+
+
+def test_custom_env_with_kwargs_and_wrappers_evaluates_in_a_fresh_process(tmp_path):
+    run_dir = tmp_path / "run"
+    assert main(["train", "ppo", "distrl_testenvs:GoRight", *FAST, "--total-steps", "512", "--env-kwargs", "size=3",
+                 "--wrapper", "distrl_testenvs:double_reward", "--wrapper", "distrl_testenvs:add_one_reward",
+                 "--run-dir", str(run_dir)]) == 0
+    run = json.loads((run_dir / "config.json").read_text())["run"]
+    assert run["env"] == "distrl_testenvs:GoRight" and run["env_kwargs"] == ["size=3"]
+    assert run["wrappers"] == ["distrl_testenvs:double_reward", "distrl_testenvs:add_one_reward"]
+    assert json.loads((run_dir / "model" / "state.json").read_text())["env_id"] == "distrl_testenvs:GoRight"
+    # wrapped reward: 2 * (-0.1) + 1 = 0.8 per move that does not reach the end, 2 * 1 + 1 = 3 at the end
+    code = (f"from distrl import PPO; m = PPO.load({str(run_dir)!r}); env = m._trainer.env; "
+            "print(env.env_id, env.reset(seed=0).shape, env.step(__import__('numpy').ones(8, int)).reward[0])")
+    fresh = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert fresh.returncode == 0, fresh.stderr
+    assert fresh.stdout.split() == ["custom/GoRight-v0", "(8,", "1)", "0.8"]
+    result = run_cli("eval", str(run_dir), "--episodes", "2", "--json", "--stochastic")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["episodes"] == 2
+
+
+def test_a_run_saved_with_a_custom_id_takes_the_entry_point_from_the_command(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    assert main(["train", "ppo", "distrl_testenvs:GoRight", *FAST, "--total-steps", "256", "--run-dir", str(run_dir)]) == 0
+    for path in [run_dir / "config.json", run_dir / "model" / "state.json"]:  # as distrl wrote them before
+        path.write_text(path.read_text().replace('"distrl_testenvs:GoRight"', '"custom/Gone-v0"'))
+    capsys.readouterr()
+    assert main(["eval", str(run_dir)]) == 2
+    assert "name it, e.g. --env mypkg.envs:Gone" in capsys.readouterr().err
+    assert main(["eval", str(run_dir), "--env", "distrl_testenvs:GoRight", "--episodes", "2"]) == 0
+    assert main(["train", "ppo", "distrl_testenvs:GoRight", "--resume", str(run_dir), "--total-steps", "512"]) == 2
+    assert "differs from the resumed run's env 'custom/Gone-v0'" in capsys.readouterr().err
+    for path in [run_dir / "config.json", run_dir / "model" / "state.json"]:
+        path.write_text(path.read_text().replace('"custom/Gone-v0"', '"custom/GoRight-v0"'))
+    assert main(["train", "ppo", "distrl_testenvs:GoRight", "--resume", str(run_dir), "--total-steps", "512", "--quiet"]) == 0
+    assert json.loads((run_dir / "config.json").read_text())["run"]["env"] == "distrl_testenvs:GoRight"

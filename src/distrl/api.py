@@ -15,7 +15,7 @@ import numpy as np
 
 from distrl import checkpoint
 from distrl.config import ConfigError, RunConfig, split_by_config
-from distrl.envs import make_env
+from distrl.envs import env_kwargs_items, env_source, make_run_env, wrapper_names
 from distrl.evaluation import evaluate
 from distrl.presets import algo_configs
 from distrl.training import EVAL_SEED_OFFSET, OffPolicyTrainer, OnPolicyTrainer, TrainerBase, configs_from_checkpoint
@@ -25,8 +25,15 @@ class Model:
     """An algorithm trained in this process (``--strategy single``). Use :class:`PPO` or :class:`SAC`.
 
     Args:
-        env: Gymnasium id, short name or 'package.module:ClassName'.
+        env: Gymnasium id, short name, 'package.module:ClassName' or 'package.module:function'; or a
+            ``gymnasium.Env`` (with a spec, e.g. from ``gym.make``: copies are made from its id and kwargs;
+            without one: used itself, n_envs must be 1), or a function or class returning one (called once
+            per env). Objects that cannot be named by id or 'module:qualname' work in this process only:
+            pass them again to :meth:`load`.
         seed: seed for networks, sampling and environments.
+        env_kwargs: constructor arguments of the env, a dict or "key=value" strings.
+        wrappers: functions ``fn(env) -> env`` (or their 'package.module:function' names) applied in order
+            to each env.
         preset: 'none' (library defaults, as stable-baselines3), 'auto' or a preset name.
         run_dir: where to write logs (Monitor CSV, TensorBoard); None writes nothing.
         **hyperparameters: any field of the algorithm's config (n_envs, learning_rate, ...)
@@ -35,11 +42,13 @@ class Model:
 
     algo = ""
 
-    def __init__(self, env: str, *, seed: int = 0, preset: str = "none", run_dir: str | Path | None = None,
-                 **hyperparameters: Any):
+    def __init__(self, env: Any, *, seed: int = 0, preset: str = "none", run_dir: str | Path | None = None,
+                 env_kwargs: Any = None, wrappers: Any = (), **hyperparameters: Any):
         run, params = split_by_config(hyperparameters, RunConfig)
         run.setdefault("quiet", True)
-        run_cfg, cfg, _ = algo_configs(self.algo, env, preset, {"seed": seed, **run}, params)
+        name, spec_kwargs = env_source(env)
+        run.update(env_kwargs=spec_kwargs + env_kwargs_items(env_kwargs), wrappers=wrapper_names(wrappers))
+        run_cfg, cfg, _ = algo_configs(self.algo, name, preset, {"seed": seed, **run}, params)
         self._trainer: TrainerBase = make_trainer(self.algo, run_cfg, cfg, run_dir=Path(run_dir) if run_dir else None)
 
     @property
@@ -65,7 +74,7 @@ class Model:
     def evaluate(self, n_episodes: int = 10, deterministic: bool = True, seed: int | None = None) -> tuple[float, float]:
         """Mean and std of the return over ``n_episodes`` episodes."""
         trainer = self._trainer
-        env = make_env(trainer.env_id, n_episodes, trainer.run.vec)
+        env = make_run_env(trainer.run, n_episodes, trainer.env_id)
         rng = np.random.default_rng(seed)
         try:
             seed = trainer.run.seed + EVAL_SEED_OFFSET if seed is None else seed
@@ -80,10 +89,19 @@ class Model:
         return checkpoint.save(Path(path), tensors, state)
 
     @classmethod
-    def load(cls, path: str | Path, device: str = "auto") -> Model:
-        """Load a model saved by :meth:`save`, a checkpoint directory, or a run directory's newest checkpoint."""
+    def load(cls, path: str | Path, device: str = "auto", env: Any = None, wrappers: Any = None) -> Model:
+        """Load a model saved by :meth:`save`, a checkpoint directory, or a run directory's newest checkpoint.
+
+        ``env`` and ``wrappers`` replace the run's (as in the constructor): needed when the model was
+        trained on Python objects that exist only in the process that trained it.
+        """
         path = checkpoint.find_latest(Path(path))
         run_cfg, _, cfg, state = configs_from_checkpoint(path)
+        if env is not None:
+            name, spec_kwargs = env_source(env)
+            run_cfg = run_cfg.replace(env=name, env_kwargs=spec_kwargs or run_cfg.env_kwargs)
+        if wrappers is not None:
+            run_cfg = run_cfg.replace(wrappers=wrapper_names(wrappers))
         algo = state["algo"]
         if cls is not Model and algo != cls.algo:
             raise ConfigError(f"checkpoint={str(path)!r} holds a {algo!r} model; load it with {algo.upper()}.load")

@@ -12,6 +12,7 @@ import sys
 import time
 import traceback
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
@@ -19,7 +20,7 @@ import tyro
 
 from distrl import checkpoint
 from distrl.config import ConfigError, Device, GRPOConfig, PPOConfig, REINFORCEConfig, RunConfig, SACConfig, StrategyConfig
-from distrl.envs import resolve_env_id
+from distrl.envs import portable_env_name, resolve_env_id
 from distrl.presets import algo_configs, preset_names
 from distrl.training import configs_from_checkpoint, default_run_dir, make_trainer
 
@@ -35,7 +36,8 @@ usage: distrl COMMAND ...
 
 ALGO: {algos}
 ENV:  a Gymnasium id (CartPole-v1, Hopper-v5, ...), a short name (cartpole, hopper,
-      halfcheetah, walker2d, ant, pendulum, lunarlander) or package.module:ClassName;
+      halfcheetah, walker2d, ant, pendulum, lunarlander), package.module:ClassName (a
+      gymnasium.Env subclass) or package.module:function (returning a gymnasium.Env);
       for grpo a group task: toy or bandit (distrl train grpo bandit --strategy pipeline)
 """
 
@@ -89,6 +91,8 @@ class EvalArgs:
     """Device to load the model on."""
     record: str = ""
     """Write a video of the episodes (.gif or .mp4) instead of only printing returns."""
+    env: str = ""
+    """Evaluate on this env (id, short name or package.module:Name) instead of the run's."""
     compare_untrained: bool = False
     """With --record: an untrained policy plays the same episodes beside the trained one."""
     debug: bool = False
@@ -157,6 +161,28 @@ def _flag_value(argv: list[str], flag: str) -> str | None:
     return None
 
 
+def _merge_repeated(argv: list[str], flag: str, into: str) -> list[str]:
+    """``--wrapper A --wrapper B`` as ``--wrappers A B`` (tyro keeps only the last of a repeated flag)."""
+    values: list[str] = []
+    rest: list[str] = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg.startswith(flag + "="):
+            values.append(arg.split("=", 1)[1])
+        elif arg == flag and i + 1 < len(argv):
+            values.append(argv[i + 1])
+            i += 1
+        elif arg == into:  # --wrappers A B: its values up to the next flag
+            while i + 1 < len(argv) and not argv[i + 1].startswith("-"):
+                values.append(argv[i + 1])
+                i += 1
+        else:
+            rest.append(arg)
+        i += 1
+    return [*rest, into, *values] if values else rest
+
+
 def train_command(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE.format(algos=", ".join(ALGOS)))
@@ -169,15 +195,17 @@ def train_command(argv: list[str]) -> int:
             argv = [algo, "CartPole-v1", *argv[1:]]
         else:
             raise ConfigError(f"ENV is missing: distrl train {algo} ENV [flags], e.g. distrl train {algo} CartPole-v1")
-    env, rest = argv[1], argv[2:]
+    env, rest = argv[1], _merge_repeated(argv[2:], "--wrapper", "--wrappers")
     resume_arg = _flag_value(rest, "--resume")
     resume_path = None
     strategy = StrategyConfig()
     if resume_arg:
         resume_path = checkpoint.find_latest(Path(resume_arg))
         run_cfg, strategy, cfg, _ = configs_from_checkpoint(resume_path)
-        if resolve_env_id(env) != resolve_env_id(run_cfg.env):
+        env_id = resolve_env_id(env)  # a run saved with a custom/ id takes its entry point from ENV
+        if env_id != run_cfg.env and (run_cfg.env.startswith("custom/") or env_id != resolve_env_id(run_cfg.env)):
             raise ConfigError(f"env={env!r} differs from the resumed run's env {run_cfg.env!r}")
+        run_cfg = run_cfg.replace(env=portable_env_name(env))
         home = checkpoint.run_dir_of(resume_path)  # a checkpoint from elsewhere starts a new run directory
         run_cfg = run_cfg.replace(resume=resume_arg, run_dir=str(home) if home is not None else "")
         if run_cfg.algo != algo:
@@ -281,7 +309,7 @@ def eval_command(argv: list[str]) -> int:
     args = tyro.cli(EvalArgs, args=argv, prog="distrl eval")
     if args.episodes <= 0:
         raise ConfigError(f"episodes={args.episodes} is not allowed: must be > 0")
-    model = Model.load(args.path, device=args.device)
+    model = Model.load(args.path, device=args.device, env=args.env or None)
     try:
         if args.record:
             return _record(model, args)
@@ -296,6 +324,8 @@ def eval_command(argv: list[str]) -> int:
 
 
 def _record(model: Any, args: EvalArgs) -> int:
+    from distrl.config import parse_env_kwargs
+    from distrl.envs import make_single_env
     from distrl.video import record
 
     deterministic = not args.stochastic
@@ -306,7 +336,10 @@ def _record(model: Any, args: EvalArgs) -> int:
         policies.insert(0, lambda obs: untrained.predict(obs, deterministic))
     seed = args.seed if args.seed is not None else 0
     try:
-        frames = record(model._trainer.env_id, policies, Path(args.record), args.episodes, seed)
+        run = model._trainer.run
+        make = partial(make_single_env, model._trainer.env_id, parse_env_kwargs(run.env_kwargs), run.wrappers,
+                       render_mode="rgb_array")
+        frames = record(make, policies, Path(args.record), args.episodes, seed)
     finally:
         if untrained is not None:
             untrained.close()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import gymnasium as gym
@@ -25,9 +26,12 @@ def _episode_frames(env: gym.Env, policy: Policy, seed: int, max_steps: int) -> 
     return frames
 
 
-def record(env_id: str, policies: list[Policy], path: Path, episodes: int = 1, seed: int = 0, fps: int = 30,
-           max_steps: int = 2_000) -> int:
+def record(make_env: str | Callable[[], gym.Env], policies: list[Policy], path: Path, episodes: int = 1, seed: int = 0,
+           fps: int = 30, max_steps: int = 2_000) -> int:
     """Record ``episodes`` episodes per policy, side by side (one column per policy); returns the frame count.
+
+    ``make_env`` builds one environment rendering ``rgb_array`` frames (with the run's env_kwargs and
+    wrappers), or is a Gymnasium id.
 
     Every policy plays the same episodes (same seeds); a policy whose episode ended early
     shows its last frame until the slowest one ends.
@@ -41,11 +45,13 @@ def record(env_id: str, policies: list[Policy], path: Path, episodes: int = 1, s
         raise ConfigError("recording needs imageio: pip install 'distrl[plot]'") from None
     for name in ("SDL_VIDEODRIVER", "SDL_AUDIODRIVER"):  # pygame-rendered envs: no display, no sound card
         os.environ.setdefault(name, "dummy")
+    if isinstance(make_env, str):
+        make_env = partial(gym.make, make_env, render_mode="rgb_array")
     frames: list[np.ndarray] = []
     for episode in range(episodes):
         columns = []
         for policy in policies:
-            env = gym.make(env_id, render_mode="rgb_array")
+            env = make_env()
             try:
                 columns.append(_episode_frames(env, policy, seed + episode, max_steps))
             finally:
