@@ -209,3 +209,29 @@ def test_normalising_images_is_refused_before_training():
     with pytest.raises(ConfigError, match="normalize_obs=True is not allowed"):
         OnPolicyTrainer(RunConfig(env="distrl_spaceenvs:QuadrantEnv", vec="sync", quiet=True),
                         PPOConfig(n_envs=2, n_steps=8, batch_size=16, normalize_obs=True))
+
+
+def test_normalising_a_dict_observation_touches_its_vector_parts_only():
+    from distrl.data.normalize import ObsNormalizer
+    from distrl_spaceenvs import DictSignEnv
+
+    space = DictSignEnv().observation_space
+    layout = DictLayout(space)
+    norm = ObsNormalizer.for_space(space, enabled=True)
+    images = np.random.default_rng(0).integers(0, 256, (4, 8, 8, 1)).astype(np.uint8)
+    signs = np.array([[0.5], [1.0], [-1.0], [0.0]], np.float32)
+    rows = layout.pack({"image": images, "sign": signs})
+    norm.update(norm.moments(rows))
+    assert norm.stats.mean.shape == (1,)  # statistics of the one vector value, not of the image's bytes
+    out = layout.unpack_numpy(norm(rows))
+    np.testing.assert_array_equal(out["image"], images)
+    mean, var = 0.125, (0.25 + 1 + 1 + 0) / 4 - 0.125**2  # worked by hand; the prior count is 1e-4
+    np.testing.assert_allclose(out["sign"], (signs - mean) / np.sqrt(var), rtol=1e-3)
+
+
+def test_ppo_trains_on_dict_observations_with_normalisation():
+    cfg = PPOConfig(n_envs=4, n_steps=16, batch_size=32, n_epochs=1, normalize_obs=True)
+    trainer = OnPolicyTrainer(RunConfig(env="distrl_spaceenvs:DictSignEnv", total_steps=128, vec="sync", quiet=True), cfg)
+    trainer.train()
+    assert trainer.obs_normalizer.stats.count > 100  # the vector part's statistics were gathered
+    trainer.close()

@@ -7,7 +7,12 @@ all-reduce them and every worker ends with identical statistics.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
+from gymnasium import spaces
+
+from distrl.spaces import DictLayout, is_vector, stored_layout
 
 
 def moments(batch: np.ndarray) -> np.ndarray:
@@ -51,16 +56,30 @@ class RunningMeanStd:
 
 class ObsNormalizer:
     """``(obs - mean) / sqrt(var + eps)``, clipped; when disabled, a pass-through that only casts to
-    the stored dtype (float32 for vectors; images and Dict rows keep theirs)."""
+    the stored dtype (float32 for vectors; images and Dict rows keep theirs).
+
+    For a Dict observation (packed rows, see :class:`~distrl.spaces.DictLayout`) only its float
+    Box parts are normalised, never images: the statistics cover those parts side by side.
+    """
 
     def __init__(self, shape: tuple[int, ...], enabled: bool, clip: float = 10.0, eps: float = 1e-8,
-                 dtype: np.dtype | type = np.float32):
+                 dtype: np.dtype | type = np.float32, layout: DictLayout | None = None):
         self.enabled = enabled
         self.dtype = np.dtype(dtype)
+        self.layout = layout
+        self.parts = [p for p in layout.parts if is_vector(p.space) and p.dtype.kind == "f"] if layout else []
+        if layout is not None:
+            shape = (sum(math.prod(p.shape) for p in self.parts),)
         self.stats = RunningMeanStd(shape)
         self.clip = clip
         self.eps = eps
         self.refresh()
+
+    @classmethod
+    def for_space(cls, space: spaces.Space, enabled: bool, clip: float = 10.0) -> ObsNormalizer:
+        """The normaliser of observations from ``space``, as distrl stores them."""
+        shape, dtype = stored_layout(space)
+        return cls(shape, enabled, clip, dtype=dtype, layout=DictLayout(space) if isinstance(space, spaces.Dict) else None)
 
     def refresh(self) -> None:
         """Recompute the cached float32 mean and 1/std from the statistics."""
@@ -71,7 +90,26 @@ class ObsNormalizer:
         obs = np.asarray(obs).astype(self.dtype, copy=False)
         if not self.enabled:
             return obs
-        return np.clip((obs - self._mean) * self._inv_std, -self.clip, self.clip)
+        if self.layout is None:
+            return np.clip((obs - self._mean) * self._inv_std, -self.clip, self.clip)
+        rows = np.array(obs, copy=True).reshape(-1, obs.shape[-1])
+        offset = 0
+        for part in self.parts:
+            size = math.prod(part.shape)
+            values = rows[:, part.start:part.end].copy().view(part.dtype)
+            mean, inv_std = self._mean[offset:offset + size], self._inv_std[offset:offset + size]
+            normalised = np.clip((values - mean) * inv_std, -self.clip, self.clip).astype(part.dtype)
+            rows[:, part.start:part.end] = normalised.view(np.uint8)
+            offset += size
+        return rows.reshape(obs.shape)
+
+    def moments(self, raw: np.ndarray) -> np.ndarray:
+        """:func:`moments` of raw observations [n, *shape]: of the vector parts for a Dict."""
+        if self.layout is None:
+            return moments(raw.reshape(len(raw), -1))
+        rows = raw.reshape(len(raw), -1)
+        parts = [rows[:, p.start:p.end].copy().view(p.dtype).astype(np.float64) for p in self.parts]
+        return moments(np.concatenate(parts, 1) if parts else np.zeros((len(raw), 0)))
 
     def update(self, m: np.ndarray) -> None:
         if self.enabled:

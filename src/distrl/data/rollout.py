@@ -9,7 +9,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from distrl.data.normalize import ObsNormalizer, RewardScaler, moments
+from distrl.data.normalize import ObsNormalizer, RewardScaler
 from distrl.envs import VecEnv
 from distrl.nets import Agent
 from distrl.spaces import stored_layout
@@ -189,7 +189,7 @@ class RolloutCollector:
                 break
         self._raw_obs = raw_obs[T]
         if normalize:
-            rollout.obs_moments = moments(raw_obs[1:T + 1].reshape(T * N, -1))
+            rollout.obs_moments = self.obs_normalizer.moments(raw_obs[1:T + 1].reshape(T * N, *self.obs_shape))
         if self.reward_scaler.enabled:
             rollout.reward_moments = self.reward_scaler.take_moments()
         rollout.collected_steps = T

@@ -111,9 +111,9 @@ def check_agent_spaces(env_id: str, algo: str, observation_space: spaces.Space, 
         action_spec(action_space, algo)
     except ConfigError as exc:
         raise ConfigError(f"env={env_id!r}: {exc}") from None
-    if getattr(cfg, "normalize_obs", False) and not is_vector(observation_space):
+    if getattr(cfg, "normalize_obs", False) and not (is_vector(observation_space) or isinstance(observation_space, spaces.Dict)):
         raise ConfigError(f"normalize_obs=True is not allowed for env={env_id!r}: its {type(observation_space).__name__} "
-                          "observations are not a flat vector (images are scaled to [0, 1] by the encoder); "
+                          "observations are not a vector or a Dict (images are scaled to [0, 1] by the encoder); "
                           "use --no-normalize-obs")
     if getattr(cfg, "encoder", "auto") not in ("auto", "mlp") and not uses_closed_form(observation_space, action_space, cfg):
         make_encoder(observation_space, cfg.encoder)  # e.g. the Nature CNN on an image too small for it

@@ -81,7 +81,6 @@ class RolloutWorker:
 
         from distrl.envs import make_run_env
         from distrl.nets import make_agent
-        from distrl.spaces import stored_layout
         from distrl.training.common import set_cpu_options
 
         set_cpu_options(spec.run)  # as the learner and single do: threads, subnormal flushing
@@ -99,8 +98,7 @@ class RolloutWorker:
             from distrl.data.normalize import ObsNormalizer, RewardScaler
             from distrl.data.rollout import RolloutCollector
 
-            shape, dtype = stored_layout(obs_space)
-            self.obs_normalizer = ObsNormalizer(shape, cfg.normalize_obs, cfg.clip_obs, dtype=dtype)
+            self.obs_normalizer = ObsNormalizer.for_space(obs_space, cfg.normalize_obs, cfg.clip_obs)
             self.reward_scaler = RewardScaler(cfg.n_envs, cfg.gamma, cfg.normalize_reward)
             self.collector = RolloutCollector(self.env, self.agent, self.obs_normalizer, self.reward_scaler,
                                               cfg.n_steps, run.seed, spec.env_offset)

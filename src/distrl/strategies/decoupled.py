@@ -29,6 +29,7 @@ import torch.distributed as dist
 
 from distrl.algos.ppo import PackedBatch, PPOAlgo
 from distrl.config import ConfigError, PPOConfig, RunConfig, StrategyConfig
+from distrl.data.normalize import ObsNormalizer
 from distrl.data.rollout import RolloutBatch
 from distrl.protocols import Sync
 
@@ -162,7 +163,7 @@ def run_trainer(run: RunConfig, strategy: StrategyConfig, cfg: PPOConfig, device
     agent = make_agent(obs_space, action_space, cfg, device, run.seed, run.policy)
     algo = PPOAlgo(trainer_config(cfg, strategy, trainers), agent, run.seed)
     sync = DistributedSync(device, strategy.timeout_s, group=trainers_group)
-    _receive_start_state(agent, algo, int(np.prod(obs_shape)))
+    _receive_start_state(agent, algo, ObsNormalizer.for_space(obs_space, cfg.normalize_obs, cfg.clip_obs))
     action_shape = agent.spec.action_shape
     torch_dtype = torch.from_numpy(np.zeros(0, obs_dtype)).dtype
     segment = -1
@@ -206,11 +207,11 @@ def send_start_state(player: Any) -> None:
     dist.broadcast(counters, 0)
 
 
-def _receive_start_state(agent: Any, algo: PPOAlgo, obs_dim: int) -> None:
+def _receive_start_state(agent: Any, algo: PPOAlgo, obs_normalizer: ObsNormalizer) -> None:
     """Receive what the player's ``broadcast_state`` sends (parameters, optimizer state, statistics, counters)."""
     from distrl.training import OnPolicyTrainer
 
-    stats_size = OnPolicyTrainer.packed_stats_size(obs_dim)
+    stats_size = OnPolicyTrainer.packed_stats_size(obs_normalizer)
     for tensor in (agent.params.data, algo.optimizer.exp_avg, algo.optimizer.exp_avg_sq):
         staged = tensor.cpu() if tensor.device.type != "cpu" else tensor
         dist.broadcast(staged, 0)

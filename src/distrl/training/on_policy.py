@@ -44,7 +44,7 @@ class OnPolicyTrainer(TrainerBase):
         super().__init__(run, cfg, sync, run_dir, log, strategy, requested, device)
         self.agent = make_agent(self.env.single_observation_space, self.env.single_action_space, cfg, self.device,
                                 run.seed, policy if policy is not None else run.policy)
-        self.obs_normalizer = ObsNormalizer(self.obs_shape, cfg.normalize_obs, cfg.clip_obs, dtype=self.obs_dtype)
+        self.obs_normalizer = ObsNormalizer.for_space(self.env.single_observation_space, cfg.normalize_obs, cfg.clip_obs)
         self.reward_scaler = RewardScaler(cfg.n_envs, cfg.gamma, cfg.normalize_reward)
         self.collector: Any = RolloutCollector(self.env, self.agent, self.obs_normalizer, self.reward_scaler,
                                                cfg.n_steps, run.seed, env_offset=self.sync.rank * cfg.n_envs)
@@ -151,10 +151,10 @@ class OnPolicyTrainer(TrainerBase):
         self._refresh()
 
     @staticmethod
-    def packed_stats_size(obs_dim: int) -> int:
+    def packed_stats_size(obs_normalizer: ObsNormalizer) -> int:
         """Length of the statistics tensor of :meth:`broadcast_tensors`: obs mean/var/count,
         reward mean/var/count, Adam's step count."""
-        return (2 * obs_dim + 1) + 3 + 1
+        return (2 * obs_normalizer.stats.mean.size + 1) + 3 + 1
 
     def broadcast_tensors(self) -> list[torch.Tensor]:
         packed = [np.concatenate([s.mean.ravel(), s.var.ravel(), [s.count]]) for s in self._stats()]
