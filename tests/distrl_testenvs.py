@@ -155,3 +155,35 @@ def add_one_reward(env: gym.Env) -> gym.Env:
 def broken_wrapper(env: gym.Env):
     """A wrapper that forgets to return the env."""
     env.reset()
+
+
+class FakeAle(gym.Env):
+    """An ALE-like game for the Atari wrappers: ``lives`` lives of ``life_steps`` steps each, reward 3 per
+    step (clipped: 1), FIRE as action 1 (``fires`` counts presses); ``unwrapped.ale.lives()`` as in ale-py."""
+
+    def __init__(self, lives: int = 3, life_steps: int = 4):
+        self.observation_space = gym.spaces.Box(0, 255, (84, 84), np.uint8)
+        self.action_space = gym.spaces.Discrete(4)
+        self.start_lives, self.life_steps = lives, life_steps
+        self.ale = self
+        self.resets = self.fires = self.t = 0
+        self.left = lives
+
+    def lives(self) -> int:
+        return self.left
+
+    def get_action_meanings(self):
+        return ["NOOP", "FIRE", "RIGHT", "LEFT"]
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.resets += 1
+        self.left, self.t = self.start_lives, 0
+        return np.zeros((84, 84), np.uint8), {}
+
+    def step(self, action):
+        self.fires += int(action == 1)
+        self.t += 1
+        if self.t % self.life_steps == 0:
+            self.left -= 1
+        return np.full((84, 84), self.t % 256, np.uint8), 3.0, self.left == 0, False, {}

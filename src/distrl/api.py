@@ -74,7 +74,7 @@ class Model:
     def evaluate(self, n_episodes: int = 10, deterministic: bool = True, seed: int | None = None) -> tuple[float, float]:
         """Mean and std of the return over ``n_episodes`` episodes."""
         trainer = self._trainer
-        env = make_run_env(trainer.run, n_episodes, trainer.env_id)
+        env = make_run_env(trainer.run, n_episodes, trainer.env_id, evaluation=True)
         rng = np.random.default_rng(seed)
         try:
             seed = trainer.run.seed + EVAL_SEED_OFFSET if seed is None else seed

@@ -338,7 +338,7 @@ def _record(model: Any, args: EvalArgs) -> int:
     try:
         run = model._trainer.run
         make = partial(make_single_env, model._trainer.env_id, parse_env_kwargs(run.env_kwargs), run.wrappers,
-                       render_mode="rgb_array")
+                       render_mode="rgb_array", atari_wrappers=run.atari_wrappers, evaluation=True)
         frames = record(make, policies, Path(args.record), args.episodes, seed)
     finally:
         if untrained is not None:

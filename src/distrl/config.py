@@ -322,6 +322,9 @@ class RunConfig:
     wrappers: tuple[str, ...] = ()
     """'package.module:function' applied in order to each environment, fn(env) -> env
     (--wrappers A B, or --wrapper A --wrapper B)."""
+    atari_wrappers: bool = True
+    """ALE ids: apply the standard Atari preprocessing (84x84 grey, frame skip 4, 4 stacked frames,
+    no-op starts, fire on reset; episodic life and reward clipping while training)."""
     policy: str = ""
     """'package.module:function' building the policy/value network (a torch.nn.Module) from
     (observation_space, action_space, algorithm config); empty: distrl's built-in networks."""

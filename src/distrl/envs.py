@@ -43,6 +43,8 @@ SHORT_NAMES = {
     "humanoid": "Humanoid-v5",
     "lunarlander": "LunarLander-v3",
     "bipedalwalker": "BipedalWalker-v3",
+    "breakout": "ALE/Breakout-v5",
+    "pong": "ALE/Pong-v5",
 }
 
 # Entry-point packages whose simulators come from an optional extra.
@@ -69,7 +71,7 @@ def resolve_env_id(name: str) -> str:
         raise ConfigError(f"env={name!r} was a Python object given to the API in the process that trained this run; "
                           "it cannot be rebuilt here: pass the env again, e.g. PPO.load(path, env=...)")
     if name.lower() in SHORT_NAMES:
-        return SHORT_NAMES[name.lower()]
+        name = SHORT_NAMES[name.lower()]
     if name in gym.registry:
         return name
     if name.startswith("ALE/") and _register_ale() and name in gym.registry:
@@ -311,18 +313,29 @@ def _dependency_error(env_id: str, exc: Exception) -> ConfigError:
     return ConfigError(f"env={env_id!r} needs the {extra} extra: pip install 'distrl[{extra}]' ({exc})")
 
 
+def is_atari(env_id: str) -> bool:
+    """Whether ``env_id`` (resolved) is one of ale-py's Atari games."""
+    return env_id in gym.registry and str(gym.spec(env_id).entry_point).startswith("ale_py")
+
+
 def make_single_env(name: str, env_kwargs: dict[str, Any] | None = None, wrappers: tuple[str, ...] = (),
-                    render_mode: str | None = None) -> gym.Env:
+                    render_mode: str | None = None, atari_wrappers: bool = True, evaluation: bool = False) -> gym.Env:
     """One environment: ``name`` built with ``env_kwargs``, then ``wrappers`` applied in order.
 
-    Module-level so that async vector envs can run it in their worker processes.
+    Atari games get distrl's Atari preprocessing first (unless ``atari_wrappers`` is False); with
+    ``evaluation`` it leaves out episodic life and reward clipping. Module-level so that async vector
+    envs can run it in their worker processes.
     """
     env_id = resolve_env_id(name)
     kwargs = dict(env_kwargs or {})
     if render_mode is not None:
         kwargs["render_mode"] = render_mode
     try:
-        if env_id in _OBJECTS:
+        if atari_wrappers and is_atari(env_id):
+            from distrl.atari import make_atari
+
+            env = make_atari(env_id, dict(env_kwargs or {}), training=not evaluation, render_mode=render_mode)
+        elif env_id in _OBJECTS:
             env = _OBJECTS[env_id](**kwargs)
         else:
             env = gym.make(env_id, **kwargs)
@@ -346,7 +359,8 @@ def _native_accepts(spec: gym.envs.registration.EnvSpec, env_kwargs: dict[str, A
 
 
 def make_vector_env(env_id: str, n_envs: int, mode: VecMode = "auto", env_kwargs: dict[str, Any] | None = None,
-                    wrappers: tuple[str, ...] = ()) -> gym.vector.VectorEnv | OneEnv:
+                    wrappers: tuple[str, ...] = (), atari_wrappers: bool = True,
+                    evaluation: bool = False) -> gym.vector.VectorEnv | OneEnv:
     """A Gymnasium vector env with next-step autoreset.
 
     ``native`` uses the env's own vector implementation (e.g. CartPole's, which steps
@@ -357,21 +371,24 @@ def make_vector_env(env_id: str, n_envs: int, mode: VecMode = "auto", env_kwargs
     env_kwargs = dict(env_kwargs or {})
     spec = gym.spec(env_id) if env_id in gym.registry else None
     has_native = spec is not None and spec.vector_entry_point is not None
-    native_ok = has_native and not wrappers and _native_accepts(spec, env_kwargs)  # type: ignore[arg-type]
+    atari = atari_wrappers and is_atari(env_id)
+    native_ok = has_native and not wrappers and not atari and _native_accepts(spec, env_kwargs)  # type: ignore[arg-type]
     if mode == "native" and not native_ok:
         why = ("it has no vector entry point" if not has_native else
                "wrappers apply to single envs" if wrappers else
+               "distrl's Atari preprocessing applies to single envs (--no-atari-wrappers turns it off)" if atari else
                f"its vector entry point does not take env_kwargs {_kwargs_text(env_kwargs)}")
         raise ConfigError(f"vec='native' is not available for {env_id}: {why}; use sync or async")
-    if mode == "auto":
-        mode = "native" if native_ok else "sync"
+    if mode == "auto":  # not ale-py's AtariVectorEnv: it preprocesses in its own way (ask for it with native)
+        mode = "native" if native_ok and not is_atari(env_id) else "sync"
         if mode == "sync" and n_envs == 1:
             mode = "one"
     source = _OBJECTS.get(env_id)
     if isinstance(source, _Instance) and not source.handed_out and n_envs != 1:
         raise ConfigError(f"n_envs={n_envs} is not allowed with an env instance that has no spec "
                           f"({type(source.env.unwrapped).__name__}): must be 1, or pass a function that makes the env")
-    make_one = partial(make_single_env, portable_env_name(env_id), env_kwargs, tuple(wrappers))
+    make_one = partial(make_single_env, portable_env_name(env_id), env_kwargs, tuple(wrappers),
+                       atari_wrappers=atari_wrappers, evaluation=evaluation)
     try:
         if mode == "one":
             return OneEnv(make_one())
@@ -420,15 +437,18 @@ class OneEnv:
             obs, _ = self.env.reset()
             self._needs_reset = False
             return _one(obs), np.zeros(1), np.zeros(1, dtype=bool), np.zeros(1, dtype=bool), {}
-        obs, reward, terminated, truncated, _ = self.env.step(actions[0])
+        obs, reward, terminated, truncated, info = self.env.step(actions[0])
         self._needs_reset = bool(terminated or truncated)
+        games = {key: np.array([info[key]]) for key in GAME_KEYS if key in info}  # only what VecEnv reads
         return (_one(obs), np.array([reward], dtype=np.float64), np.array([terminated], dtype=bool),
-                np.array([truncated], dtype=bool), {})
+                np.array([truncated], dtype=bool), games)
 
     def close(self) -> None:
         self.env.close()
 
 
+GAME_KEYS = ("game_over", "game_return", "game_length")
+"""Info keys of envs that keep whole-game statistics (see distrl.atari.GameStats)."""
 _NO_EPISODES = np.zeros(0, dtype=np.float64)
 _NO_LENGTHS = np.zeros(0, dtype=np.int64)
 
@@ -449,6 +469,9 @@ class Step:
     episode_returns: np.ndarray
     """Undiscounted returns of the episodes that ended on this step (raw rewards)."""
     episode_lengths: np.ndarray
+    episode_ends: np.ndarray | None = None
+    """[n_envs] bool: where the episodes of episode_returns ended; None means wherever terminated | truncated.
+    They differ for envs that count whole games while an episode is a life (distrl.atari)."""
 
 
 def _one(obs: Any) -> Any:
@@ -486,7 +509,7 @@ class VecEnv:
         return obs if self._layout is None else self._layout.pack(obs)
 
     def step(self, actions: np.ndarray) -> Step:
-        obs, reward, terminated, truncated, _ = self.env.step(actions)
+        obs, reward, terminated, truncated, info = self.env.step(actions)
         if self._layout is not None:
             obs = self._layout.pack(obs)
         valid = ~self._ended
@@ -501,6 +524,14 @@ class VecEnv:
         self._ended = ended
         if not ended.any():
             return Step(obs, reward, terminated, truncated, valid, _NO_EPISODES, _NO_LENGTHS)
+        if "game_over" in info:  # the env counts whole games (unclipped) and an episode may be one life
+            over = ended & info["game_over"] & info.get("_game_over", True)
+            self._returns[ended] = 0.0
+            self._lengths[ended] = 0
+            if not over.any():
+                return Step(obs, reward, terminated, truncated, valid, _NO_EPISODES, _NO_LENGTHS, over)
+            return Step(obs, reward, terminated, truncated, valid, info["game_return"][over].astype(np.float64),
+                        info["game_length"][over].astype(np.int64), over)
         episode_returns = self._returns[ended]
         episode_lengths = self._lengths[ended]
         self._returns[ended] = 0.0
@@ -512,17 +543,19 @@ class VecEnv:
 
 
 def make_env(env_id: str, n_envs: int, vec: VecMode = "auto", env_kwargs: dict[str, Any] | None = None,
-             wrappers: tuple[str, ...] = ()) -> VecEnv:
+             wrappers: tuple[str, ...] = (), atari_wrappers: bool = True, evaluation: bool = False) -> VecEnv:
     """Resolve ``env_id`` and build a :class:`VecEnv` of ``n_envs`` environments, each built with
-    ``env_kwargs`` and wrapped by ``wrappers`` ('package.module:function', applied in order)."""
+    ``env_kwargs`` and wrapped by ``wrappers`` ('package.module:function', applied in order); Atari
+    games are preprocessed first (see :mod:`distrl.atari`; ``evaluation``: no episodic life, no clipping)."""
     env_id = resolve_env_id(env_id)
-    return VecEnv(make_vector_env(env_id, n_envs, vec, env_kwargs, tuple(wrappers)), env_id)
+    return VecEnv(make_vector_env(env_id, n_envs, vec, env_kwargs, tuple(wrappers), atari_wrappers, evaluation), env_id)
 
 
-def make_run_env(run: RunConfig, n_envs: int, env_id: str | None = None) -> VecEnv:
+def make_run_env(run: RunConfig, n_envs: int, env_id: str | None = None, evaluation: bool = False) -> VecEnv:
     """The run's environments (``run.env``, or ``env_id``) with the run's env_kwargs and wrappers:
     every trainer, evaluation, resume and remote worker builds its envs here."""
-    return make_env(env_id or run.env, n_envs, run.vec, parse_env_kwargs(run.env_kwargs), run.wrappers)
+    return make_env(env_id or run.env, n_envs, run.vec, parse_env_kwargs(run.env_kwargs), run.wrappers,
+                    run.atari_wrappers, evaluation)
 
 
 def check_spaces(algo: str, env: VecEnv, allowed: tuple[type, ...]) -> None:

@@ -21,7 +21,7 @@ def evaluate(act: Callable[[np.ndarray], np.ndarray], env: VecEnv, seed: int, ma
     for _ in range(max_steps):
         step = env.step(act(obs))
         obs = step.obs
-        ended = step.terminated | step.truncated
+        ended = step.episode_ends if step.episode_ends is not None else step.terminated | step.truncated
         if ended.any():
             first = ended & np.isnan(returns)
             # VecEnv reports returns only for the envs that ended, in env order.

@@ -11,6 +11,7 @@ import dataclasses
 from typing import Any
 
 from distrl.config import ALGO_CONFIGS, ConfigError, RunConfig
+from distrl.envs import is_atari
 
 # The network and normalisation of rl-baselines3-zoo's tuned MuJoCo v3 PPO entries (1M steps).
 _MUJOCO_PPO = dict(normalize_obs=True, normalize_reward=True, n_envs=1, n_steps=512, activation="relu",
@@ -22,6 +23,15 @@ _CLEANRL_PPO = dict(total_steps=1_000_000, normalize_obs=True, normalize_reward=
                     batch_size=64, n_epochs=10, learning_rate=3e-4, lr_schedule="linear", gamma=0.99, gae_lambda=0.95,
                     clip_range=0.2, clip_range_vf=0.2, ent_coef=0.0, vf_coef=0.5, max_grad_norm=0.5,
                     net_arch=(64, 64), activation="tanh", log_std_init=0.0, ortho_init=True)
+
+# PPO on Atari (Schulman et al. 2017, arXiv:1707.06347, Table 5; openai/baselines ppo2's atari defaults,
+# which CleanRL's ppo_atari.py follows): 8 envs x 128 steps, 4 epochs of 4 minibatches (256), Adam 2.5e-4
+# annealed linearly, clip 0.1, entropy 0.01, value 0.5, 10M steps. The paper anneals the clip range with the
+# learning rate (0.1 x alpha); baselines and CleanRL keep it constant; distrl follows the paper here.
+# Applied by --preset auto to every Atari game (distrl.envs.is_atari); the network is the encoder's choice.
+_ATARI_PPO = dict(total_steps=10_000_000, n_envs=8, n_steps=128, n_epochs=4, batch_size=256, learning_rate=2.5e-4,
+                  lr_schedule="linear", clip_range=0.1, clip_schedule="linear", ent_coef=0.01, vf_coef=0.5,
+                  gamma=0.99, gae_lambda=0.95, max_grad_norm=0.5)
 
 # MuJoCo SAC settings follow rl-baselines3-zoo: library defaults, 10k random steps first.
 _MUJOCO_SAC = dict(total_steps=1_000_000, learning_starts=10_000)
@@ -43,6 +53,7 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
         "Ant-v5": dict(_MUJOCO_SAC),
     },
     "ppo": {
+        "atari": dict(_ATARI_PPO),
         # distrl's own fast CartPole settings: 32 native envs, short rollouts. First solved
         # (10-episode eval >= 475) at 20-60k steps on seeds 0-7. The target-KL stop keeps the
         # policy from collapsing after it is solved (without it seeds 1 and 5 ended below 475):
@@ -90,6 +101,8 @@ def resolve_preset(algo: str, env_id: str, preset: str) -> tuple[str, dict[str, 
     if preset == "none":
         return "none", {}
     if preset == "auto":
+        if env_id not in table and "atari" in table and is_atari(env_id):
+            return "atari", dict(table["atari"])
         return (env_id, dict(table[env_id])) if env_id in table else ("none", {})
     if preset not in table:
         allowed = ", ".join(["auto", "none", *sorted(table)])

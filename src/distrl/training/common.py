@@ -214,7 +214,7 @@ class TrainerBase:
         """Deterministic evaluation over ``eval_episodes`` episodes; returns (mean, std)."""
         start = time.perf_counter()
         if self._eval_env is None:
-            self._eval_env = make_run_env(self.run, self.run.eval_episodes, self.env_id)
+            self._eval_env = make_run_env(self.run, self.run.eval_episodes, self.env_id, evaluation=True)
         returns = evaluate(self.act_for_eval, self._eval_env, self.run.seed + EVAL_SEED_OFFSET)
         self.last_eval = (float(returns.mean()), float(returns.std()))
         self._eval_steps = self.steps
