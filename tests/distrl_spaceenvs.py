@@ -143,3 +143,34 @@ class TinyEncoder(nn.Module):
 
 def not_a_module(observation_space, action_space, config):
     return "a string"
+
+
+class DictTargetEnv(gym.Env):
+    """Dict observation {"x": Box(1), "flip": Discrete(2)}, one continuous action in [-1, 1].
+
+    The reward is ``-|a - t|`` with the target ``t = x``, or ``-x`` when flip is 1: the policy needs
+    both keys. Acting on ``x`` alone earns about -0.5 per step, the best policy 0.
+    """
+
+    def __init__(self, length: int = 8):
+        self.length = length
+        self.observation_space = gym.spaces.Dict({"x": gym.spaces.Box(-1.0, 1.0, (1,), np.float32),
+                                                  "flip": gym.spaces.Discrete(2)})
+        self.action_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+        self.t = 0
+        self.target = 0.0
+
+    def _obs(self) -> dict:
+        x, flip = float(self.np_random.uniform(-1, 1)), int(self.np_random.integers(2))
+        self.target = -x if flip else x
+        return {"x": np.array([x], np.float32), "flip": flip}
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return self._obs(), {}
+
+    def step(self, action):
+        reward = -abs(float(np.asarray(action).reshape(-1)[0]) - self.target)
+        self.t += 1
+        return self._obs(), reward, False, self.t >= self.length, {}

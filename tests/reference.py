@@ -35,3 +35,17 @@ def distribution(agent: ActorCritic, views: dict[str, torch.Tensor], obs: torch.
 
 def values(agent: ActorCritic, views: dict[str, torch.Tensor], obs: torch.Tensor) -> torch.Tensor:
     return mlp(views, "critic", obs, len(agent.critic.weights), agent.critic.activation).squeeze(-1)
+
+
+def sac_algo(cfg, seed=0, obs_dim=3, action_dim=2):
+    """SACAlgo on flat observations of ``obs_dim`` and actions of ``action_dim`` (closed-form networks)."""
+    import numpy as np
+    import torch
+    from gymnasium import spaces
+
+    from distrl.algos.sac import SACAlgo
+    from distrl.nets.factory import make_sac_networks
+
+    networks = make_sac_networks(spaces.Box(-1, 1, (obs_dim,), np.float32), spaces.Box(-1, 1, (action_dim,), np.float32),
+                                 cfg, "cpu", seed)
+    return SACAlgo(cfg, networks, torch.device("cpu"), seed)

@@ -23,6 +23,7 @@ Launcher = Literal["auto", "local", "ray", "spark"]
 Device = Literal["auto", "cpu", "cuda"]
 VecMode = Literal["auto", "native", "sync", "async"]
 Activation = Literal["tanh", "relu"]
+Encoder = Literal["auto", "mlp", "nature", "small", "impala"]
 
 
 class ConfigError(Exception):
@@ -92,9 +93,14 @@ class PPOConfig:
     normalize_advantage: bool = True
     """Normalise advantages with the mean and std of the whole rollout (all workers)."""
     net_arch: tuple[int, ...] = (64, 64)
-    """Hidden layer sizes of the policy and of the critic (separate networks)."""
+    """Hidden layer sizes of the policy and of the critic (separate networks; after the encoder's
+    features for images and Dict observations, where () gives linear heads)."""
     activation: Activation = "tanh"
     """Hidden activation."""
+    encoder: Encoder = "auto"
+    """Observation encoder: auto picks the Nature CNN for images of at least 36x36, a small CNN for
+    smaller ones, one encoder per key for Dict observations, and the closed-form MLPs for flat vectors;
+    nature, small or impala (the IMPALA ResNet) ask for that CNN; mlp flattens images too."""
     log_std_init: float = 0.0
     """Initial log standard deviation of Gaussian policies."""
     ortho_init: bool = True
@@ -117,8 +123,8 @@ class PPOConfig:
             require(self.clip_range_vf > 0, "clip_range_vf", self.clip_range_vf, "> 0 or None")
         if self.target_kl is not None:
             require(self.target_kl > 0, "target_kl", self.target_kl, "> 0 or None")
-        require(len(self.net_arch) > 0 and all(h > 0 for h in self.net_arch),
-                "net_arch", self.net_arch, "one or more positive layer sizes")
+        require(all(h > 0 for h in self.net_arch),
+                "net_arch", self.net_arch, "positive layer sizes (none: linear heads)")
         rollout = self.n_envs * self.n_steps
         require(rollout % self.batch_size == 0, "batch_size", self.batch_size,
                 f"a divisor of n_envs * n_steps = {rollout}",
@@ -165,6 +171,9 @@ class SACConfig:
     """Hidden layers of the actor and of each critic."""
     activation: Activation = "relu"
     """Hidden activation."""
+    encoder: Encoder = "auto"
+    """Observation encoder, as for PPO: the closed-form MLPs for flat vectors; for images and Dict
+    observations the actor and each critic get their own encoder (auto, nature, small or impala)."""
     save_replay: bool = False
     """Store the replay buffer with each checkpoint (safetensors) so --resume restores it."""
 
@@ -219,6 +228,10 @@ class REINFORCEConfig:
     """Hidden layers of the policy (and of the baseline)."""
     activation: Activation = "tanh"
     """Hidden activation."""
+    encoder: Encoder = "auto"
+    """Observation encoder: auto picks the Nature CNN for images of at least 36x36, a small CNN for
+    smaller ones, one encoder per key for Dict observations, and the closed-form MLPs for flat vectors;
+    nature, small or impala (the IMPALA ResNet) ask for that CNN; mlp flattens images too."""
     log_std_init: float = 0.0
     """Initial log standard deviation of Gaussian policies (the std is learned)."""
     max_episode_steps: int = 10_000
@@ -229,8 +242,8 @@ class REINFORCEConfig:
         _fraction(self, "gamma")
         require(self.vf_coef >= 0, "vf_coef", self.vf_coef, ">= 0")
         require(self.ent_coef >= 0, "ent_coef", self.ent_coef, ">= 0")
-        require(len(self.net_arch) > 0 and all(h > 0 for h in self.net_arch),
-                "net_arch", self.net_arch, "one or more positive layer sizes")
+        require(all(h > 0 for h in self.net_arch),
+                "net_arch", self.net_arch, "positive layer sizes (none: linear heads)")
 
 
 @dataclass(frozen=True)

@@ -4,12 +4,12 @@ import numpy as np
 import pytest
 import torch
 
-from distrl.algos.sac import SACAlgo, critic_target, polyak
+from distrl.algos.sac import critic_target, polyak
 from distrl.config import ConfigError, SACConfig
 from distrl.data.replay import ReplayBuffer, Transitions
 from distrl.nets.sac import SquashedGaussianActor, squashed_log_prob
 from distrl.strategies.single import LocalSync
-from reference import mlp
+from reference import mlp, sac_algo
 
 
 def test_critic_target_by_hand_termination_vs_truncation():
@@ -46,7 +46,7 @@ def test_squashed_log_prob_stays_finite_where_tanh_saturates():
 
 def test_entropy_coefficient_loss_and_gradient_by_hand():
     cfg = SACConfig(ent_coef="auto_0.5", batch_size=4, buffer_size=10, net_arch=(8,))
-    algo = SACAlgo(cfg, 3, 2, torch.device("cpu"), seed=0)
+    algo = sac_algo(cfg, seed=0)
     assert algo.alpha == pytest.approx(0.5) and algo.target_entropy == -2.0
     assert SACConfig(ent_coef="0.2").entropy_setting() == (False, 0.2)
     with pytest.raises(ConfigError, match="ent_coef='fast'"):
@@ -89,7 +89,7 @@ def q_values(views, obs, action, n_layers):
 
 def test_sac_gradients_equal_autograd_of_the_losses():
     cfg = SACConfig(batch_size=32, buffer_size=100, net_arch=(16, 16), gamma=0.9, ent_coef="auto_0.3")
-    algo = SACAlgo(cfg, 3, 2, torch.device("cpu"), seed=1)
+    algo = sac_algo(cfg, seed=1)
     batch = sample_batch()
     g = torch.Generator().manual_seed(5)
     eps_next, eps_pi = torch.randn(32, 2, generator=g), torch.randn(32, 2, generator=g) * 0.5
@@ -127,7 +127,7 @@ def test_sac_gradients_equal_autograd_of_the_losses():
 
 def test_target_critics_follow_by_polyak_and_fixed_alpha_stays_fixed():
     cfg = SACConfig(batch_size=16, buffer_size=100, net_arch=(8,), tau=0.5, ent_coef="0.2")
-    algo = SACAlgo(cfg, 3, 2, torch.device("cpu"), seed=0)
+    algo = sac_algo(cfg, seed=0)
     before = algo.critic_target.params.data.clone()
     algo.update(sample_batch(16), LocalSync())
     expected = 0.5 * before + 0.5 * algo.critic.params.data

@@ -13,6 +13,7 @@ from distrl.nets import ActorCritic
 from distrl.strategies.single import LocalSync
 from distrl.training import OnPolicyTrainer
 from distributed import run_ranks
+from reference import sac_algo
 
 pytestmark = pytest.mark.multiprocess
 
@@ -206,19 +207,17 @@ def test_equivalent_scaling_divides_steps_and_multiplies_lr():
 
 
 def sac_step_on_shard(rank, world, cfg, batch, eps_next, eps_pi):
-    from distrl.algos.sac import SACAlgo
     from distrl.strategies.ddp import DistributedSync
 
     half = batch.size // world
     part = slice(rank * half, (rank + 1) * half)
-    algo = SACAlgo(cfg, 3, 2, torch.device("cpu"), seed=0)
+    algo = sac_algo(cfg, seed=0)
     shard_batch = type(batch)(*(getattr(batch, f)[part] for f in ("obs", "actions", "rewards", "next_obs", "terminated")))
     algo.update(shard_batch, DistributedSync(torch.device("cpu"), 30), eps_next[part], eps_pi[part])
     return algo.actor.params.data.clone(), algo.critic.params.data.clone(), algo.critic_target.params.data.clone()
 
 
 def test_one_sac_gradient_step_on_two_ranks_equals_single_process():
-    from distrl.algos.sac import SACAlgo
     from distrl.config import SACConfig
     from distrl.data.replay import Transitions
 
@@ -229,11 +228,11 @@ def test_one_sac_gradient_step_on_two_ranks_equals_single_process():
                         (torch.rand(32, generator=g) < 0.2).float())
     eps_next, eps_pi = torch.randn(32, 2, generator=g), torch.randn(32, 2, generator=g)
     results = run_ranks(sac_step_on_shard, 2, cfg, batch, eps_next, eps_pi)
-    single = SACAlgo(cfg, 3, 2, torch.device("cpu"), seed=0)
+    single = sac_algo(cfg, seed=0)
     single.update(batch, LocalSync(), eps_next, eps_pi)
     for actor, critic, target in results:
         torch.testing.assert_close(actor, single.actor.params.data, rtol=0, atol=1e-6)
         torch.testing.assert_close(critic, single.critic.params.data, rtol=0, atol=1e-6)
         torch.testing.assert_close(target, single.critic_target.params.data, rtol=0, atol=1e-6)
     assert torch.equal(results[0][2], results[1][2])  # target critics identical across ranks
-    assert not torch.equal(results[0][1], SACAlgo(cfg, 3, 2, torch.device("cpu"), seed=0).critic.params.data)
+    assert not torch.equal(results[0][1], sac_algo(cfg, seed=0).critic.params.data)

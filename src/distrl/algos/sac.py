@@ -26,7 +26,7 @@ import torch
 from distrl.algos.optim import ClippedAdam
 from distrl.config import SACConfig
 from distrl.data.replay import Transitions
-from distrl.nets.sac import SquashedGaussianActor, TwinQ
+from distrl.nets.factory import SACNetworks
 from distrl.protocols import Sync
 
 
@@ -47,15 +47,18 @@ def polyak(target: torch.Tensor, source: torch.Tensor, tau: float) -> None:
 
 
 class SACAlgo:
-    """SAC over a squashed Gaussian actor and twin critics with target copies."""
+    """SAC over a squashed Gaussian actor and twin critics with target copies.
 
-    def __init__(self, cfg: SACConfig, obs_dim: int, action_dim: int, device: torch.device, seed: int):
+    The actor's loss reaches it through the critic: the critic states d(loss)/d(action) (its
+    ``action_grad``), and the actor turns that and d(loss)/d(log-prob) into its own gradient.
+    """
+
+    def __init__(self, cfg: SACConfig, networks: SACNetworks, device: torch.device, seed: int):
+        """``networks`` come from ``nets.make_sac_networks`` (closed-form MLPs or modules, same interface)."""
         self.cfg = cfg
         self.device = device
-        self.action_dim = action_dim
-        self.actor = SquashedGaussianActor(obs_dim, action_dim, cfg.net_arch, cfg.activation, device, seed)
-        self.critic = TwinQ(obs_dim, action_dim, cfg.net_arch, cfg.activation, device, seed, {"log_alpha": (1,)})
-        self.critic_target = TwinQ(obs_dim, action_dim, cfg.net_arch, cfg.activation, device, seed, {"log_alpha": (1,)})
+        self.actor, self.critic, self.critic_target = networks
+        self.action_dim = action_dim = self.actor.action_dim
         self.learn_alpha, alpha0 = cfg.entropy_setting()
         self.critic.params.view("log_alpha").fill_(math.log(alpha0))
         self.critic_target.params.data.copy_(self.critic.params.data)
@@ -100,7 +103,7 @@ class SACAlgo:
         self.critic.params.grad_view("log_alpha").copy_(log_alpha_grad)
         critic_loss = 0.5 * (d_q1.square() + d_q2.square())
         stats = torch.stack([ones.sum(), critic_loss.sum(), (-self.critic.params.view("log_alpha")[0] * entropy_gap).sum(),
-                             fwd.q1.sum()]).double()
+                             fwd.q1.sum()]).detach().double()
         sync.gradients(self.critic.params.grad, stats)
         count = float(stats[0])
         self.critic.params.grad.div_(count)
@@ -112,7 +115,7 @@ class SACAlgo:
         d_action = self.critic.action_grad(q_pi, -first, first - 1.0)
         self.actor.backward(pi, d_action, alpha * ones)
         actor_loss = alpha * pi.log_prob - torch.minimum(q_pi.q1, q_pi.q2)
-        actor_stats = torch.stack([ones.sum(), actor_loss.sum(), pi.log_prob.sum()]).double()
+        actor_stats = torch.stack([ones.sum(), actor_loss.sum(), pi.log_prob.sum()]).detach().double()
         sync.gradients(self.actor.params.grad, actor_stats)
         self.actor.params.grad.div_(float(actor_stats[0]))
         self.actor_optimizer.step()

@@ -15,10 +15,10 @@ from distrl.config import ConfigError, require
 class Transitions:
     """A batch of transitions; ``next_obs`` is the true successor (the final obs at an episode end)."""
 
-    obs: torch.Tensor         # [B, obs_dim]
+    obs: torch.Tensor         # [B, *obs_shape] in the stored dtype
     actions: torch.Tensor     # [B, action_dim], in [-1, 1]
     rewards: torch.Tensor     # [B]
-    next_obs: torch.Tensor    # [B, obs_dim]
+    next_obs: torch.Tensor    # [B, *obs_shape]
     terminated: torch.Tensor  # [B] 1.0 where the episode terminated (no bootstrap); truncation bootstraps
 
     @property
@@ -31,12 +31,16 @@ class ReplayBuffer:
 
     FIELDS = ("obs", "actions", "rewards", "next_obs", "terminated")
 
-    def __init__(self, capacity: int, obs_dim: int, action_dim: int):
+    def __init__(self, capacity: int, obs_dim: int | tuple[int, ...], action_dim: int,
+                 obs_dtype: np.dtype | type = np.float32):
+        """Observations are kept in their stored shape and dtype: a uint8 image takes a quarter of the
+        memory it would as float32 (see ``spaces.stored_layout``)."""
         self.capacity = capacity
-        self.obs = np.zeros((capacity, obs_dim), dtype=np.float32)
+        obs_shape = (obs_dim,) if isinstance(obs_dim, int) else tuple(obs_dim)
+        self.obs = np.zeros((capacity, *obs_shape), dtype=obs_dtype)
         self.actions = np.zeros((capacity, action_dim), dtype=np.float32)
         self.rewards = np.zeros(capacity, dtype=np.float32)
-        self.next_obs = np.zeros((capacity, obs_dim), dtype=np.float32)
+        self.next_obs = np.zeros((capacity, *obs_shape), dtype=obs_dtype)
         self.terminated = np.zeros(capacity, dtype=np.float32)
         self.pos = 0
         self.size = 0
@@ -162,6 +166,7 @@ class VersionedReplay:
                 "slices_never_trained": self.added - self.trained, "slices_retired": self.retired,
                 "slices_evicted": self.evicted, "slices_dropped_for_lag": self.dropped_for_lag,
                 "slices_left_in_buffer": len(self._slices)}
+
 
 def available_memory_bytes() -> int | None:
     """Memory the system can give this process without swapping (MemAvailable), or None if unknown."""

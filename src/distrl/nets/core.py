@@ -65,6 +65,14 @@ class ParamBuffer:
             self.view(name).copy_(tensor)
 
 
+def write_grad(params: ParamBuffer, grad: torch.Tensor | None) -> None:
+    """Overwrite the buffer's gradient with an autograd result (zero when no output depended on it)."""
+    if grad is None:
+        params.grad.zero_()
+    else:
+        params.grad.copy_(grad)
+
+
 def mlp_shapes(prefix: str, sizes: tuple[int, ...]) -> dict[str, tuple[int, ...]]:
     """Parameter shapes of an MLP with layer widths ``sizes`` (input first, output last)."""
     shapes: dict[str, tuple[int, ...]] = {}

@@ -1,4 +1,4 @@
-"""The one place an on-policy agent is built: closed-form MLPs where they apply, a module otherwise.
+"""The one place agents are built: closed-form MLPs where they apply, a module otherwise.
 
 The closed-form :class:`ActorCritic` serves flat vector observations with Discrete or Box
 actions and no user network: it is what makes small-network PPO fast. Everything else —
@@ -8,9 +8,10 @@ a user's module — goes through :class:`ModuleAgent`, over the same flat parame
 
 from __future__ import annotations
 
+import copy
 import importlib
 from collections.abc import Callable
-from typing import Any, Union
+from typing import Any, NamedTuple, Union
 
 import numpy as np
 import torch
@@ -21,6 +22,8 @@ from distrl.config import ConfigError
 from distrl.nets.actor_critic import ActorCritic
 from distrl.nets.encoders import ActorCriticModule, make_encoder
 from distrl.nets.module import ModuleAgent
+from distrl.nets.sac import SquashedGaussianActor, TwinQ
+from distrl.nets.sac_module import ModuleSquashedActor, ModuleTwinQ, SACActorModule, TwinQModule
 from distrl.spaces import action_spec, check_observation_space, is_image, is_vector
 
 Agent = Union[ActorCritic, ModuleAgent]
@@ -117,3 +120,47 @@ def check_agent_spaces(env_id: str, algo: str, observation_space: spaces.Space, 
                           "use --no-normalize-obs")
     if getattr(cfg, "encoder", "auto") not in ("auto", "mlp") and not uses_closed_form(observation_space, action_space, cfg):
         make_encoder(observation_space, cfg.encoder)  # e.g. the Nature CNN on an image too small for it
+
+
+class SACNetworks(NamedTuple):
+    """SAC's actor, critic (with log alpha in its buffer) and target critic."""
+
+    actor: SquashedGaussianActor | ModuleSquashedActor
+    critic: TwinQ | ModuleTwinQ
+    critic_target: TwinQ | ModuleTwinQ
+
+
+def make_sac_networks(observation_space: spaces.Space, action_space: spaces.Space, cfg: Any,
+                      device: torch.device | str, seed: int, policy: PolicySource = None) -> SACNetworks:
+    """SAC's networks: closed-form MLPs for flat vectors, modules otherwise (see ``nets/sac_module.py``).
+
+    A user's ``policy`` factory returns either ``(actor, critic)`` modules with the contracts stated
+    there, or an encoder with ``features_dim`` that distrl copies in front of its own actor and Q heads.
+    """
+    device = torch.device(device)
+    action_dim = int(np.prod(action_space.shape))
+    extra = {"log_alpha": (1,)}
+    if uses_closed_form(observation_space, spaces.Box(-1, 1, (action_dim,)), cfg, policy):
+        obs_dim = int(np.prod(observation_space.shape))
+        return SACNetworks(SquashedGaussianActor(obs_dim, action_dim, cfg.net_arch, cfg.activation, device, seed),
+                           TwinQ(obs_dim, action_dim, cfg.net_arch, cfg.activation, device, seed, extra),
+                           TwinQ(obs_dim, action_dim, cfg.net_arch, cfg.activation, device, seed, extra))
+    source = resolve_policy(policy)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)  # module initialisation, the same on every worker and rerun
+        if source is None:
+            made: Any = make_encoder(observation_space, getattr(cfg, "encoder", "auto"))
+        else:
+            made = source if isinstance(source, (nn.Module, tuple)) else source(observation_space, action_space, cfg)
+        if isinstance(made, tuple) and len(made) == 2 and all(isinstance(m, nn.Module) for m in made):
+            actor_module, critic_module = made
+        elif isinstance(made, nn.Module) and isinstance(getattr(made, "features_dim", None), (int, np.integer)):
+            actor_module = SACActorModule(made, action_dim, tuple(cfg.net_arch), cfg.activation)
+            critic_module = TwinQModule((copy.deepcopy(made), copy.deepcopy(made)), action_dim, tuple(cfg.net_arch),
+                                        cfg.activation)
+        else:
+            raise ConfigError(f"policy={_name(policy)} returned {type(made).__name__}: for sac a policy factory returns "
+                              "(actor, critic) modules or an encoder module with an integer features_dim")
+    critic = ModuleTwinQ(critic_module, device, extra)
+    return SACNetworks(ModuleSquashedActor(actor_module, action_dim, device), critic,
+                       ModuleTwinQ(critic_module, device, extra))

@@ -26,7 +26,7 @@ from torch import nn
 from torch.func import functional_call
 
 from distrl.config import ConfigError
-from distrl.nets.core import ParamBuffer
+from distrl.nets.core import ParamBuffer, write_grad
 from distrl.nets.distributions import (CategoricalTerms, GaussianTerms, categorical_terms, gaussian_terms,
                                        multi_categorical_terms, sample_actions)
 from distrl.spaces import action_spec
@@ -151,7 +151,4 @@ class ModuleAgent:
             outputs.append(terms.entropy)
             grads.append(d_entropy.detach())
         (grad,) = torch.autograd.grad(outputs, [self.params.param], grads, allow_unused=True)
-        if grad is None:
-            self.params.grad.zero_()
-        else:
-            self.params.grad.copy_(grad)
+        write_grad(self.params, grad)

@@ -19,10 +19,11 @@ from gymnasium import spaces
 import distrl
 from distrl import checkpoint
 from distrl.config import ALGO_CONFIGS, ConfigError, RunConfig, StrategyConfig, from_dict, to_dict
-from distrl.envs import VecEnv, check_spaces, make_run_env, portable_env_name, resolve_env_id
+from distrl.envs import VecEnv, make_run_env, portable_env_name, resolve_env_id
 from distrl.evaluation import evaluate
 from distrl.logs import MONITOR_FILE, RunLogger, write_json_atomic
 from distrl.protocols import Sync
+from distrl.spaces import is_vector, stored_layout
 from distrl.strategies.single import LocalSync
 
 EVAL_SEED_OFFSET = 1_000_000
@@ -44,6 +45,10 @@ def default_run_dir(run: RunConfig, env_id: str) -> Path:
 def space_to_json(space: spaces.Space) -> dict[str, Any]:
     if isinstance(space, spaces.Discrete):
         return {"type": "Discrete", "n": int(space.n)}
+    if isinstance(space, spaces.MultiDiscrete):
+        return {"type": "MultiDiscrete", "nvec": np.asarray(space.nvec).tolist()}
+    if isinstance(space, spaces.MultiBinary):
+        return {"type": "MultiBinary", "n": np.asarray(space.n).tolist()}
     assert isinstance(space, spaces.Box)
     return {"type": "Box", "low": space.low.tolist(), "high": space.high.tolist(), "shape": list(space.shape)}
 
@@ -89,11 +94,11 @@ class TrainerBase:
         self.env_id = resolve_env_id(run.env)
         self.env = make_run_env(run, cfg.n_envs, self.env_id)
         try:
-            check_spaces(self.algo_name, self.env, self.action_spaces)
+            self.check_spaces(self.env_id, self.env.single_observation_space, self.env.single_action_space, cfg)
         except ConfigError:
             self.env.close()
             raise
-        self.obs_shape = self.env.single_observation_space.shape
+        self.obs_shape, self.obs_dtype = stored_layout(self.env.single_observation_space)
         self.obs_dim = int(np.prod(self.obs_shape))
         self.steps = 0
         self.iteration = 0
@@ -119,13 +124,24 @@ class TrainerBase:
             write_json_atomic(run_dir / "config.json", self.config_dict())
 
     @classmethod
-    def check_env(cls, run: RunConfig) -> None:
-        """Fail now, in the launching process, if workers could not build this env."""
+    def check_env(cls, run: RunConfig, cfg: Any) -> None:
+        """Fail now, in the launching process, if workers could not build this env or its agent."""
         env = make_run_env(run, 1)
         try:
-            check_spaces(cls.algo_name, env, cls.action_spaces)
+            cls.check_spaces(env.env_id, env.single_observation_space, env.single_action_space, cfg)
         finally:
             env.close()
+
+    @classmethod
+    def check_spaces(cls, env_id: str, observation_space: spaces.Space, action_space: spaces.Space, cfg: Any) -> None:
+        """Fail early when this algorithm cannot act in these spaces; overridden by trainers of the module path."""
+        if not isinstance(action_space, cls.action_spaces):
+            names = " or ".join(t.__name__ for t in cls.action_spaces)
+            raise ConfigError(f"env={env_id!r} has a {type(action_space).__name__} action space; {cls.algo_name} needs {names}")
+        if not is_vector(observation_space):
+            raise ConfigError(f"env={env_id!r} has a {type(observation_space).__name__} observation space "
+                              f"{getattr(observation_space, 'shape', '')}; {cls.algo_name} needs a vector Box "
+                              "(images and Dict observations: use ppo or reinforce)")
 
     # ---- hooks for subclasses ----
 

@@ -11,8 +11,10 @@ import torch
 from gymnasium import spaces
 
 from distrl.algos.sac import SACAlgo
-from distrl.config import RunConfig, SACConfig, StrategyConfig
+from distrl.config import ConfigError, RunConfig, SACConfig, StrategyConfig
 from distrl.data.replay import ReplayBuffer, check_replay_memory
+from distrl.nets.factory import PolicySource, make_sac_networks
+from distrl.spaces import check_observation_space, stored_layout
 from distrl.protocols import Sync
 from distrl.training.common import TrainerBase
 
@@ -27,17 +29,30 @@ class OffPolicyTrainer(TrainerBase):
 
     def __init__(self, run: RunConfig, cfg: SACConfig, sync: Sync | None = None,
                  run_dir: Path | None = None, log: bool = True, strategy: StrategyConfig | None = None,
-                 requested: SACConfig | None = None, device: torch.device | None = None):
+                 requested: SACConfig | None = None, device: torch.device | None = None,
+                 policy: PolicySource = None):
         super().__init__(run, cfg, sync, run_dir, log, strategy, requested, device)
         space = self.env.single_action_space
         assert isinstance(space, spaces.Box)
         self.action_dim = int(np.prod(space.shape))
         self.low, self.high = space.low.astype(np.float32), space.high.astype(np.float32)
-        self.algo = SACAlgo(cfg, self.obs_dim, self.action_dim, self.device, run.seed)
-        check_replay_memory(cfg.buffer_size, self.obs_shape, np.float32, self.action_dim)  # the buffer stores float32
-        self.replay = ReplayBuffer(cfg.buffer_size, self.obs_dim, self.action_dim)
+        networks = make_sac_networks(self.env.single_observation_space, space, cfg, self.device, run.seed,
+                                     policy if policy is not None else run.policy)
+        self.algo = SACAlgo(cfg, networks, self.device, run.seed)
+        self.replay = ReplayBuffer(cfg.buffer_size, self.obs_shape, self.action_dim, self.obs_dtype)
         self.env_offset = self.sync.rank * cfg.n_envs
         self.start_segment()
+
+    @classmethod
+    def check_spaces(cls, env_id: str, observation_space: Any, action_space: Any, cfg: Any) -> None:
+        if not isinstance(action_space, spaces.Box):
+            raise ConfigError(f"env={env_id!r} has a {type(action_space).__name__} action space; sac needs Box")
+        try:
+            check_observation_space(observation_space)
+        except ConfigError as exc:
+            raise ConfigError(f"env={env_id!r}: {exc}") from None
+        shape, dtype = stored_layout(observation_space)  # before the run directory or the buffer is made
+        check_replay_memory(cfg.buffer_size, shape, dtype, int(np.prod(action_space.shape)))
 
     def to_env(self, action: np.ndarray) -> np.ndarray:
         """Rescale actions from [-1, 1] to the env's bounds."""
@@ -46,7 +61,7 @@ class OffPolicyTrainer(TrainerBase):
     def start_segment(self) -> None:
         """Restart environments, exploration noise, replay sampling and update noise from the step count."""
         seed, n = self.run.seed, self.cfg.n_envs
-        self.obs = self.env.reset(seed=seed + self.steps + self.env_offset).astype(np.float32)
+        self.obs = self.env.reset(seed=seed + self.steps + self.env_offset).astype(self.obs_dtype)
         self.noise_rngs = [np.random.default_rng([seed, self.env_offset + i, self.steps]) for i in range(n)]
         self.sample_rng = np.random.default_rng([seed, self.sync.rank, self.steps, 0x5AC])
         self.algo.reseed(seed, self.sync.rank, self.steps)
@@ -71,7 +86,7 @@ class OffPolicyTrainer(TrainerBase):
             for _ in range(cfg.train_freq):
                 action = self._explore()
                 step = self.env.step(self.to_env(action))
-                next_obs = step.obs.astype(np.float32)
+                next_obs = step.obs.astype(self.obs_dtype)
                 self.replay.add(self.obs, action, step.reward, next_obs, step.terminated.astype(np.float32), step.valid)
                 self.obs = next_obs
                 returns.extend(step.episode_returns.tolist())
@@ -96,7 +111,7 @@ class OffPolicyTrainer(TrainerBase):
         return self.summary()
 
     def act_for_eval(self, obs: np.ndarray) -> np.ndarray:
-        return self.to_env(self.algo.actor.act(obs.astype(np.float32), None))
+        return self.to_env(self.algo.actor.act(obs.astype(self.obs_dtype), None))
 
     # ---- state ----
 
