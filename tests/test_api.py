@@ -1,3 +1,6 @@
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -105,3 +108,44 @@ def test_api_env_kwargs_reach_the_constructor():
     assert model._trainer.run.env_kwargs == ("size=7",)
     assert model._trainer.env.env.envs[0].unwrapped.size == 7
     model.close()
+
+
+def test_a_users_network_class_is_recorded_by_name_and_loads_without_being_passed_again(tmp_path):
+    from distrl_spaceenvs import TinyEncoder
+
+    model = PPO("distrl_spaceenvs:SignsEnv", policy=TinyEncoder, n_envs=2, n_steps=16, batch_size=32).learn(64)
+    assert model._trainer.run.policy == "distrl_spaceenvs:TinyEncoder"
+    obs = np.array([[1, -1, 1], [-1, -1, 1]], np.float32)
+    expected = model.predict(obs)
+    model.save(tmp_path / "m")
+    loaded = PPO.load(tmp_path / "m")
+    np.testing.assert_array_equal(loaded.predict(obs), expected)
+    assert expected.shape == (2, 3)  # MultiDiscrete: one choice per part
+
+
+def test_a_network_object_lives_in_this_process_only_and_load_says_how_to_pass_it_again(tmp_path):
+    from distrl_spaceenvs import TinyNet
+
+    model = PPO("CartPole-v1", policy=lambda o, a, c: TinyNet(4, 2), n_steps=32, batch_size=32).learn(32)
+    assert model._trainer.run.policy.startswith("memory:")
+    model.save(tmp_path / "m")
+    code = ("import sys; sys.path.insert(0, 'tests'); from distrl import PPO\n"
+            f"PPO.load({str(tmp_path / 'm')!r})")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode != 0 and "pass it again, e.g. PPO.load(path, policy=MyNet)" in out.stderr
+    loaded = PPO.load(tmp_path / "m", policy=lambda o, a, c: TinyNet(4, 2))
+    obs = np.zeros((3, 4), np.float32)
+    np.testing.assert_array_equal(loaded.predict(obs), model.predict(obs))
+
+
+def test_predict_takes_images_and_dict_observations_as_the_env_gives_them():
+    from distrl_spaceenvs import DictSignEnv, QuadrantEnv
+
+    pixels = PPO("distrl_spaceenvs:QuadrantEnv", n_envs=2, n_steps=8, batch_size=16)
+    image, _ = QuadrantEnv().reset(seed=0)
+    assert np.ndim(pixels.predict(image)) == 0 and pixels.predict(np.stack([image] * 3)).shape == (3,)
+    keyed = PPO("distrl_spaceenvs:DictSignEnv", n_envs=2, n_steps=8, batch_size=16)
+    obs, _ = DictSignEnv().reset(seed=0)
+    one = keyed.predict(obs)
+    batch = keyed.predict({k: np.stack([v] * 2) for k, v in obs.items()})
+    assert np.ndim(one) == 0 and batch.shape == (2,) and batch[0] == one

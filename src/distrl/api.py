@@ -15,7 +15,7 @@ import numpy as np
 
 from distrl import checkpoint
 from distrl.config import ConfigError, RunConfig, split_by_config
-from distrl.envs import env_kwargs_items, env_source, make_run_env, wrapper_names
+from distrl.envs import env_kwargs_items, env_source, make_run_env, object_name, wrapper_names
 from distrl.evaluation import evaluate
 from distrl.presets import algo_configs
 from distrl.training import EVAL_SEED_OFFSET, OffPolicyTrainer, OnPolicyTrainer, TrainerBase, configs_from_checkpoint
@@ -34,6 +34,10 @@ class Model:
         env_kwargs: constructor arguments of the env, a dict or "key=value" strings.
         wrappers: functions ``fn(env) -> env`` (or their 'package.module:function' names) applied in order
             to each env.
+        policy: the network, as ``--policy`` takes it ('package.module:function'), or a ``torch.nn.Module``,
+            a module class or a factory, called with (observation_space, action_space, config). It either
+            returns ``(head, value)`` itself or has an integer ``features_dim`` and gets distrl's heads
+            (see ``distrl.nets.module``; for SAC, ``distrl.nets.sac_module``). Default: distrl's networks.
         preset: 'none' (library defaults, as stable-baselines3), 'auto' or a preset name.
         run_dir: where to write logs (Monitor CSV, TensorBoard); None writes nothing.
         **hyperparameters: any field of the algorithm's config (n_envs, learning_rate, ...)
@@ -43,9 +47,11 @@ class Model:
     algo = ""
 
     def __init__(self, env: Any, *, seed: int = 0, preset: str = "none", run_dir: str | Path | None = None,
-                 env_kwargs: Any = None, wrappers: Any = (), **hyperparameters: Any):
+                 env_kwargs: Any = None, wrappers: Any = (), policy: Any = None, **hyperparameters: Any):
         run, params = split_by_config(hyperparameters, RunConfig)
         run.setdefault("quiet", True)
+        if policy is not None:
+            run["policy"] = policy_name(policy)
         name, spec_kwargs = env_source(env)
         run.update(env_kwargs=spec_kwargs + env_kwargs_items(env_kwargs), wrappers=wrapper_names(wrappers))
         run_cfg, cfg, _ = algo_configs(self.algo, name, preset, {"seed": seed, **run}, params)
@@ -64,11 +70,11 @@ class Model:
     def _act(self, obs: np.ndarray, deterministic: bool, rng: np.random.Generator) -> np.ndarray:
         raise NotImplementedError
 
-    def predict(self, obs: np.ndarray, deterministic: bool = True, rng: np.random.Generator | None = None) -> np.ndarray:
-        """Env action(s) for one observation [obs_dim] or a batch [B, obs_dim]."""
-        obs = np.asarray(obs, dtype=np.float32)
-        single = obs.ndim == 1
-        actions = self._act(obs[None] if single else obs, deterministic, rng if rng is not None else np.random.default_rng())
+    def predict(self, obs: Any, deterministic: bool = True, rng: np.random.Generator | None = None) -> np.ndarray:
+        """Env action(s) for one observation or a batch, as the env gives them: a vector or an image in
+        its own shape and dtype ([B, ...] for a batch), a Dict observation as a dict of such arrays."""
+        batch, single = self._trainer.stored_batch(obs)
+        actions = self._act(batch, deterministic, rng if rng is not None else np.random.default_rng())
         return actions[0] if single else actions
 
     def evaluate(self, n_episodes: int = 10, deterministic: bool = True, seed: int | None = None) -> tuple[float, float]:
@@ -89,11 +95,12 @@ class Model:
         return checkpoint.save(Path(path), tensors, state)
 
     @classmethod
-    def load(cls, path: str | Path, device: str = "auto", env: Any = None, wrappers: Any = None) -> Model:
+    def load(cls, path: str | Path, device: str = "auto", env: Any = None, wrappers: Any = None,
+             policy: Any = None) -> Model:
         """Load a model saved by :meth:`save`, a checkpoint directory, or a run directory's newest checkpoint.
 
-        ``env`` and ``wrappers`` replace the run's (as in the constructor): needed when the model was
-        trained on Python objects that exist only in the process that trained it.
+        ``env``, ``wrappers`` and ``policy`` replace the run's (as in the constructor): needed when the model
+        was trained on Python objects that exist only in the process that trained it.
         """
         path = checkpoint.find_latest(Path(path))
         run_cfg, _, cfg, state = configs_from_checkpoint(path)
@@ -102,6 +109,8 @@ class Model:
             run_cfg = run_cfg.replace(env=name, env_kwargs=spec_kwargs or run_cfg.env_kwargs)
         if wrappers is not None:
             run_cfg = run_cfg.replace(wrappers=wrapper_names(wrappers))
+        if policy is not None:
+            run_cfg = run_cfg.replace(policy=policy_name(policy))
         algo = state["algo"]
         if cls is not Model and algo != cls.algo:
             raise ConfigError(f"checkpoint={str(path)!r} holds a {algo!r} model; load it with {algo.upper()}.load")
@@ -123,6 +132,13 @@ class Model:
         self._trainer.close()
 
 
+def policy_name(policy: Any) -> str:
+    """``policy=`` as RunConfig.policy: a name as it is, an object as 'module:qualname' or a ``memory:`` name."""
+    if isinstance(policy, str):
+        return policy
+    return object_name(policy, getattr(policy, "__name__", type(policy).__name__).strip("<>"))
+
+
 class PPO(Model):
     """Proximal Policy Optimization; hyperparameters as :class:`~distrl.config.PPOConfig`."""
 
@@ -131,10 +147,7 @@ class PPO(Model):
 
     def _act(self, obs: np.ndarray, deterministic: bool, rng: np.random.Generator) -> np.ndarray:
         agent = self._trainer.agent
-        noise = None
-        if not deterministic:
-            shape = (len(obs), *agent.noise_shape())
-            noise = rng.random(shape, dtype=np.float32) if agent.discrete else rng.standard_normal(shape, dtype=np.float32)
+        noise = None if deterministic else agent.spec.draw_noise(rng, (len(obs),))
         normalizer = getattr(self._trainer, "obs_normalizer", None)
         return agent.env_action(agent.act(normalizer(obs) if normalizer is not None else obs, noise))
 

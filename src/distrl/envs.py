@@ -205,6 +205,17 @@ def _importable_name(obj: Any) -> str | None:
     return f"{module}:{qualname}" if found is obj else None
 
 
+def object_name(obj: Any, label: str) -> str:
+    """How config.json names a Python object handed to the API: 'module:qualname' when another process
+    can import it, else a ``memory:`` name valid in this process only."""
+    return _importable_name(obj) or _remember(obj, label)
+
+
+def remembered(name: str) -> Any | None:
+    """The object behind a ``memory:`` name, if this process was given it."""
+    return _OBJECTS.get(name)
+
+
 def _remember(obj: Any, label: str) -> str:
     name = f"{MEMORY}{label}-{len(_OBJECTS) + 1}"
     _OBJECTS[name] = obj
@@ -292,7 +303,7 @@ def wrapper_names(wrappers: Any) -> tuple[str, ...]:
         if isinstance(wrapper, str):
             names.append(wrapper)
         elif callable(wrapper):
-            names.append(_importable_name(wrapper) or _remember(wrapper, getattr(wrapper, "__name__", "wrapper").strip("<>")))
+            names.append(object_name(wrapper, getattr(wrapper, "__name__", "wrapper").strip("<>")))
         else:
             raise ConfigError(f"wrappers: {wrapper!r} is not allowed: must be 'package.module:function' or a function")
     return tuple(names)

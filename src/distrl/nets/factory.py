@@ -19,6 +19,7 @@ from gymnasium import spaces
 from torch import nn
 
 from distrl.config import ConfigError
+from distrl.envs import MEMORY, remembered
 from distrl.nets.actor_critic import ActorCritic
 from distrl.nets.encoders import ActorCriticModule, make_encoder
 from distrl.nets.module import ModuleAgent
@@ -37,6 +38,12 @@ def resolve_policy(policy: PolicySource) -> nn.Module | Callable[..., nn.Module]
         return policy
     if not policy:
         return None
+    if policy.startswith(MEMORY):
+        found = remembered(policy)
+        if found is None:
+            raise ConfigError(f"policy={policy!r} names a network given to the Python API in another process: "
+                              "pass it again, e.g. PPO.load(path, policy=MyNet)")
+        return found
     module_name, _, attr = policy.partition(":")
     if not module_name or not attr:
         raise ConfigError(f"policy={policy!r} is not allowed: must be 'package.module:function'")

@@ -23,7 +23,7 @@ from distrl.envs import VecEnv, make_run_env, portable_env_name, resolve_env_id
 from distrl.evaluation import evaluate
 from distrl.logs import MONITOR_FILE, RunLogger, write_json_atomic
 from distrl.protocols import Sync
-from distrl.spaces import is_vector, stored_layout
+from distrl.spaces import DictLayout, is_vector, stored_layout
 from distrl.strategies.single import LocalSync
 
 EVAL_SEED_OFFSET = 1_000_000
@@ -142,6 +142,18 @@ class TrainerBase:
             raise ConfigError(f"env={env_id!r} has a {type(observation_space).__name__} observation space "
                               f"{getattr(observation_space, 'shape', '')}; {cls.algo_name} needs a vector Box "
                               "(images and Dict observations: use ppo or reinforce)")
+
+    def stored_batch(self, obs: Any) -> tuple[np.ndarray, bool]:
+        """Observations as the env gives them (one, or a batch) as a stored batch; True if it was one."""
+        space = self.env.single_observation_space
+        if isinstance(space, spaces.Dict):
+            first = next(iter(space.spaces))
+            single = np.ndim(obs[first]) == len(stored_layout(space[first])[0])
+            rows = DictLayout(space).pack({k: np.asarray(v)[None] if single else v for k, v in obs.items()})
+            return rows, single
+        batch = np.asarray(obs).astype(self.obs_dtype, copy=False)
+        single = batch.ndim == len(self.obs_shape)
+        return (batch[None] if single else batch), single
 
     # ---- hooks for subclasses ----
 
