@@ -44,13 +44,15 @@ def child(lib: str, task: str, seed: int, arg: str) -> dict:
 def _sps(lib: str, seed: int, iterations: int) -> dict:
     """Steps per second over ``iterations`` PPO iterations after one warm-up iteration."""
     total = ROLLOUT * (iterations + 1)
-    if lib == "distrl":
+    if lib.startswith("distrl"):
         from distrl.config import PPOConfig, RunConfig
         from distrl.training import OnPolicyTrainer
 
         cfg = PPOConfig(n_envs=N_ENVS, learning_rate=LR, clip_range=CLIP, lr_schedule="linear", clip_schedule="linear",
                         net_arch=(), **HP)
-        trainer = OnPolicyTrainer(RunConfig(env=ENV_ID, total_steps=total, seed=seed, quiet=True, vec="sync"), cfg)
+        precision = "bf16" if lib.endswith("bf16") else "fp32"
+        trainer = OnPolicyTrainer(RunConfig(env=ENV_ID, total_steps=total, seed=seed, quiet=True, vec="sync",
+                                            precision=precision), cfg)
         trainer.train(stop_at=ROLLOUT)
         start_steps, start_s = trainer.steps, trainer.train_s
         trainer.train()
@@ -73,8 +75,8 @@ def _sps(lib: str, seed: int, iterations: int) -> dict:
 
 
 def _ceiling(repeats: int) -> dict:
-    """Samples per second of the Nature CNN alone (distrl's module, channels-last input), and the SPS
-    one PPO iteration's network work allows."""
+    """Samples per second of the Nature CNN alone (distrl's module, channels-last input), in float32 and
+    under bfloat16 autocast, and the SPS one PPO iteration's network work allows in each."""
     import torch
     from torch.func import functional_call
 
@@ -92,18 +94,25 @@ def _ceiling(repeats: int) -> dict:
             times.append(time.perf_counter() - start)
         return min(times)
 
-    def train_step() -> None:
-        head, value = functional_call(net, params, (frames,))
-        torch.autograd.grad((head.sum(), value.sum()), list(params.values()))
+    out = {}
+    for name, enabled in (("fp32", False), ("bf16", True)):
+        def call(x: torch.Tensor, enabled: bool = enabled):
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=enabled):
+                return functional_call(net, params, (x,))
 
-    with torch.no_grad():
-        forward = best(lambda: functional_call(net, params, (frames,)), repeats)
-        acting = best(lambda: functional_call(net, params, (frames[:8],)), repeats * 4)
-    backward = best(train_step, repeats)
-    minibatches = HP["n_epochs"] * ROLLOUT // HP["batch_size"]
-    per_iteration = minibatches * backward + (ROLLOUT + N_ENVS) / 256 * forward + HP["n_steps"] * acting
-    return {"train_samples_per_s": 256 / backward, "forward_samples_per_s": 256 / forward,
-            "acting_passes_per_s": 1 / acting, "ceiling_sps": ROLLOUT / per_iteration}
+        def train_step() -> None:
+            head, value = call(frames)
+            torch.autograd.grad((head.float().sum(), value.float().sum()), list(params.values()))
+
+        with torch.no_grad():
+            forward = best(lambda: call(frames), repeats)
+            acting = best(lambda: call(frames[:8]), repeats * 4)
+        backward = best(train_step, repeats)
+        minibatches = HP["n_epochs"] * ROLLOUT // HP["batch_size"]
+        per_iteration = minibatches * backward + (ROLLOUT + N_ENVS) / 256 * forward + HP["n_steps"] * acting
+        out.update({f"{name}_train_samples_per_s": 256 / backward, f"{name}_forward_samples_per_s": 256 / forward,
+                    f"{name}_acting_passes_per_s": 1 / acting, f"{name}_ceiling_sps": ROLLOUT / per_iteration})
+    return out
 
 
 def main() -> None:
@@ -117,10 +126,14 @@ def main() -> None:
     ceiling = measure(__file__, "distrl", "ceiling", 0, 3)
     print(f"  {ceiling}", flush=True)
     print("SPS, Breakout ...", flush=True)
-    res = alternate(__file__, "sps", repeats, iterations, "sps", ("distrl", "sb3"))
-    d, s = median(res["values"]["distrl"]), median(res["values"]["sb3"])
-    rows = [("SPS, ALE/Breakout-v5, PPO Atari settings", d, s, d / s if d and s else None,
-             median(res["rss"]["distrl"]), median(res["rss"]["sb3"]), res)]
+    res = alternate(__file__, "sps", repeats, iterations, "sps", ("distrl", "sb3", "distrl-bf16"))
+    s = median(res["values"]["sb3"])
+    rows = []
+    for lib, label in (("distrl", "SPS, ALE/Breakout-v5, PPO Atari settings (float32, as SB3)"),
+                       ("distrl-bf16", "same, distrl with --precision bf16")):
+        d = median(res["values"][lib])
+        rows.append((label, d, s, d / s if d and s else None, median(res["rss"][lib]), median(res["rss"]["sb3"]), res))
+    d = rows[0][1]
     import distrl
     import stable_baselines3
     import torch
@@ -130,18 +143,22 @@ def main() -> None:
              f"{ROLLOUT} steps after one warm-up iteration, alternating, medians; one torch thread each; distrl "
              f"{distrl.__version__}, stable-baselines3 {stable_baselines3.__version__}, torch {torch.__version__}.", "",
              *comparison_table(rows, lambda v: "n/a" if v is None else f"{v:,.0f}"), "",
-             f"- The Nature CNN alone on this CPU (distrl's module, channels-last input, one thread): forward and "
-             f"backward {ceiling['train_samples_per_s']:,.0f} samples/s at batch 256, forward "
-             f"{ceiling['forward_samples_per_s']:,.0f} samples/s, {ceiling['acting_passes_per_s']:,.0f} acting passes/s "
-             f"over 8 frames. One iteration's network work (16 minibatches forward and backward, values of 1,032 "
-             f"frames, 128 acting passes) bounds any implementation of these settings at "
-             f"**{ceiling['ceiling_sps']:,.0f} SPS** before the emulator runs; distrl reaches "
-             f"{100 * d / ceiling['ceiling_sps']:.0f}% of it, stable-baselines3 {100 * s / ceiling['ceiling_sps']:.0f}%.",
+             f"- The Nature CNN alone on this CPU (distrl's module, channels-last input, one thread), float32: forward "
+             f"and backward {ceiling['fp32_train_samples_per_s']:,.0f} samples/s at batch 256, forward "
+             f"{ceiling['fp32_forward_samples_per_s']:,.0f} samples/s, {ceiling['fp32_acting_passes_per_s']:,.0f} acting "
+             f"passes/s over 8 frames; under bfloat16 autocast {ceiling['bf16_train_samples_per_s']:,.0f}, "
+             f"{ceiling['bf16_forward_samples_per_s']:,.0f} and {ceiling['bf16_acting_passes_per_s']:,.0f}. One iteration's "
+             f"network work (16 minibatches forward and backward, values of 1,032 frames, 128 acting passes) bounds "
+             f"any float32 implementation of these settings at **{ceiling['fp32_ceiling_sps']:,.0f} SPS** before the "
+             f"emulator runs ({ceiling['bf16_ceiling_sps']:,.0f} in bfloat16); distrl reaches "
+             f"{100 * d / ceiling['fp32_ceiling_sps']:.0f}% of the float32 bound, stable-baselines3 "
+             f"{100 * s / ceiling['fp32_ceiling_sps']:.0f}%.",
              "- Same settings in both: " + ", ".join(f"{k} {v}" for k, v in HP.items()) +
              f", {N_ENVS} envs, lr {LR} and clip {CLIP} annealed linearly, linear policy and value heads on the "
              "Nature CNN's 512 features.",
-             "- Raw values: distrl " + str([round(v) for v in res["values"]["distrl"]]) + ", SB3 " +
-             str([round(v) for v in res["values"]["sb3"]]) + "."]
+             "- `--precision bf16` runs the CNN's forward and backward under bfloat16 autocast (float32 weights, "
+             "Adam and losses); this CPU has AVX-512 BF16. SB3 has no such option; the float32 row is the like-for-like one.",
+             "- Raw values: " + "; ".join(f"{lib} {[round(v) for v in res['values'][lib]]}" for lib in res["values"]) + "."]
     write_section("PPO on Atari: distrl vs stable-baselines3", "\n".join(lines))
 
 

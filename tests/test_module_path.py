@@ -235,3 +235,29 @@ def test_ppo_trains_on_dict_observations_with_normalisation():
     trainer.train()
     assert trainer.obs_normalizer.stats.count > 100  # the vector part's statistics were gathered
     trainer.close()
+
+
+def test_bf16_autocast_runs_the_module_in_bfloat16_and_keeps_float32_gradients():
+    space = gym.spaces.Box(0, 255, (4, 36, 36), np.uint8)
+    cfg = PPOConfig(net_arch=())
+    full = make_agent(space, gym.spaces.Discrete(4), cfg, "cpu", 0)
+    half = make_agent(space, gym.spaces.Discrete(4), cfg, "cpu", 0, precision="bf16")
+    obs = torch.randint(0, 256, (16, 4, 36, 36), dtype=torch.uint8)
+    actions = torch.randint(0, 4, (16,))
+    grads = []
+    for agent in (full, half):
+        fwd = agent.forward_train(obs)
+        agent.backward(fwd, agent.dist_terms(fwd, actions), actions, torch.ones(16), None, torch.ones(16))
+        grads.append(agent.params.grad.clone())
+        assert fwd.head.dtype == torch.float32 and agent.params.grad.dtype == torch.float32
+    assert not torch.equal(grads[0], grads[1])  # the arithmetic differed...
+    cosine = torch.nn.functional.cosine_similarity(grads[0], grads[1], dim=0)
+    assert cosine > 0.99  # ...by bfloat16 rounding only
+
+
+def test_bf16_is_refused_for_sac():
+    from distrl.config import SACConfig
+    from distrl.training import OffPolicyTrainer
+
+    with pytest.raises(ConfigError, match="precision='bf16' is not allowed with sac"):
+        OffPolicyTrainer(RunConfig(algo="sac", env="Pendulum-v1", precision="bf16", quiet=True), SACConfig())

@@ -24,6 +24,7 @@ Device = Literal["auto", "cpu", "cuda"]
 VecMode = Literal["auto", "native", "sync", "async"]
 Activation = Literal["tanh", "relu"]
 Encoder = Literal["auto", "mlp", "nature", "small", "impala"]
+Precision = Literal["fp32", "bf16"]
 
 
 class ConfigError(Exception):
@@ -368,6 +369,10 @@ class RunConfig:
     """Stop after this many updates instead of at total_steps (0: use total_steps)."""
     plot: bool = False
     """Write the run's reward curve (reward_curve.png) at the end."""
+    precision: Precision = "fp32"
+    """Arithmetic of the module path's networks (images, Dict observations, --policy): bf16 runs their
+    forward and backward under bfloat16 autocast, with float32 weights, Adam and losses; on a CPU with
+    AVX-512 BF16 it trained the Nature CNN 1.9x faster. The closed-form MLPs always use float32."""
     threads: int = 1
     """Intra-op torch threads per process. 1 suits small networks and several workers per machine;
     wide networks (SAC's 256x256) gain from more when the process has the cores to itself."""

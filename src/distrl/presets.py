@@ -28,10 +28,11 @@ _CLEANRL_PPO = dict(total_steps=1_000_000, normalize_obs=True, normalize_reward=
 # which CleanRL's ppo_atari.py follows): 8 envs x 128 steps, 4 epochs of 4 minibatches (256), Adam 2.5e-4
 # annealed linearly, clip 0.1, entropy 0.01, value 0.5, 10M steps. The paper anneals the clip range with the
 # learning rate (0.1 x alpha); baselines and CleanRL keep it constant; distrl follows the paper here.
-# Applied by --preset auto to every Atari game (distrl.envs.is_atari); the network is the encoder's choice.
+# The network is theirs: the Nature CNN's 512 features shared by a linear policy head and a linear value
+# head (net_arch=()). Applied by --preset auto to every Atari game (distrl.envs.is_atari).
 _ATARI_PPO = dict(total_steps=10_000_000, n_envs=8, n_steps=128, n_epochs=4, batch_size=256, learning_rate=2.5e-4,
                   lr_schedule="linear", clip_range=0.1, clip_schedule="linear", ent_coef=0.01, vf_coef=0.5,
-                  gamma=0.99, gae_lambda=0.95, max_grad_norm=0.5)
+                  gamma=0.99, gae_lambda=0.95, max_grad_norm=0.5, net_arch=())
 
 # MuJoCo SAC settings follow rl-baselines3-zoo: library defaults, 10k random steps first.
 _MUJOCO_SAC = dict(total_steps=1_000_000, learning_starts=10_000)

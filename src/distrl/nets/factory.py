@@ -97,8 +97,11 @@ def build_module(observation_space: spaces.Space, action_space: spaces.Space, cf
 
 
 def make_agent(observation_space: spaces.Space, action_space: spaces.Space, cfg: Any, device: torch.device | str,
-               seed: int, policy: PolicySource = None) -> Agent:
-    """The agent for a PPO or REINFORCE run (``cfg`` is its config); see the module docstring."""
+               seed: int, policy: PolicySource = None, precision: str = "fp32") -> Agent:
+    """The agent for a PPO or REINFORCE run (``cfg`` is its config); see the module docstring.
+
+    ``precision='bf16'`` runs a module's forward and backward under bfloat16 autocast; the closed-form
+    MLPs compute in float32 whatever it says."""
     check_observation_space(observation_space)
     action_spec(action_space)  # a one-line error for an action space no head fits
     if uses_closed_form(observation_space, action_space, cfg, policy):
@@ -106,7 +109,8 @@ def make_agent(observation_space: spaces.Space, action_space: spaces.Space, cfg:
         return ActorCritic(obs_dim, action_space, tuple(cfg.net_arch), cfg.activation, getattr(cfg, "log_std_init", 0.0),
                            getattr(cfg, "ortho_init", True), device, seed)
     module = build_module(observation_space, action_space, cfg, policy, seed)
-    return ModuleAgent(module, observation_space, action_space, getattr(cfg, "log_std_init", 0.0), device)
+    return ModuleAgent(module, observation_space, action_space, getattr(cfg, "log_std_init", 0.0), device,
+                       autocast=torch.bfloat16 if precision == "bf16" else None)
 
 
 def _name(policy: PolicySource) -> str:

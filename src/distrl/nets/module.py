@@ -50,7 +50,9 @@ class ModuleAgent:
     """An actor-critic over a user's or a built-in module, with the interface of ``ActorCritic``."""
 
     def __init__(self, module: nn.Module, observation_space: spaces.Space, action_space: spaces.Space,
-                 log_std_init: float = 0.0, device: torch.device | str = "cpu"):
+                 log_std_init: float = 0.0, device: torch.device | str = "cpu", autocast: torch.dtype | None = None):
+        """``autocast``: run the module under autocast to this dtype (bfloat16); its outputs, the losses and
+        every parameter and gradient stay float32."""
         self.spec = action_spec(action_space)
         self.discrete = self.spec.discrete
         self.action_dim = self.spec.action_dim
@@ -71,6 +73,7 @@ class ModuleAgent:
             if not self.discrete:
                 self.params.view(LOG_STD).fill_(log_std_init)
         self.names = list(named)
+        self.autocast = autocast
         self._checked = False
 
     def _views(self, tensor: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -83,8 +86,9 @@ class ModuleAgent:
         return out
 
     def _call(self, views: dict[str, torch.Tensor], obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        head, values = functional_call(self.module, {n: views[n] for n in self.names}, (obs,))
-        values = values.reshape(-1)
+        with torch.autocast(self.device.type, dtype=self.autocast or torch.bfloat16, enabled=self.autocast is not None):
+            head, values = functional_call(self.module, {n: views[n] for n in self.names}, (obs,))
+        head, values = head.float(), values.reshape(-1).float()
         if not self._checked:
             expected = (obs.shape[0], self.spec.head_size)
             if tuple(head.shape) != expected or values.shape[0] != obs.shape[0]:

@@ -88,7 +88,8 @@ class RolloutWorker:
         cfg, run = spec.cfg, spec.run
         self.env = make_run_env(run, cfg.n_envs)
         obs_space = self.env.single_observation_space
-        self.agent = make_agent(obs_space, self.env.single_action_space, cfg, torch.device("cpu"), run.seed, run.policy)
+        self.agent = make_agent(obs_space, self.env.single_action_space, cfg, torch.device("cpu"), run.seed, run.policy,
+                                run.precision)
         if spec.algo == "reinforce":
             from distrl.data.episodes import EpisodeCollector
 

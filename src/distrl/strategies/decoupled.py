@@ -160,7 +160,7 @@ def run_trainer(run: RunConfig, strategy: StrategyConfig, cfg: PPOConfig, device
     obs_space, action_space = probe.single_observation_space, probe.single_action_space
     probe.close()
     obs_shape, obs_dtype = stored_layout(obs_space)
-    agent = make_agent(obs_space, action_space, cfg, device, run.seed, run.policy)
+    agent = make_agent(obs_space, action_space, cfg, device, run.seed, run.policy, run.precision)
     algo = PPOAlgo(trainer_config(cfg, strategy, trainers), agent, run.seed)
     sync = DistributedSync(device, strategy.timeout_s, group=trainers_group)
     _receive_start_state(agent, algo, ObsNormalizer.for_space(obs_space, cfg.normalize_obs, cfg.clip_obs))

@@ -30,7 +30,7 @@ class EpisodicTrainer(TrainerBase):
                  collector_factory: Callable[[TrainerBase], Any] | None = None, policy: PolicySource = None):
         super().__init__(run, cfg, sync, run_dir, log, strategy, requested, device)
         self.agent = make_agent(self.env.single_observation_space, self.env.single_action_space, cfg, self.device,
-                                run.seed, policy if policy is not None else run.policy)
+                                run.seed, policy if policy is not None else run.policy, run.precision)
         self.algo = REINFORCEAlgo(cfg, self.agent)
         self.last_iteration_return: float | None = None
         if collector_factory is None:

@@ -31,6 +31,9 @@ class OffPolicyTrainer(TrainerBase):
                  run_dir: Path | None = None, log: bool = True, strategy: StrategyConfig | None = None,
                  requested: SACConfig | None = None, device: torch.device | None = None,
                  policy: PolicySource = None):
+        if run.precision != "fp32":
+            raise ConfigError(f"precision={run.precision!r} is not allowed with sac: must be fp32 "
+                              "(bfloat16 autocast is available for ppo and reinforce)")
         super().__init__(run, cfg, sync, run_dir, log, strategy, requested, device)
         space = self.env.single_action_space
         assert isinstance(space, spaces.Box)

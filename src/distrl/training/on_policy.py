@@ -43,7 +43,7 @@ class OnPolicyTrainer(TrainerBase):
         """
         super().__init__(run, cfg, sync, run_dir, log, strategy, requested, device)
         self.agent = make_agent(self.env.single_observation_space, self.env.single_action_space, cfg, self.device,
-                                run.seed, policy if policy is not None else run.policy)
+                                run.seed, policy if policy is not None else run.policy, run.precision)
         self.obs_normalizer = ObsNormalizer.for_space(self.env.single_observation_space, cfg.normalize_obs, cfg.clip_obs)
         self.reward_scaler = RewardScaler(cfg.n_envs, cfg.gamma, cfg.normalize_reward)
         self.collector: Any = RolloutCollector(self.env, self.agent, self.obs_normalizer, self.reward_scaler,
