@@ -79,13 +79,13 @@ def test_a_factory_and_wrappers_from_the_api(tmp_path):
     assert run.env.startswith("memory:") and run.wrappers == ("distrl_testenvs:double_reward",)
     model.save(tmp_path / "m")
     model.close()
-    from distrl import envs
+    from distrl import env_names
 
     name = run.env
-    factory = envs._OBJECTS.pop(name)  # as in a fresh process: the lambda is gone
+    factory = env_names._OBJECTS.pop(name)  # as in a fresh process: the lambda is gone
     with pytest.raises(ConfigError, match="was a Python object given to the API .* PPO.load\\(path, env=...\\)"):
         PPO.load(tmp_path / "m")
-    envs._OBJECTS[name] = factory
+    env_names._OBJECTS[name] = factory
     loaded = PPO.load(tmp_path / "m", env=GoRight)
     assert loaded._trainer.run.env == "distrl_testenvs:GoRight"
     assert loaded.evaluate(2)[0] != 0.0

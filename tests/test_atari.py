@@ -4,7 +4,8 @@ import pytest
 from gymnasium.vector import AutoresetMode
 
 from distrl.atari import wrap_game
-from distrl.envs import OneEnv, VecEnv, make_env, resolve_env_id
+from distrl.envs import OneEnv, VecEnv, make_env
+from distrl.env_names import resolve_env_id
 from distrl.presets import algo_configs
 from distrl_testenvs import FakeAle
 

@@ -6,7 +6,6 @@ import pytest
 
 from distrl import checkpoint
 from distrl.cli import main
-from distrl.config import ConfigError
 
 FAST = ["--total-steps", "2048", "--n-envs", "8", "--n-steps", "16", "--batch-size", "64", "--n-epochs", "2", "--quiet"]
 

@@ -2,10 +2,11 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from distrl import envs
+from distrl import env_names
 from distrl.config import ConfigError, RunConfig, parse_env_kwargs
-from distrl.envs import (env_kwargs_items, env_source, make_env, make_run_env, make_vector_env, portable_env_name,
-                         required_extra, resolve_env_id, wrapper_names)
+from distrl.env_names import (env_kwargs_items, env_source, portable_env_name, required_extra, resolve_env_id,
+                              wrapper_names)
+from distrl.envs import make_env, make_run_env, make_vector_env
 
 
 def test_short_names_and_ids_resolve():
@@ -258,7 +259,7 @@ def test_api_kwargs_and_wrappers_become_recordable_names():
         ("distrl_testenvs:double_reward", "distrl_testenvs:add_one_reward")
     name = wrapper_names(lambda env: env)[0]
     assert name.startswith("memory:")
-    envs._OBJECTS.pop(name)  # as in a fresh process
+    env_names._OBJECTS.pop(name)  # as in a fresh process
     with pytest.raises(ConfigError, match="was a Python function given to the API"):
         make_env("CartPole-v1", 1, wrappers=(name,))
 

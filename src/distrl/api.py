@@ -15,7 +15,8 @@ import numpy as np
 
 from distrl import checkpoint
 from distrl.config import ConfigError, RunConfig, split_by_config
-from distrl.envs import env_kwargs_items, env_source, make_run_env, object_name, wrapper_names
+from distrl.envs import make_run_env
+from distrl.env_names import env_kwargs_items, env_source, object_name, wrapper_names
 from distrl.evaluation import evaluate
 from distrl.presets import algo_configs
 from distrl.training import EVAL_SEED_OFFSET, OffPolicyTrainer, OnPolicyTrainer, TrainerBase, configs_from_checkpoint

@@ -20,7 +20,7 @@ import tyro
 
 from distrl import checkpoint
 from distrl.config import ConfigError, Device, GRPOConfig, PPOConfig, REINFORCEConfig, RunConfig, SACConfig, StrategyConfig
-from distrl.envs import portable_env_name, resolve_env_id
+from distrl.env_names import portable_env_name, resolve_env_id
 from distrl.presets import algo_configs, preset_names
 from distrl.training import configs_from_checkpoint, default_run_dir, make_trainer
 

@@ -11,7 +11,7 @@ import dataclasses
 from typing import Any
 
 from distrl.config import ALGO_CONFIGS, ConfigError, RunConfig
-from distrl.envs import is_atari
+from distrl.env_names import is_atari
 
 # The network and normalisation of rl-baselines3-zoo's tuned MuJoCo v3 PPO entries (1M steps).
 _MUJOCO_PPO = dict(normalize_obs=True, normalize_reward=True, n_envs=1, n_steps=512, activation="relu",
@@ -114,7 +114,7 @@ def resolve_preset(algo: str, env_id: str, preset: str) -> tuple[str, dict[str, 
 def algo_configs(algo: str, env: str, preset: str = "auto", run: dict[str, Any] | None = None,
                  params: dict[str, Any] | None = None) -> tuple[RunConfig, Any, str]:
     """Run and algorithm configs for ``env``: library defaults, then the preset, then ``run``/``params`` overrides."""
-    from distrl.envs import portable_env_name, resolve_env_id
+    from distrl.env_names import portable_env_name, resolve_env_id
 
     if algo not in ALGO_CONFIGS:
         raise ConfigError(f"algo={algo!r} is not known: must be one of {', '.join(ALGO_CONFIGS)}")

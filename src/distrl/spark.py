@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from distrl.config import ConfigError, RunConfig, StrategyConfig, split_by_config
-from distrl.envs import resolve_env_id
+from distrl.env_names import resolve_env_id
 from distrl.presets import algo_configs
 from distrl.strategies.launch import WorkerFailed, check_before_launch
 from distrl.strategies.spark_engine import launch_spark

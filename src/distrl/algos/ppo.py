@@ -156,7 +156,10 @@ class PPOAlgo:
         device = self.agent.device
         T, N = rollout.rewards.shape
         obs = torch.from_numpy(rollout.obs).to(device)
-        values = self.agent.values(obs.reshape((T + 1) * N, *obs.shape[2:])).reshape(T + 1, N).cpu().numpy()
+        if rollout.values is not None:
+            values = rollout.values
+        else:
+            values = self.agent.values(obs.reshape((T + 1) * N, *obs.shape[2:])).reshape(T + 1, N).cpu().numpy()
         advantages, returns = gae(rollout.rewards, values, rollout.terminated, rollout.truncated,
                                   rollout.valid, self.cfg.gamma, self.cfg.gae_lambda)
         flat_obs = obs[:T].reshape(T * N, *obs.shape[2:])

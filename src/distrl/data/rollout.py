@@ -79,8 +79,11 @@ class Rollout:
     collected_steps: int = 0
     """Vector steps actually taken (fewer than n_steps when preempted)."""
     log_probs: np.ndarray | None = None
-    """[T, N] log-probabilities of the actions under the policy that took them, when the learner
-    may have moved on since (pipeline); None: the learner's own policy took them."""
+    """[T, N] log-probabilities of the actions under the policy that took them, recorded while acting
+    (module networks) or after (pipeline generators); None: the learner computes them."""
+    values: np.ndarray | None = None
+    """[T + 1, N] the critic's values of ``obs`` at collection time, recorded while acting by module
+    networks; None: the learner computes them in one batched pass."""
 
     @property
     def steps(self) -> int:
@@ -166,11 +169,21 @@ class RolloutCollector:
         valid = np.empty((T, N), dtype=bool)
         noise = self._noise()
         rollout = Rollout(obs, actions, rewards, terminated, truncated, valid, policy_version)
+        # A module network's acting pass yields the value and the action's log-prob as well: keeping them
+        # spares two forward passes over the rollout. The closed-form MLPs act on the policy alone and
+        # compute both afterwards in one batched pass, which is cheaper for them.
+        recording = getattr(self.agent, "records_while_acting", False)
+        if recording:
+            rollout.log_probs = np.zeros((T, N), dtype=np.float32)
+            rollout.values = np.empty((T + 1, N), dtype=np.float32)
         raw_obs[0] = self._raw_obs
         if normalize:
             obs[0] = self.obs_normalizer(raw_obs[0])
         for t in range(T):
-            action = self.agent.act(obs[t], noise[t])
+            if recording:
+                action, rollout.log_probs[t], rollout.values[t] = self.agent.act_recording(obs[t], noise[t])
+            else:
+                action = self.agent.act(obs[t], noise[t])
             actions[t] = action
             step = self.env.step(self.agent.env_action(action))
             raw_obs[t + 1] = step.obs
@@ -188,6 +201,8 @@ class RolloutCollector:
                 T = t + 1
                 break
         self._raw_obs = raw_obs[T]
+        if recording:  # the value of the last observation, repeated over any padding
+            rollout.values[T:] = self.agent.values(torch.from_numpy(obs[T])).cpu().numpy()
         if normalize:
             rollout.obs_moments = self.obs_normalizer.moments(raw_obs[1:T + 1].reshape(T * N, *self.obs_shape))
         if self.reward_scaler.enabled:

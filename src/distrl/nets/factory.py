@@ -19,7 +19,7 @@ from gymnasium import spaces
 from torch import nn
 
 from distrl.config import ConfigError
-from distrl.envs import MEMORY, remembered
+from distrl.env_names import MEMORY, remembered
 from distrl.nets.actor_critic import ActorCritic
 from distrl.nets.encoders import ActorCriticModule, make_encoder
 from distrl.nets.module import ModuleAgent

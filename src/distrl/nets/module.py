@@ -103,13 +103,23 @@ class ModuleAgent:
     def refresh_acting_copy(self) -> None:
         """Acting reads the parameter buffer itself: nothing to refresh."""
 
+    records_while_acting = True
+    """Collectors keep the value and log-prob from :meth:`act_recording` (see ``RolloutCollector``)."""
+
     @torch.no_grad()
     def act(self, obs: np.ndarray, noise: np.ndarray | None) -> np.ndarray:
         """Actions for a batch of observations; see ``ActorCritic.act`` for the noise."""
+        return self.act_recording(obs, noise)[0]
+
+    @torch.no_grad()
+    def act_recording(self, obs: np.ndarray, noise: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Actions, their log-probabilities and the values of ``obs``, from one forward pass."""
         views = self._views(self.params.data)
-        head, _ = self._call(views, self._obs(obs))
+        head, values = self._call(views, self._obs(obs))
         std = None if self.discrete else views[LOG_STD].exp().cpu().numpy()
-        return sample_actions(self.spec.kind, head.float().cpu().numpy(), std, noise, self.spec.nvec)
+        actions = sample_actions(self.spec.kind, head.cpu().numpy(), std, noise, self.spec.nvec)
+        terms = self.dist_terms(ModuleForward(head, values, views.get(LOG_STD)), torch.from_numpy(actions).to(self.device))
+        return actions, terms.log_prob.cpu().numpy(), values.cpu().numpy()
 
     def env_action(self, action: np.ndarray) -> np.ndarray:
         return self.spec.env_action(action)

@@ -132,8 +132,10 @@ class RolloutWorker:
                 batch: Rollout | EpisodeBatch = self.collector.collect(episodes, payload["version"])
             else:
                 batch = self.collector.collect(payload["version"])
-                if behaviour_log_probs:
-                    batch.log_probs = self._log_probs(batch)
+                if behaviour_log_probs:  # the learner may have moved on: its own critic values the data
+                    batch.values = None
+                    if batch.log_probs is None:
+                        batch.log_probs = self._log_probs(batch)
         except Exception as exc:  # noqa: BLE001 - reported with worker id, env id and traceback
             first, last = self.spec.env_offset, self.spec.env_offset + self.spec.cfg.n_envs - 1
             raise WorkerError(f"worker {self.spec.worker_id}, env {self.spec.run.env} (global env indices {first}-{last}): "
@@ -173,6 +175,8 @@ def merge_rollouts(parts: list[Rollout]) -> Rollout:
     cat = lambda name: np.concatenate([getattr(p, name) for p in parts], axis=1)  # noqa: E731
     merged = Rollout(cat("obs"), cat("actions"), cat("rewards"), cat("terminated"), cat("truncated"), cat("valid"),
                      parts[0].policy_version)
+    if parts[0].values is not None:
+        merged.values, merged.log_probs = cat("values"), cat("log_probs")
     for p in parts:
         merged.episode_returns.extend(p.episode_returns)
         merged.episode_lengths.extend(p.episode_lengths)

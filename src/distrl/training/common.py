@@ -19,7 +19,8 @@ from gymnasium import spaces
 import distrl
 from distrl import checkpoint
 from distrl.config import ALGO_CONFIGS, ConfigError, RunConfig, StrategyConfig, from_dict, to_dict
-from distrl.envs import VecEnv, make_run_env, portable_env_name, resolve_env_id
+from distrl.envs import VecEnv, make_run_env
+from distrl.env_names import portable_env_name, resolve_env_id
 from distrl.evaluation import evaluate
 from distrl.logs import MONITOR_FILE, RunLogger, write_json_atomic
 from distrl.protocols import Sync

@@ -1,0 +1,17 @@
+"""Run and algorithm configuration: frozen dataclasses validated at construction.
+
+Every field has a docstring; the command line turns them into ``--help``. A value out
+of range raises :class:`ConfigError` whose message names the field, the value and what
+is allowed, so the command line can print it as one line and exit with status 2.
+"""
+
+from distrl.config.algos import ALGO_CONFIGS, GRPOConfig, PPOConfig, REINFORCEConfig, SACConfig
+from distrl.config.base import (Activation, ConfigError, Device, Encoder, Engine, Launcher, OnWorkerError, Precision,
+                                ReplaySampling, Scaling, Schedule, Strategy, VecMode, from_dict, require,
+                                split_by_config, to_dict)
+from distrl.config.run import RunConfig, StrategyConfig, parse_env_kwargs, scaled
+
+__all__ = ["ALGO_CONFIGS", "Activation", "ConfigError", "Device", "Encoder", "Engine", "GRPOConfig", "Launcher",
+           "OnWorkerError", "PPOConfig", "Precision", "REINFORCEConfig", "ReplaySampling", "RunConfig", "SACConfig",
+           "Scaling", "Schedule", "Strategy", "StrategyConfig", "VecMode", "from_dict", "parse_env_kwargs", "require",
+           "scaled", "split_by_config", "to_dict"]

@@ -1,0 +1,238 @@
+"""Algorithm configuration: one frozen dataclass per algorithm, validated at construction."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from distrl.config.base import Activation, Encoder, Schedule, require_fraction, nearest_divisor, require_positive, require
+
+@dataclass(frozen=True)
+class PPOConfig:
+    """Proximal Policy Optimization (Schulman et al. 2017, arXiv:1707.06347).
+
+    Names and defaults follow stable-baselines3, so its users can carry settings over.
+    """
+
+    n_envs: int = 1
+    """Environments stepped together by each worker."""
+    n_steps: int = 2048
+    """Steps per environment per rollout; a rollout holds n_envs * n_steps transitions."""
+    batch_size: int = 64
+    """Minibatch size; must divide n_envs * n_steps."""
+    n_epochs: int = 10
+    """Passes over each rollout."""
+    learning_rate: float = 3e-4
+    """Adam step size (start value when lr_schedule is linear)."""
+    lr_schedule: Schedule = "constant"
+    """'linear' anneals the learning rate to 0 over total_steps."""
+    gamma: float = 0.99
+    """Discount factor."""
+    gae_lambda: float = 0.95
+    """GAE(lambda) bias/variance trade-off (Schulman et al. 2015, arXiv:1506.02438)."""
+    clip_range: float = 0.2
+    """Policy ratio clip (start value when clip_schedule is linear)."""
+    clip_schedule: Schedule = "constant"
+    """'linear' anneals clip_range to 0 over total_steps."""
+    clip_range_vf: float | None = None
+    """Clip the value update to this distance from the rollout's values; None disables."""
+    ent_coef: float = 0.0
+    """Entropy bonus coefficient."""
+    vf_coef: float = 0.5
+    """Value loss coefficient (the value loss is a mean squared error)."""
+    max_grad_norm: float = 0.5
+    """Clip the global gradient norm (after averaging across workers) to this value."""
+    target_kl: float | None = None
+    """Stop the epochs of an update once approx-KL exceeds 1.5 * target_kl; None disables."""
+    normalize_advantage: bool = True
+    """Normalise advantages with the mean and std of the whole rollout (all workers)."""
+    net_arch: tuple[int, ...] = (64, 64)
+    """Hidden layer sizes of the policy and of the critic (separate networks; after the encoder's
+    features for images and Dict observations, where () gives linear heads)."""
+    activation: Activation = "tanh"
+    """Hidden activation."""
+    encoder: Encoder = "auto"
+    """Observation encoder: auto picks the Nature CNN for images of at least 36x36, a small CNN for
+    smaller ones, one encoder per key for Dict observations, and the closed-form MLPs for flat vectors;
+    nature, small or impala (the IMPALA ResNet) ask for that CNN; mlp flattens images too."""
+    log_std_init: float = 0.0
+    """Initial log standard deviation of Gaussian policies."""
+    ortho_init: bool = True
+    """Orthogonal initialisation (gain sqrt(2) hidden, 0.01 policy output, 1 value output)."""
+    normalize_obs: bool = False
+    """Normalise observations with running mean/std (saved with the model)."""
+    normalize_reward: bool = False
+    """Scale rewards by the running std of the discounted return (saved with the model)."""
+    clip_obs: float = 10.0
+    """Clip normalised observations to [-clip_obs, clip_obs]."""
+
+    def __post_init__(self) -> None:
+        require_positive(self, "n_envs", "n_steps", "batch_size", "n_epochs", "learning_rate")
+        require_positive(self, "clip_range", "max_grad_norm", "clip_obs")
+        require_fraction(self, "gamma")
+        require_fraction(self, "gae_lambda")
+        require(self.ent_coef >= 0, "ent_coef", self.ent_coef, ">= 0")
+        require(self.vf_coef >= 0, "vf_coef", self.vf_coef, ">= 0")
+        if self.clip_range_vf is not None:
+            require(self.clip_range_vf > 0, "clip_range_vf", self.clip_range_vf, "> 0 or None")
+        if self.target_kl is not None:
+            require(self.target_kl > 0, "target_kl", self.target_kl, "> 0 or None")
+        require(all(h > 0 for h in self.net_arch),
+                "net_arch", self.net_arch, "positive layer sizes (none: linear heads)")
+        rollout = self.n_envs * self.n_steps
+        require(rollout % self.batch_size == 0, "batch_size", self.batch_size,
+                f"a divisor of n_envs * n_steps = {rollout}",
+                f"e.g. --batch-size {nearest_divisor(rollout, self.batch_size)}")
+
+    @property
+    def rollout_size(self) -> int:
+        """Transitions collected per rollout by one worker."""
+        return self.n_envs * self.n_steps
+
+
+@dataclass(frozen=True)
+class SACConfig:
+    """Soft Actor-Critic (Haarnoja et al. 2018, arXiv:1801.01290 and arXiv:1812.05905).
+
+    Names and defaults follow stable-baselines3.
+    """
+
+    n_envs: int = 1
+    """Environments stepped together by each worker."""
+    learning_rate: float = 3e-4
+    """Adam step size for actor, critics and entropy coefficient."""
+    buffer_size: int = 1_000_000
+    """Replay capacity in transitions (over all envs of a worker)."""
+    learning_starts: int = 100
+    """Steps of uniformly random actions before learning starts."""
+    batch_size: int = 256
+    """Transitions per gradient step."""
+    tau: float = 0.005
+    """Polyak coefficient of the target critics."""
+    gamma: float = 0.99
+    """Discount factor."""
+    train_freq: int = 1
+    """Vector steps between training phases."""
+    gradient_steps: int = 1
+    """Gradient steps per training phase."""
+    ent_coef: str = "auto"
+    """'auto' (learned, starting at 1.0), 'auto_0.1' (learned, starting at 0.1) or a fixed value like '0.2'."""
+    target_entropy: float | None = None
+    """Entropy target of the automatic tuning; None means -action_dim."""
+    target_update_interval: int = 1
+    """Gradient steps between target-critic updates."""
+    net_arch: tuple[int, ...] = (256, 256)
+    """Hidden layers of the actor and of each critic."""
+    activation: Activation = "relu"
+    """Hidden activation."""
+    encoder: Encoder = "auto"
+    """Observation encoder, as for PPO: the closed-form MLPs for flat vectors; for images and Dict
+    observations the actor and each critic get their own encoder (auto, nature, small or impala)."""
+    save_replay: bool = False
+    """Store the replay buffer with each checkpoint (safetensors) so --resume restores it."""
+
+    def __post_init__(self) -> None:
+        require_positive(self, "n_envs", "learning_rate", "buffer_size", "batch_size", "train_freq", "gradient_steps",
+                  "target_update_interval")
+        require(self.learning_starts >= 0, "learning_starts", self.learning_starts, ">= 0")
+        require_fraction(self, "tau", inclusive_zero=False)
+        require_fraction(self, "gamma")
+        require(self.buffer_size >= self.batch_size, "buffer_size", self.buffer_size,
+                f">= batch_size ({self.batch_size})", "a buffer smaller than a batch cannot be sampled")
+        require(len(self.net_arch) > 0 and all(h > 0 for h in self.net_arch),
+                "net_arch", self.net_arch, "one or more positive layer sizes")
+        self.entropy_setting()  # validates ent_coef
+
+    def entropy_setting(self) -> tuple[bool, float]:
+        """(learned?, initial or fixed value) parsed from ``ent_coef``."""
+        text = self.ent_coef.strip()
+        learned = text.startswith("auto")
+        value_text = text[5:] if text.startswith("auto_") else ("1.0" if learned else text)
+        try:
+            value = float(value_text)
+        except ValueError:
+            value = -1.0
+        require(value > 0, "ent_coef", self.ent_coef, "'auto', 'auto_<initial value>' or a positive number")
+        return learned, value
+
+
+@dataclass(frozen=True)
+class REINFORCEConfig:
+    """REINFORCE (Williams 1992): the policy gradient of whole episodes' discounted returns."""
+
+    n_envs: int = 1
+    """Environments stepped together by each collector."""
+    episodes_per_iter: int = 16
+    """Whole episodes per update (over all workers)."""
+    learning_rate: float = 1e-3
+    """Adam step size."""
+    gamma: float = 0.99
+    """Discount factor of the returns."""
+    normalize_returns: bool = True
+    """Standardise the returns (or advantages, with a baseline) over the batch."""
+    baseline: bool = False
+    """Learn a state-value baseline and use G - V(s) as the advantage."""
+    vf_coef: float = 0.5
+    """Weight of the baseline's squared error."""
+    ent_coef: float = 0.0
+    """Entropy bonus coefficient."""
+    max_grad_norm: float = 1.0
+    """Clip the global gradient norm to this value."""
+    net_arch: tuple[int, ...] = (64, 64)
+    """Hidden layers of the policy (and of the baseline)."""
+    activation: Activation = "tanh"
+    """Hidden activation."""
+    encoder: Encoder = "auto"
+    """Observation encoder: auto picks the Nature CNN for images of at least 36x36, a small CNN for
+    smaller ones, one encoder per key for Dict observations, and the closed-form MLPs for flat vectors;
+    nature, small or impala (the IMPALA ResNet) ask for that CNN; mlp flattens images too."""
+    log_std_init: float = 0.0
+    """Initial log standard deviation of Gaussian policies (the std is learned)."""
+    max_episode_steps: int = 10_000
+    """Steps after which an unfinished episode is cut (guards against envs that never end)."""
+
+    def __post_init__(self) -> None:
+        require_positive(self, "n_envs", "episodes_per_iter", "learning_rate", "max_grad_norm", "max_episode_steps")
+        require_fraction(self, "gamma")
+        require(self.vf_coef >= 0, "vf_coef", self.vf_coef, ">= 0")
+        require(self.ent_coef >= 0, "ent_coef", self.ent_coef, ">= 0")
+        require(all(h > 0 for h in self.net_arch),
+                "net_arch", self.net_arch, "positive layer sizes (none: linear heads)")
+
+
+@dataclass(frozen=True)
+class GRPOConfig:
+    """Group-relative PPO for group tasks: G samples per input, advantages relative to the group."""
+
+    group_size: int = 8
+    """Samples drawn per input state (G)."""
+    states_per_slice: int = 16
+    """Input states per generation; their groups travel together as one slice."""
+    slices_per_step: int = 4
+    """Slices sampled from the replay buffer for one learner step."""
+    learner_steps: int = 600
+    """Learner steps (policy versions) in the run."""
+    learning_rate: float = 3e-3
+    """Adam step size."""
+    clip_range: float = 0.2
+    """PPO clip of the ratio to the behaviour policy."""
+    kl_coef: float = 0.01
+    """Weight of the KL penalty to the frozen reference policy (0 turns it off)."""
+    max_grad_norm: float = 1.0
+    """Clip the global gradient norm to this value."""
+    net_arch: tuple[int, ...] = (64, 64)
+    """Hidden layers of the policy."""
+    slices_per_call: int = 4
+    """Slices a generator draws per request (with one policy version); more amortise the round trip."""
+
+    def __post_init__(self) -> None:
+        require_positive(self, "group_size", "states_per_slice", "slices_per_step", "learner_steps", "learning_rate",
+                  "clip_range", "max_grad_norm", "slices_per_call")
+        require(self.group_size >= 2, "group_size", self.group_size, ">= 2 (a group needs a mean to compare with)")
+        require(self.kl_coef >= 0, "kl_coef", self.kl_coef, ">= 0")
+        require(len(self.net_arch) > 0 and all(h > 0 for h in self.net_arch),
+                "net_arch", self.net_arch, "one or more positive layer sizes")
+
+
+ALGO_CONFIGS: dict[str, type] = {"ppo": PPOConfig, "sac": SACConfig, "reinforce": REINFORCEConfig, "grpo": GRPOConfig}
+
+

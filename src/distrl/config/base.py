@@ -1,0 +1,79 @@
+"""The pieces every config shares: the error users see, the checks that raise it, the value types."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Literal
+
+Schedule = Literal["constant", "linear"]
+Strategy = Literal["single", "ddp", "actor-learner", "decoupled", "pipeline"]
+ReplaySampling = Literal["uniform", "version"]
+Engine = Literal["ray", "monarch"]
+OnWorkerError = Literal["restart", "abort"]
+Scaling = Literal["per-worker", "equivalent"]
+Launcher = Literal["auto", "local", "ray", "spark"]
+Device = Literal["auto", "cpu", "cuda"]
+VecMode = Literal["auto", "native", "sync", "async"]
+Activation = Literal["tanh", "relu"]
+Encoder = Literal["auto", "mlp", "nature", "small", "impala"]
+Precision = Literal["fp32", "bf16"]
+
+
+class ConfigError(Exception):
+    """A mistake in what the user asked for; printed as one line, exit status 2.
+
+    Deliberately not a ValueError: the command-line parser would catch it and print a
+    multi-line box instead of distrl's one-line message.
+    """
+
+
+def require(ok: bool, field: str, value: Any, allowed: str, fix: str = "") -> None:
+    """Raise a ConfigError naming ``field``, ``value`` and the allowed range unless ``ok``."""
+    if not ok:
+        message = f"{field}={value!r} is not allowed: must be {allowed}"
+        raise ConfigError(f"{message}; {fix}" if fix else message)
+
+
+def require_positive(cfg: Any, *names: str) -> None:
+    for name in names:
+        value = getattr(cfg, name)
+        require(value > 0, name, value, "> 0")
+
+
+def require_fraction(cfg: Any, name: str, *, inclusive_zero: bool = True) -> None:
+    value = getattr(cfg, name)
+    low_ok = value >= 0 if inclusive_zero else value > 0
+    require(low_ok and value <= 1, name, value, "in [0, 1]" if inclusive_zero else "in (0, 1]")
+
+
+def nearest_divisor(n: int, target: int) -> int:
+    divisors = [d for d in range(1, n + 1) if n % d == 0]
+    return min(divisors, key=lambda d: (abs(d - target), d))
+
+
+def split_by_config(values: dict[str, Any], *classes: type) -> list[dict[str, Any]]:
+    """``values`` split by which of ``classes`` has a field of that name (first match); the last dict
+    holds the names none of them has (the algorithm's hyperparameters, checked later)."""
+    parts: list[dict[str, Any]] = [{} for _ in range(len(classes) + 1)]
+    names = [{f.name for f in dataclasses.fields(cls)} for cls in classes]
+    for key, value in values.items():
+        index = next((i for i, n in enumerate(names) if key in n), len(classes))
+        parts[index][key] = value
+    return parts
+
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+    """A JSON-ready dict of a config dataclass (tuples become lists)."""
+    return dataclasses.asdict(cfg)
+
+
+def from_dict(cls: type, data: dict[str, Any]) -> Any:
+    """Build ``cls`` from a dict written by :func:`to_dict`, rejecting unknown keys."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - names)
+    require(not unknown, f"{cls.__name__} keys", unknown, f"among {sorted(names)}")
+    values = dict(data)
+    for f in dataclasses.fields(cls):
+        if f.name in values and isinstance(values[f.name], list):
+            values[f.name] = tuple(values[f.name])
+    return cls(**values)

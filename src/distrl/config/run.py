@@ -1,0 +1,238 @@
+"""Run and strategy configuration: what to train, where its outputs go, and how the work is spread."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+import tyro
+
+from distrl.config.algos import SACConfig
+from distrl.config.base import (Device, Engine, Launcher, OnWorkerError, Precision, ReplaySampling, Scaling, Strategy,
+                                VecMode, require_fraction, require_positive, require)
+
+def parse_env_kwargs(items: tuple[str, ...] | list[str]) -> dict[str, Any]:
+    """``("continuous=true", "max_episode_steps=500")`` as ``{"continuous": True, "max_episode_steps": 500}``.
+
+    Values are typed: true/false as bools, none as None, ints, floats; anything else stays a string.
+    """
+    kwargs: dict[str, Any] = {}
+    for item in items:
+        key, sep, text = str(item).partition("=")
+        key = key.strip()
+        require(bool(sep) and key.isidentifier(), "env_kwargs", item, "key=value items with a Python name as key",
+                "e.g. --env-kwargs continuous=true max_episode_steps=500")
+        require(key not in kwargs, "env_kwargs", item, f"one value per key ({key!r} is given twice)")
+        kwargs[key] = _typed(text.strip())
+    return kwargs
+
+
+def _typed(text: str) -> Any:
+    lowered = text.lower()
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    if lowered == "none":
+        return None
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return text
+
+
+def _require_entry_point(field: str, value: str, allowed: str) -> None:
+    module, sep, attr = value.partition(":")
+    require(bool(sep) and bool(module.strip()) and bool(attr.strip()), field, value, allowed)
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """What to train, for how long, where its outputs go and how it is spread."""
+
+    algo: Annotated[str, tyro.conf.Suppress] = "ppo"
+    """Algorithm name (the command line takes it as ALGO)."""
+    env: Annotated[str, tyro.conf.Suppress] = "CartPole-v1"
+    """Gymnasium id, short name (cartpole, hopper, ...), 'package.module:ClassName' (a gymnasium.Env
+    subclass) or 'package.module:function' (a function returning a gymnasium.Env)."""
+    env_kwargs: tuple[str, ...] = ()
+    """key=value arguments for the env's constructor (or gymnasium.make, e.g. max_episode_steps=500);
+    true/false, none, ints and floats are typed, anything else is a string."""
+    wrappers: tuple[str, ...] = ()
+    """'package.module:function' applied in order to each environment, fn(env) -> env
+    (--wrappers A B, or --wrapper A --wrapper B)."""
+    atari_wrappers: bool = True
+    """ALE ids: apply the standard Atari preprocessing (84x84 grey, frame skip 4, 4 stacked frames,
+    no-op starts, fire on reset; episodic life and reward clipping while training)."""
+    policy: str = ""
+    """'package.module:function' building the policy/value network (a torch.nn.Module) from
+    (observation_space, action_space, algorithm config); empty: distrl's built-in networks."""
+    total_steps: int = 100_000
+    """Environment steps to train for, counted over all environments and workers."""
+    seed: int = 0
+    """Seed for networks, action sampling and environments."""
+    run_dir: str = ""
+    """Directory for logs and checkpoints; empty means runs/<algo>-<env>-s<seed>-<time>."""
+    preset: str = "auto"
+    """Hyperparameter preset: 'auto' (the env's tuned preset if any), 'none', or a preset name."""
+    device: Device = "auto"
+    """Where the update runs: 'auto' picks cuda when available."""
+    vec: VecMode = "auto"
+    """Vector env: native (gymnasium's vector entry point), sync, async; auto prefers native."""
+    checkpoint_every: int = 0
+    """Save a checkpoint every this many steps (0: only the final model)."""
+    resume: str = ""
+    """Continue the run in this directory from its latest checkpoint, or from this checkpoint
+    (RUN/checkpoints/step-N: run RUN goes on from step N)."""
+    eval_every: int = 0
+    """Run a deterministic evaluation every this many steps (0: only at the end)."""
+    eval_episodes: int = 10
+    """Episodes per evaluation."""
+    target_return: float | None = None
+    """Stop training once an evaluation reaches this mean return."""
+    iterations: int = 0
+    """Stop after this many updates instead of at total_steps (0: use total_steps)."""
+    plot: bool = False
+    """Write the run's reward curve (reward_curve.png) at the end."""
+    precision: Precision = "fp32"
+    """Arithmetic of the module path's networks (images, Dict observations, --policy): bf16 runs their
+    forward and backward under bfloat16 autocast, with float32 weights, Adam and losses; on a CPU with
+    AVX-512 BF16 it trained the Nature CNN 1.9x faster. The closed-form MLPs always use float32."""
+    threads: int = 1
+    """Intra-op torch threads per process. 1 suits small networks and several workers per machine;
+    wide networks (SAC's 256x256) gain from more when the process has the cores to itself."""
+    flush_denormal: bool = True
+    """On the CPU, treat subnormal floats (below about 1.2e-38) as zero. Adam's second-moment
+    estimates decay into that range, where x86 arithmetic is tens of times slower: SAC's Adam
+    steps on Pendulum took 1.5 ms each instead of 0.14 ms."""
+    quiet: bool = False
+    """No progress display."""
+    debug: bool = False
+    """Show full tracebacks for errors."""
+
+    def __post_init__(self) -> None:
+        require_positive(self, "total_steps", "eval_episodes", "threads")
+        require(self.iterations >= 0, "iterations", self.iterations, ">= 0")
+        require(self.seed >= 0, "seed", self.seed, ">= 0")
+        require(self.checkpoint_every >= 0, "checkpoint_every", self.checkpoint_every, ">= 0")
+        require(self.eval_every >= 0, "eval_every", self.eval_every, ">= 0")
+        parse_env_kwargs(self.env_kwargs)
+        for wrapper in self.wrappers:
+            _require_entry_point("wrappers", wrapper, "'package.module:function'")
+        if self.policy:
+            _require_entry_point("policy", self.policy, "'package.module:function' or empty")
+
+    def replace(self, **changes: Any) -> RunConfig:
+        return dataclasses.replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class StrategyConfig:
+    """How the work is spread over processes."""
+
+    strategy: Strategy = "single"
+    """single: one process; ddp: every worker collects and trains, gradients averaged every minibatch."""
+    workers: int = 1
+    """Worker processes (ddp). Under torchrun the world size comes from torchrun."""
+    scaling: Scaling = "per-worker"
+    """per-worker: each worker keeps n_steps (the global batch grows with workers, as in DD-PPO);
+    equivalent: n_steps / workers and learning_rate * workers, so runs with different worker
+    counts are comparable."""
+    sync_frac: float = 1.0
+    """Straggler preemption (DD-PPO): once this fraction of workers has finished its rollout, the
+    others stop collecting (keeping at least min_rollout_frac of theirs). 1.0 turns it off."""
+    min_rollout_frac: float = 0.25
+    """The share of its rollout a preempted worker collects at least."""
+    launcher: Launcher = "auto"
+    """Who starts the ddp workers: local processes, Ray actors (auto: ray when --ray-address is set), or
+    Spark's TorchDistributor (distrl[spark])."""
+    ray_address: str = ""
+    """Ray cluster to join ('auto' or HOST:PORT); empty starts an embedded local instance when needed."""
+    spark_master: str = ""
+    """--launcher spark: the Spark master URL (empty: local[workers], a Spark inside this process)."""
+    spark_local_mode: bool = True
+    """--launcher spark: start the ranks on the Spark driver (True) or as Spark tasks on executors (False)."""
+    timeout_s: float = 120.0
+    """Longest wait on another worker (collectives, start-up) before the run fails naming it."""
+    worker_cpus: float = 1.0
+    """CPUs Ray reserves for each rollout worker (actor-learner) or rank (ddp on Ray)."""
+    worker_gpus: float = 0.0
+    """GPUs Ray reserves for each rollout worker or rank."""
+    max_worker_restarts: int = 3
+    """actor-learner: how many times each rollout worker may be restarted after dying or failing."""
+    on_worker_error: OnWorkerError = "restart"
+    """actor-learner: what an exception raised inside a worker's env does: restart the worker, or abort the run."""
+    share_data: bool = False
+    """decoupled: send every trainer the whole rollout (each trains on its own part of every minibatch),
+    instead of scattering equal shards."""
+    player_device: Device = "cpu"
+    """decoupled: where the player (rank 0) acts and computes values."""
+    trainer_device: Device = "auto"
+    """decoupled: where the trainers (ranks 1..N-1) update; cuda uses NCCL among them."""
+    max_policy_lag: int = 4
+    """pipeline: data drawn by a policy more than this many versions behind the learner is dropped."""
+    buffer_capacity: int = 64
+    """pipeline: scored slices (grpo) or rollout fragments (ppo) the replay buffer holds; the oldest is
+    evicted past it."""
+    replay_sampling: ReplaySampling = "version"
+    """pipeline: replay sampling, uniform or weighted by policy version + 1 (newer data more often)."""
+    max_reuse: int = 1
+    """pipeline: learner steps that may train on one slice or fragment before it leaves the buffer."""
+    queue_size: int = 0
+    """pipeline: how far the generators may run ahead of the learner, in slices (grpo) or fragments (ppo)
+    requested, being scored, or buffered and not trained on yet; past it they idle (back-pressure).
+    0: 16 slices for grpo, one fragment per generator for ppo."""
+    starve_timeout_s: float = 60.0
+    """pipeline: the learner fails, naming the stage it waits on, when no data arrives for this long."""
+    engine: Engine = "ray"
+    """pipeline: the actor engine: Ray (embedded, or --ray-address), or Monarch process meshes on this
+    host (distrl[monarch])."""
+
+    def __post_init__(self) -> None:
+        require_positive(self, "workers", "timeout_s", "buffer_capacity", "max_reuse", "starve_timeout_s")
+        require(self.queue_size >= 0, "queue_size", self.queue_size, ">= 0 (0: the default for the algorithm)")
+        require(self.max_policy_lag >= 0, "max_policy_lag", self.max_policy_lag, ">= 0")
+        require(self.worker_cpus >= 0, "worker_cpus", self.worker_cpus, ">= 0")
+        require(self.worker_gpus >= 0, "worker_gpus", self.worker_gpus, ">= 0")
+        require(self.max_worker_restarts >= 0, "max_worker_restarts", self.max_worker_restarts, ">= 0")
+        require_fraction(self, "sync_frac", inclusive_zero=False)
+        require_fraction(self, "min_rollout_frac", inclusive_zero=False)
+        if self.strategy == "single":
+            require(self.workers == 1, "workers", self.workers, "1 with --strategy single", "use --strategy ddp")
+        if self.strategy == "decoupled":
+            require(self.workers >= 2, "workers", self.workers, ">= 2 with --strategy decoupled",
+                    "a player needs at least one trainer")
+        if self.launcher == "spark":
+            require(self.strategy in ("ddp", "decoupled"), "launcher", self.launcher,
+                    "auto, local or ray with --strategy " + self.strategy, "Spark starts ddp or decoupled ranks")
+        if self.engine != "ray":
+            require(self.strategy == "pipeline", "engine", self.engine, "ray with --strategy " + self.strategy,
+                    "Monarch runs the pipeline's actors")
+            require(not self.ray_address, "ray_address", self.ray_address, "empty with --engine monarch")
+        if self.strategy != "ddp":
+            require(self.sync_frac == 1.0, "sync_frac", self.sync_frac, f"1.0 with --strategy {self.strategy}",
+                    "straggler preemption needs --strategy ddp")
+
+    @property
+    def uses_ray(self) -> bool:
+        return self.launcher == "ray" or (self.launcher == "auto" and bool(self.ray_address))
+
+
+def scaled(cfg: Any, strategy: StrategyConfig, world_size: int) -> Any:
+    """The algorithm config each worker runs: unchanged per worker, or scaled to match one process.
+
+    PPO: n_steps / N and learning_rate * N. SAC: buffer_size / N, learning_starts / N and
+    learning_rate * N (the recipes of Horovod's distributed PPO and SAC).
+    """
+    if strategy.scaling == "per-worker" or world_size == 1:
+        return cfg
+    if isinstance(cfg, SACConfig):
+        return dataclasses.replace(cfg, buffer_size=max(cfg.batch_size, cfg.buffer_size // world_size),
+                                   learning_starts=cfg.learning_starts // world_size,
+                                   learning_rate=cfg.learning_rate * world_size)
+    require(cfg.n_steps % world_size == 0, "n_steps", cfg.n_steps,
+            f"divisible by the {world_size} workers with --scaling equivalent")
+    return dataclasses.replace(cfg, n_steps=cfg.n_steps // world_size, learning_rate=cfg.learning_rate * world_size)
+
+
