@@ -12,8 +12,8 @@ with ``VecFrameStack(4)`` (no-ops, frame skip 4 with max-pooling, episodic life,
 own), libraries alternate, medians are reported, one torch thread each.
 
 The ceiling: the Nature CNN's forward and backward on this CPU, timed alone at the shapes one PPO
-iteration needs (16 minibatches of 256 forward and backward, the values of 1,032 frames, 128
-acting passes over 8 frames); no implementation of these settings can step faster than that
+iteration needs (16 minibatches of 256 forward and backward, 129 acting passes over 8 frames, which
+also give the values and log-probs); no implementation of these settings can step faster than that
 arithmetic allows, before counting the emulator and the preprocessing.
 """
 
@@ -109,7 +109,8 @@ def _ceiling(repeats: int) -> dict:
             acting = best(lambda: call(frames[:8]), repeats * 4)
         backward = best(train_step, repeats)
         minibatches = HP["n_epochs"] * ROLLOUT // HP["batch_size"]
-        per_iteration = minibatches * backward + (ROLLOUT + N_ENVS) / 256 * forward + HP["n_steps"] * acting
+        # the acting passes give the values and log-probs too; one more pass values the last observations
+        per_iteration = minibatches * backward + (HP["n_steps"] + 1) * acting
         out.update({f"{name}_train_samples_per_s": 256 / backward, f"{name}_forward_samples_per_s": 256 / forward,
                     f"{name}_acting_passes_per_s": 1 / acting, f"{name}_ceiling_sps": ROLLOUT / per_iteration})
     return out
@@ -148,11 +149,15 @@ def main() -> None:
              f"{ceiling['fp32_forward_samples_per_s']:,.0f} samples/s, {ceiling['fp32_acting_passes_per_s']:,.0f} acting "
              f"passes/s over 8 frames; under bfloat16 autocast {ceiling['bf16_train_samples_per_s']:,.0f}, "
              f"{ceiling['bf16_forward_samples_per_s']:,.0f} and {ceiling['bf16_acting_passes_per_s']:,.0f}. One iteration's "
-             f"network work (16 minibatches forward and backward, values of 1,032 frames, 128 acting passes) bounds "
+             f"network work (16 minibatches forward and backward, 129 acting passes over 8 frames) bounds "
              f"any float32 implementation of these settings at **{ceiling['fp32_ceiling_sps']:,.0f} SPS** before the "
              f"emulator runs ({ceiling['bf16_ceiling_sps']:,.0f} in bfloat16); distrl reaches "
              f"{100 * d / ceiling['fp32_ceiling_sps']:.0f}% of the float32 bound, stable-baselines3 "
              f"{100 * s / ceiling['fp32_ceiling_sps']:.0f}%.",
+             f"- Why not 2x in float32: the Nature CNN's own arithmetic bounds these settings at "
+             f"{ceiling['fp32_ceiling_sps']:,.0f} SPS, {ceiling['fp32_ceiling_sps'] / s:.1f}x SB3's {s:,.0f}, before the "
+             "emulator and the preprocessing are counted; distrl's float32 gain is channels-last convolutions and no "
+             "passes beyond acting and training, and bfloat16 autocast is what goes further.",
              "- Same settings in both: " + ", ".join(f"{k} {v}" for k, v in HP.items()) +
              f", {N_ENVS} envs, lr {LR} and clip {CLIP} annealed linearly, linear policy and value heads on the "
              "Nature CNN's 512 features.",

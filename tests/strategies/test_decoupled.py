@@ -17,7 +17,9 @@ CFG = PPOConfig(n_envs=4, n_steps=16, batch_size=32, n_epochs=3, learning_rate=3
 RUN = RunConfig(env="CartPole-v1", seed=2, vec="sync", quiet=True, total_steps=3 * 64)
 
 
-def decoupled_rank(rank, world, share, iterations):
+def decoupled_rank(rank, world, share, iterations, run=RUN, cfg=CFG):
+    """Rank 0 plays ``iterations`` updates of ``run``; the others train. Returns the player's (version,
+    checksum) history and final parameters, or a trainer's checksum history."""
     from distrl.strategies.ddp import checksum
     from distrl.strategies.decoupled import PlayerAlgo, run_trainer, send_start_state
     from distrl.training import OnPolicyTrainer
@@ -25,8 +27,8 @@ def decoupled_rank(rank, world, share, iterations):
     strategy = StrategyConfig(strategy="decoupled", workers=world, share_data=share, trainer_device="cpu")
     group = dist.new_group(list(range(1, world)))
     if rank > 0:
-        return run_trainer(RUN, strategy, CFG, torch.device("cpu"), group)
-    player = OnPolicyTrainer(RUN, CFG, strategy=strategy)
+        return run_trainer(run, strategy, cfg, torch.device("cpu"), group)
+    player = OnPolicyTrainer(run, cfg, strategy=strategy)
     player.algo = PlayerAlgo(player.algo, strategy, world)
     send_start_state(player)
     history = []

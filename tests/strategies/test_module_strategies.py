@@ -13,6 +13,7 @@ from distrl.config import PPOConfig, RunConfig, StrategyConfig
 from distrl.nets import ModuleAgent
 from distrl.training import OnPolicyTrainer
 from distributed import run_ranks
+from test_decoupled import decoupled_rank
 
 pytestmark = pytest.mark.multiprocess
 
@@ -52,30 +53,13 @@ def test_ddp_with_a_module_equals_single_process(name):
     torch.testing.assert_close(p0, single, rtol=0, atol=2e-5)
 
 
-def decoupled_rank(rank, world, run, iterations):
-    import torch.distributed as dist
-
-    from distrl.strategies.decoupled import PlayerAlgo, run_trainer, send_start_state
-
-    strategy = StrategyConfig(strategy="decoupled", workers=world, share_data=True, trainer_device="cpu")
-    group = dist.new_group(list(range(1, world)))
-    if rank > 0:
-        return run_trainer(run, strategy, CFG, torch.device("cpu"), group)
-    player = OnPolicyTrainer(run, CFG, strategy=strategy)
-    player.algo = PlayerAlgo(player.algo, strategy, world)
-    send_start_state(player)
-    for _ in range(iterations):
-        player.train(stop_at=player.steps + 1)
-    params = player.agent.params.data.clone()
-    player.algo.stop()
-    player.close()
-    return params
-
-
-def test_decoupled_sends_uint8_images_to_the_trainers_and_equals_single_process():
-    run = PIXELS.replace(total_steps=3 * 32)
-    params, *_ = run_ranks(decoupled_rank, 3, run, 3)
-    torch.testing.assert_close(params, single_params(PIXELS, CFG, 3 * 32), rtol=0, atol=1e-6)
+@pytest.mark.parametrize("name", RUNS)
+def test_decoupled_with_a_module_equals_single_process(name):
+    # pixels: the rollout's uint8 images are what the player scatters to the trainers
+    run = RUNS[name]
+    (history, params), *trainers = run_ranks(decoupled_rank, 3, True, 3, run.replace(total_steps=3 * 32), CFG)
+    assert all(trainer == [checksum for _, checksum in history] for trainer in trainers)
+    torch.testing.assert_close(params, single_params(run, CFG, 3 * 32), rtol=0, atol=1e-6)
 
 
 @pytest.mark.parametrize("name", RUNS)
@@ -91,15 +75,16 @@ def test_actor_learner_with_a_module_equals_single_process(ray_local, name):
     torch.testing.assert_close(remote.agent.params.data, single, rtol=0, atol=1e-6)
 
 
-def test_pipeline_with_a_cnn_one_fragment_ahead_equals_single_process(ray_local):
+@pytest.mark.parametrize("name", RUNS)
+def test_pipeline_with_a_module_one_fragment_ahead_equals_single_process(ray_local, name):
     from distrl.strategies.actors import RayActors
     from distrl.strategies.pipeline_ppo import AsyncCollector
 
-    run = PIXELS.replace(total_steps=4 * 32)
+    run = RUNS[name].replace(total_steps=4 * 32)
     strategy = StrategyConfig(strategy="pipeline", workers=1, queue_size=1)
     remote = OnPolicyTrainer(run, CFG, strategy=strategy,
                              collector_factory=lambda t: AsyncCollector(t, strategy, RayActors(ray_local)))
     remote.train()
     remote.close()
     assert remote.policy_version == 4
-    torch.testing.assert_close(remote.agent.params.data, single_params(PIXELS, CFG, 4 * 32), rtol=0, atol=1e-6)
+    torch.testing.assert_close(remote.agent.params.data, single_params(RUNS[name], CFG, 4 * 32), rtol=0, atol=1e-6)

@@ -277,9 +277,8 @@ class PPOAlgo:
         v_loss, d_values = value_loss(fwd.values, mb.old_values, mb.returns, cfg.clip_range_vf)
         d_entropy = -cfg.ent_coef * mb.valid if cfg.ent_coef else None
         agent.backward(fwd, terms, mb.actions, d_log_prob * mb.valid, d_entropy, (cfg.vf_coef * d_values) * mb.valid)
-        with torch.no_grad():  # statistics only (the module path's outputs carry an autograd graph)
-            per_sample = torch.stack([mb.valid, approx_kl, was_clipped.float(), policy_loss, v_loss, terms.entropy])
-            return (per_sample @ mb.valid).double()
+        per_sample = torch.stack([mb.valid, approx_kl, was_clipped.float(), policy_loss, v_loss, terms.entropy])
+        return (per_sample @ mb.valid).detach().double()  # statistics only (a module's outputs carry a graph)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         return self.optimizer.state_dict()

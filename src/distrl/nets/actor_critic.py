@@ -11,7 +11,7 @@ from gymnasium import spaces
 
 from distrl.nets.core import MLP, ParamBuffer, mlp_shapes
 from distrl.nets.distributions import (CategoricalTerms, GaussianTerms, categorical_grad, categorical_terms,
-                                       gaussian_grad, gaussian_terms, sample_actions)
+                                       gaussian_grad, gaussian_terms, inverse_cdf_sample, sample_actions)
 from distrl.spaces import action_spec
 
 
@@ -79,20 +79,24 @@ class ActorCritic:
         Gaussian policy. ``None`` acts deterministically (argmax or mean). Gaussian
         actions are returned unclipped; :meth:`env_action` clips them to the bounds.
         """
-        out = self._acting_policy(obs.reshape(len(obs), -1))
-        std = None if self.discrete else np.exp(self._acting_log_std)
-        return sample_actions(self.spec.kind, out, std, noise)
+        out = self._acting_policy(obs if obs.ndim == 2 else obs.reshape(len(obs), -1))
+        if self.discrete:  # called every step: the choice is drawn here, without sample_actions' dispatch
+            return inverse_cdf_sample(out, noise)
+        return sample_actions("gaussian", out, np.exp(self._acting_log_std), noise)
 
     def env_action(self, action: np.ndarray) -> np.ndarray:
         """The action to send to the env: Gaussian samples clipped to the action bounds."""
-        return self.spec.env_action(action)
+        return action if self.discrete else self.spec.env_action(action)
 
     def noise_shape(self) -> tuple[int, ...]:
         """Shape of the per-step sampling noise of one environment (see :meth:`act`)."""
         return self.spec.noise_shape
 
     def _flat(self, obs: torch.Tensor) -> torch.Tensor:
-        return obs.reshape(obs.shape[0], self.obs_dim).to(self.device, torch.float32)
+        """[B, obs_dim] float32 (a no-op for the vectors rollouts store; called every gradient step)."""
+        if obs.dim() != 2:
+            obs = obs.reshape(obs.shape[0], self.obs_dim)
+        return obs if obs.dtype == torch.float32 else obs.float()
 
     @torch.no_grad()
     def values(self, obs: torch.Tensor) -> torch.Tensor:

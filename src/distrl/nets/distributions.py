@@ -100,12 +100,13 @@ def sample_actions(kind: str, out: np.ndarray, std: np.ndarray | None, noise: np
     if kind == "gaussian":
         return out if noise is None else out + std * noise
     if kind == "categorical":
-        return _inverse_cdf(out, None if noise is None else noise)
+        return inverse_cdf_sample(out, None if noise is None else noise)
     parts = np.split(out, np.cumsum(nvec)[:-1], axis=-1)
-    return np.stack([_inverse_cdf(part, None if noise is None else noise[:, j]) for j, part in enumerate(parts)], 1)
+    return np.stack([inverse_cdf_sample(part, None if noise is None else noise[:, j]) for j, part in enumerate(parts)], 1)
 
 
-def _inverse_cdf(logits: np.ndarray, uniform: np.ndarray | None) -> np.ndarray:
+def inverse_cdf_sample(logits: np.ndarray, uniform: np.ndarray | None) -> np.ndarray:
+    """A choice per row of ``logits`` [B, K] from uniforms [B] (argmax for None)."""
     if uniform is None:
         return logits.argmax(-1)
     probs = np.exp(logits - logits.max(-1, keepdims=True))
