@@ -8,7 +8,7 @@ import queue
 import traceback
 from datetime import timedelta
 
-from distrl.strategies.launch import free_port
+from distrl.strategies.ray_engine import free_port
 
 
 def _entry(fn, rank, world_size, port, results, collected, timeout, args):

@@ -152,7 +152,7 @@ def run_trainer(run: RunConfig, strategy: StrategyConfig, cfg: PPOConfig, device
     from distrl.envs import make_run_env
     from distrl.nets import make_agent
     from distrl.spaces import stored_layout
-    from distrl.strategies.ddp import DistributedSync, checksum
+    from distrl.strategies.dist_sync import DistributedSync, checksum
 
     world, rank = dist.get_world_size(), dist.get_rank()
     trainers = world - 1

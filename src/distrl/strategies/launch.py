@@ -16,13 +16,14 @@ import ctypes
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 from typing import Any
+
+from distrl.strategies.ray_engine import free_port
 
 STOP_GRACE_S = 5.0
 PEERS_GRACE_S = 2.0
@@ -53,12 +54,6 @@ def check_before_launch(run: Any, strategy: Any, cfg: Any, resume_path: Path | N
     else:
         scaled(cfg, strategy, strategy.workers)
     TRAINERS[run.algo].check_env(run, cfg)
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec

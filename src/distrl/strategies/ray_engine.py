@@ -32,6 +32,13 @@ def import_ray() -> Any:
     return ray
 
 
+def free_port() -> int:
+    """A TCP port free on this host now (for a process group's store)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 @contextmanager
 def ray_session(address: str, run_dir: Path | None = None, num_cpus: int | None = None) -> Iterator[Any]:
     """Yield the ``ray`` module with a connected session; shut it down after if this call started it."""
@@ -93,8 +100,6 @@ class RankActor:
     def rendezvous_address(self) -> tuple[str, int]:
         """This node's address and a free port, for rank 0 to host the group's store."""
         import ray
-
-        from distrl.strategies.launch import free_port
 
         return ray.util.get_node_ip_address(), free_port()
 
