@@ -24,7 +24,7 @@ from distrl.env_names import portable_env_name, resolve_env_id
 from distrl.evaluation import evaluate
 from distrl.logs import MONITOR_FILE, RunLogger, write_json_atomic
 from distrl.protocols import Sync
-from distrl.spaces import DictLayout, is_vector, stored_layout
+from distrl.spaces import DictLayout, stored_layout
 from distrl.strategies.single import LocalSync
 
 EVAL_SEED_OFFSET = 1_000_000
@@ -79,7 +79,6 @@ class TrainerBase:
     """
 
     algo_name = ""
-    action_spaces: tuple[type, ...] = (spaces.Discrete, spaces.Box)
 
     def __init__(self, run: RunConfig, cfg: Any, sync: Sync | None, run_dir: Path | None, log: bool,
                  strategy: StrategyConfig | None, requested: Any, device: torch.device | None):
@@ -135,14 +134,8 @@ class TrainerBase:
 
     @classmethod
     def check_spaces(cls, env_id: str, observation_space: spaces.Space, action_space: spaces.Space, cfg: Any) -> None:
-        """Fail early when this algorithm cannot act in these spaces; overridden by trainers of the module path."""
-        if not isinstance(action_space, cls.action_spaces):
-            names = " or ".join(t.__name__ for t in cls.action_spaces)
-            raise ConfigError(f"env={env_id!r} has a {type(action_space).__name__} action space; {cls.algo_name} needs {names}")
-        if not is_vector(observation_space):
-            raise ConfigError(f"env={env_id!r} has a {type(observation_space).__name__} observation space "
-                              f"{getattr(observation_space, 'shape', '')}; {cls.algo_name} needs a vector Box "
-                              "(images and Dict observations: use ppo or reinforce)")
+        """Fail early, with a one-line ConfigError, when this algorithm cannot act in these spaces."""
+        raise NotImplementedError
 
     def stored_batch(self, obs: Any) -> tuple[np.ndarray, bool]:
         """Observations as the env gives them (one, or a batch) as a stored batch; True if it was one."""

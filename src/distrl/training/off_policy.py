@@ -25,7 +25,6 @@ class OffPolicyTrainer(TrainerBase):
     """Trains SAC on one worker's environments and replay buffer; the main worker logs and checkpoints."""
 
     algo_name = "sac"
-    action_spaces = (spaces.Box,)
 
     def __init__(self, run: RunConfig, cfg: SACConfig, sync: Sync | None = None,
                  run_dir: Path | None = None, log: bool = True, strategy: StrategyConfig | None = None,
