@@ -11,7 +11,8 @@ Per environment, innermost first:
 3. :class:`GameStats`: the whole game's true score and length, in ``info`` when the game ends.
 4. Training only, :class:`EpisodicLife`: a lost life ends the episode (``terminated``, so returns
    do not bootstrap across it) without resetting the game.
-5. :class:`FireReset` where the game's actions include FIRE (Breakout's ball needs it).
+5. :class:`FireReset` where the game's actions include FIRE (Breakout's ball needs it); for evaluation
+   also :class:`FireAfterLifeLoss`, as each life began with FIRE in training.
 6. Training only: rewards clipped to their sign.
 7. ``FrameStackObservation``: the last 4 frames, observation uint8 of shape (4, 84, 84), channels first.
 
@@ -99,6 +100,33 @@ class FireReset(gym.Wrapper):
         return obs, info
 
 
+class FireAfterLifeLoss(gym.Wrapper):
+    """Evaluation only: press FIRE when a life is lost and the game goes on.
+
+    In training every life is an episode and begins through :class:`FireReset`, so a policy never
+    needs to learn to serve; evaluated on whole games without that, it would leave Breakout waiting
+    for the ball until the game's time limit (108,000 frames).
+    """
+
+    def __init__(self, env: gym.Env):
+        super().__init__(env)
+        self.lives = 0
+
+    def reset(self, **kwargs: Any) -> tuple[Any, dict]:
+        obs, info = self.env.reset(**kwargs)
+        self.lives = self.env.unwrapped.ale.lives()
+        return obs, info
+
+    def step(self, action: Any) -> tuple[Any, float, bool, bool, dict]:
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        lives = self.env.unwrapped.ale.lives()
+        if 0 < lives < self.lives and not (terminated or truncated):
+            obs, fire_reward, terminated, truncated, info = self.env.step(1)
+            reward += fire_reward
+        self.lives = self.env.unwrapped.ale.lives()
+        return obs, reward, terminated, truncated, info
+
+
 def has_fire(env: gym.Env) -> bool:
     meanings = env.unwrapped.get_action_meanings()
     return len(meanings) >= 3 and meanings[1] == "FIRE"
@@ -110,7 +138,7 @@ def wrap_game(env: gym.Env, training: bool) -> gym.Env:
     if training:
         env = EpisodicLife(env)
     if has_fire(env):
-        env = FireReset(env)
+        env = FireReset(env) if training else FireAfterLifeLoss(FireReset(env))
     if training:
         env = TransformReward(env, lambda r: float(np.sign(r)))
     return FrameStackObservation(env, FRAME_STACK)
