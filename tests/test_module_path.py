@@ -160,9 +160,11 @@ def test_ppo_learns_tasks_that_need_the_new_spaces(env, steps, target):
 
 def test_reinforce_learns_multibinary_actions_with_a_users_network():
     cfg = REINFORCEConfig(n_envs=4, episodes_per_iter=8, learning_rate=1e-2)
-    run = RunConfig(env="distrl_spaceenvs:SignsEnv", total_steps=50_000, iterations=40, seed=0, vec="sync", quiet=True)
+    run = RunConfig(env="distrl_spaceenvs:SignsEnv", env_kwargs=("binary=true",), total_steps=50_000, iterations=40,
+                    seed=0, vec="sync", quiet=True)
     trainer = EpisodicTrainer(run, cfg, policy=lambda o, a, c: __import__("distrl_spaceenvs").TinyNet(3, 6))
-    assert trainer.agent.spec.kind == "multi_categorical"
+    assert isinstance(trainer.env.single_action_space, gym.spaces.MultiBinary)
+    assert trainer.agent.spec.kind == "multi_categorical" and trainer.agent.spec.nvec == (2, 2, 2)
     trainer.train()
     mean, _ = trainer.evaluate_now()
     trainer.close()
