@@ -49,6 +49,9 @@ class ModuleForward:
 class ModuleAgent:
     """An actor-critic over a user's or a built-in module, with the interface of ``ActorCritic``."""
 
+    records_while_acting = True
+    """Collectors keep the value and log-prob from :meth:`act_recording` (see ``RolloutCollector``)."""
+
     def __init__(self, module: nn.Module, observation_space: spaces.Space, action_space: spaces.Space,
                  log_std_init: float = 0.0, device: torch.device | str = "cpu", autocast: torch.dtype | None = None):
         """``autocast``: run the module under autocast to this dtype (bfloat16); its outputs, the losses and
@@ -102,9 +105,6 @@ class ModuleAgent:
 
     def refresh_acting_copy(self) -> None:
         """Acting reads the parameter buffer itself: nothing to refresh."""
-
-    records_while_acting = True
-    """Collectors keep the value and log-prob from :meth:`act_recording` (see ``RolloutCollector``)."""
 
     @torch.no_grad()
     def act(self, obs: np.ndarray, noise: np.ndarray | None) -> np.ndarray:
