@@ -130,3 +130,23 @@ def test_rewind_cuts_every_workers_monitor_file_to_the_checkpoint(tmp_path):
     rank1 = (tmp_path / "ranks" / "rank-1.monitor.csv").read_text().splitlines()[2:]
     assert [line.split(",")[0] for line in rank1] == ["3", "5"]
     assert logger.mean_return == pytest.approx(np.mean([1.0, 2.0, 3.0, 5.0]))
+
+
+def test_a_cnn_run_interrupted_and_resumed_is_bit_identical(tmp_path):
+    # the module path (a CNN on uint8 images, values and log-probs recorded while acting) resumes exactly
+    cfg = PPOConfig(n_envs=2, n_steps=16, batch_size=32, n_epochs=2, learning_rate=1e-3, net_arch=())
+    pixels = dict(env="distrl_spaceenvs:QuadrantEnv", env_kwargs=("size=6",), checkpoint_every=64, total_steps=160)
+    full = OnPolicyTrainer(small_run(tmp_path / "full", **pixels), cfg, run_dir=tmp_path / "full")
+    full.train()
+    first = OnPolicyTrainer(small_run(tmp_path / "cut", **pixels), cfg, run_dir=tmp_path / "cut")
+    first.train(stop_at=96)  # interrupted 32 steps after its checkpoint
+    first.close()
+    resumed = OnPolicyTrainer(small_run(tmp_path / "cut", **pixels), cfg, run_dir=tmp_path / "cut")
+    resumed.load_checkpoint(checkpoint.find_latest(tmp_path / "cut"))
+    assert resumed.steps == 64
+    resumed.train()
+    assert resumed.steps == full.steps == 160
+    assert torch.equal(resumed.agent.params.data, full.agent.params.data)
+    assert _episodes(tmp_path / "cut") == _episodes(tmp_path / "full")
+    for t in (full, resumed):
+        t.close()
