@@ -107,8 +107,8 @@ class ObsNormalizer:
         """:func:`moments` of raw observations [n, *shape]: of the vector parts for a Dict."""
         if self.layout is None:
             return moments(raw.reshape(len(raw), -1))
-        rows = raw.reshape(len(raw), -1)
-        parts = [rows[:, p.start:p.end].copy().view(p.dtype).astype(np.float64) for p in self.parts]
+        unpacked = self.layout.unpack_numpy(raw.reshape(len(raw), -1))
+        parts = [unpacked[p.key].reshape(len(raw), -1) for p in self.parts]
         return moments(np.concatenate(parts, 1) if parts else np.zeros((len(raw), 0)))
 
     def update(self, m: np.ndarray) -> None:
