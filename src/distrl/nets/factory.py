@@ -64,7 +64,7 @@ def uses_closed_form(observation_space: spaces.Space, action_space: spaces.Space
     the built-in network and no encoder asked for."""
     return (policy in (None, "") and isinstance(observation_space, spaces.Box) and not is_image(observation_space)
             and isinstance(action_space, (spaces.Discrete, spaces.Box))
-            and getattr(cfg, "encoder", "auto") in ("auto", "mlp"))
+            and cfg.encoder in ("auto", "mlp"))
 
 
 def build_module(observation_space: spaces.Space, action_space: spaces.Space, cfg: Any,
@@ -75,10 +75,10 @@ def build_module(observation_space: spaces.Space, action_space: spaces.Space, cf
     attribute and is used as the encoder in front of distrl's heads.
     """
     spec = action_spec(action_space)
-    activation = getattr(cfg, "activation", "tanh")
+    activation = cfg.activation
     source = resolve_policy(policy)
     if source is None:
-        net = ActorCriticModule(make_encoder(observation_space, getattr(cfg, "encoder", "auto")), spec.head_size,
+        net = ActorCriticModule(make_encoder(observation_space, cfg.encoder), spec.head_size,
                                 tuple(cfg.net_arch), activation)
         if getattr(cfg, "ortho_init", True):
             net.init_orthogonal(torch.Generator().manual_seed(seed))
@@ -129,7 +129,7 @@ def check_agent_spaces(env_id: str, algo: str, observation_space: spaces.Space, 
         raise ConfigError(f"normalize_obs=True is not allowed for env={env_id!r}: its {type(observation_space).__name__} "
                           "observations are not a vector or a Dict (images are scaled to [0, 1] by the encoder); "
                           "use --no-normalize-obs")
-    if getattr(cfg, "encoder", "auto") not in ("auto", "mlp") and not uses_closed_form(observation_space, action_space, cfg):
+    if cfg.encoder not in ("auto", "mlp") and not uses_closed_form(observation_space, action_space, cfg):
         make_encoder(observation_space, cfg.encoder)  # e.g. the Nature CNN on an image too small for it
 
 
@@ -160,7 +160,7 @@ def make_sac_networks(observation_space: spaces.Space, action_space: spaces.Spac
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)  # module initialisation, the same on every worker and rerun
         if source is None:
-            made: Any = make_encoder(observation_space, getattr(cfg, "encoder", "auto"))
+            made: Any = make_encoder(observation_space, cfg.encoder)
         else:
             made = source if isinstance(source, (nn.Module, tuple)) else source(observation_space, action_space, cfg)
         if isinstance(made, tuple) and len(made) == 2 and all(isinstance(m, nn.Module) for m in made):
