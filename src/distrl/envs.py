@@ -81,6 +81,8 @@ def make_vector_env(env_id: str, n_envs: int, mode: VecMode = "auto", env_kwargs
     :class:`OneEnv` for a single environment.
     """
     env_kwargs = dict(env_kwargs or {})
+    if mode == "envpool":
+        return _envpool_env(env_id, n_envs, env_kwargs, wrappers, atari_wrappers)
     spec = gym.spec(env_id) if env_id in gym.registry else None
     has_native = spec is not None and spec.vector_entry_point is not None
     atari = atari_wrappers and is_atari(env_id)
@@ -119,6 +121,20 @@ def make_vector_env(env_id: str, n_envs: int, mode: VecMode = "auto", env_kwargs
         env.close()
         raise ConfigError(f"env={env_id!r} uses autoreset mode {autoreset}; distrl needs NEXT_STEP")
     return env
+
+
+def _envpool_env(env_id: str, n_envs: int, env_kwargs: dict[str, Any], wrappers: tuple[str, ...],
+                 atari_wrappers: bool) -> gym.vector.VectorEnv | OneEnv:
+    if wrappers:
+        raise ConfigError(f"vec='envpool' cannot apply wrappers={list(wrappers)}: they wrap single Gymnasium envs; "
+                          "use vec=sync or async")
+    atari = is_atari(env_id)
+    if atari and not atari_wrappers:
+        raise ConfigError("vec='envpool' preprocesses Atari games itself; it cannot run with atari_wrappers=False "
+                          "(--no-atari-wrappers): use vec=sync or async")
+    from distrl.envpool_vec import EnvPoolVector
+
+    return EnvPoolVector(env_id, n_envs, env_kwargs, atari)  # type: ignore[return-value]
 
 
 class OneEnv:
@@ -265,6 +281,10 @@ def make_env(env_id: str, n_envs: int, vec: VecMode = "auto", env_kwargs: dict[s
 
 def make_run_env(run: RunConfig, n_envs: int, env_id: str | None = None, evaluation: bool = False) -> VecEnv:
     """The run's environments (``run.env``, or ``env_id``) with the run's env_kwargs and wrappers:
-    every trainer, evaluation, resume and remote worker builds its envs here."""
-    return make_env(env_id or run.env, n_envs, run.vec, parse_env_kwargs(run.env_kwargs), run.wrappers,
+    every trainer, evaluation, resume and remote worker builds its envs here.
+
+    Evaluation runs on Gymnasium even when training runs on envpool, so that scores mean the same
+    with either backend (see :mod:`distrl.envpool_vec`)."""
+    vec = "auto" if evaluation and run.vec == "envpool" else run.vec
+    return make_env(env_id or run.env, n_envs, vec, parse_env_kwargs(run.env_kwargs), run.wrappers,
                     run.atari_wrappers, evaluation)

@@ -1,4 +1,5 @@
-"""Every strategy with the module path: a CNN on uint8 images and a user's module on vectors.
+"""Every strategy with the module path: a CNN on uint8 images, and a user's module on vectors
+stepped by Gymnasium and by envpool.
 
 Each distributed run is compared with single-process PPO on the same seed and data, as the
 closed-form path's equivalence tests do.
@@ -21,7 +22,10 @@ pytestmark = pytest.mark.multiprocess
 PIXELS = RunConfig(env="distrl_spaceenvs:QuadrantEnv", env_kwargs=("size=6", "length=4"), seed=4, vec="sync", quiet=True)
 USER_NET = RunConfig(env="CartPole-v1", policy="distrl_spaceenvs:tiny_net", seed=4, vec="sync", quiet=True)
 CFG = PPOConfig(n_envs=2, n_steps=16, batch_size=32, n_epochs=2, learning_rate=3e-3, net_arch=(16,))
-RUNS = {"pixels": PIXELS, "user-net": USER_NET}
+# envpool's C++ pool: every process makes its own (env i of a pool seeded s gets s + i, as with Gymnasium's
+# vector envs), so the split data equals the single process's.
+ENVPOOL = USER_NET.replace(vec="envpool")
+RUNS = {"pixels": PIXELS, "user-net": USER_NET, "envpool": ENVPOOL}
 
 
 def single_params(run: RunConfig, cfg: PPOConfig, steps: int) -> torch.Tensor:

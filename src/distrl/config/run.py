@@ -79,7 +79,8 @@ class RunConfig:
     device: Device = "auto"
     """Where the update runs: 'auto' picks cuda when available."""
     vec: VecMode = "auto"
-    """Vector env: native (gymnasium's vector entry point), sync, async; auto prefers native."""
+    """Vector env: native (gymnasium's vector entry point), sync, async, or envpool (its C++ pool, for
+    Atari and the tasks it lists; pip install 'distrl[envpool]'); auto prefers native."""
     checkpoint_every: int = 0
     """Save a checkpoint every this many steps (0: only the final model)."""
     resume: str = ""
