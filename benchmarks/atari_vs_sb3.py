@@ -9,7 +9,8 @@ the Nature CNN with linear heads) on ``ALE/Breakout-v5`` (sticky actions 0.25, t
 with the standard preprocessing: distrl's Atari family, and stable-baselines3's ``AtariWrapper``
 with ``VecFrameStack(4)`` (no-ops, frame skip 4 with max-pooling, episodic life, FIRE at reset,
 84x84 grey, reward clipping). Each measurement runs in its own subprocess (peak RSS is its
-own), libraries alternate, medians are reported, one torch thread each.
+own), libraries alternate, medians are reported, one torch thread each. distrl also runs with
+``--vec envpool`` (envpool's C++ pool, limited to one thread), in float32 and bfloat16.
 
 The ceiling: the Nature CNN's forward and backward on this CPU, timed alone at the shapes one PPO
 iteration needs (16 minibatches of 256 forward and backward, 129 acting passes over 8 frames, which
@@ -51,8 +52,9 @@ def _sps(lib: str, seed: int, iterations: int) -> dict:
         cfg = PPOConfig(n_envs=N_ENVS, learning_rate=LR, clip_range=CLIP, lr_schedule="linear", clip_schedule="linear",
                         net_arch=(), **HP)
         precision = "bf16" if lib.endswith("bf16") else "fp32"
-        trainer = OnPolicyTrainer(RunConfig(env=ENV_ID, total_steps=total, seed=seed, quiet=True, vec="sync",
-                                            precision=precision), cfg)
+        vec, env_kwargs = ("envpool", ("num_threads=1",)) if "envpool" in lib else ("sync", ())
+        trainer = OnPolicyTrainer(RunConfig(env=ENV_ID, total_steps=total, seed=seed, quiet=True, vec=vec,
+                                            env_kwargs=env_kwargs, precision=precision), cfg)
         trainer.train(stop_at=ROLLOUT)
         start_steps, start_s = trainer.steps, trainer.train_s
         trainer.train()
@@ -127,11 +129,14 @@ def main() -> None:
     ceiling = measure(__file__, "distrl", "ceiling", 0, 3)
     print(f"  {ceiling}", flush=True)
     print("SPS, Breakout ...", flush=True)
-    res = alternate(__file__, "sps", repeats, iterations, "sps", ("distrl", "sb3", "distrl-bf16"))
+    res = alternate(__file__, "sps", repeats, iterations, "sps",
+                    ("distrl", "sb3", "distrl-bf16", "distrl-envpool", "distrl-envpool-bf16"))
     s = median(res["values"]["sb3"])
     rows = []
     for lib, label in (("distrl", "SPS, ALE/Breakout-v5, PPO Atari settings (float32, as SB3)"),
-                       ("distrl-bf16", "same, distrl with --precision bf16")):
+                       ("distrl-bf16", "same, distrl with --precision bf16"),
+                       ("distrl-envpool", "same, distrl with --vec envpool (one envpool thread), float32"),
+                       ("distrl-envpool-bf16", "same, distrl with --vec envpool (one envpool thread), bf16")):
         d = median(res["values"][lib])
         rows.append((label, d, s, d / s if d and s else None, median(res["rss"][lib]), median(res["rss"]["sb3"]), res))
     d = rows[0][1]
@@ -161,6 +166,8 @@ def main() -> None:
              "- Same settings in both: " + ", ".join(f"{k} {v}" for k, v in HP.items()) +
              f", {N_ENVS} envs, lr {LR} and clip {CLIP} annealed linearly, linear policy and value heads on the "
              "Nature CNN's 512 features.",
+             "- `--vec envpool` steps the 8 games in envpool's C++ pool, which also does the preprocessing; "
+             "`num_threads=1` keeps it to one thread, as the other rows (envpool's default is a thread per core).",
              "- `--precision bf16` runs the CNN's forward and backward under bfloat16 autocast (float32 weights, "
              "Adam and losses); this CPU has AVX-512 BF16. SB3 has no such option; the float32 row is the like-for-like one.",
              "- Raw values: " + "; ".join(f"{lib} {[round(v) for v in res['values'][lib]]}" for lib in res["values"]) + "."]
