@@ -83,10 +83,12 @@ def test_a_factory_and_wrappers_from_the_api(tmp_path):
 
     name = run.env
     factory = env_names._OBJECTS.pop(name)  # as in a fresh process: the lambda is gone
+    with pytest.raises(ConfigError, match="names code .* wrapper='distrl_testenvs:double_reward'"):
+        PPO.load(tmp_path / "m", env=GoRight)  # the wrapper the run names is not passed again
     with pytest.raises(ConfigError, match="was a Python object given to the API .* PPO.load\\(path, env=...\\)"):
-        PPO.load(tmp_path / "m")
+        PPO.load(tmp_path / "m", trust_code=True)
     env_names._OBJECTS[name] = factory
-    loaded = PPO.load(tmp_path / "m", env=GoRight)
+    loaded = PPO.load(tmp_path / "m", env=GoRight, trust_code=True)
     assert loaded._trainer.run.env == "distrl_testenvs:GoRight"
     assert loaded.evaluate(2)[0] != 0.0
     loaded.close()
@@ -110,7 +112,7 @@ def test_api_env_kwargs_reach_the_constructor():
     model.close()
 
 
-def test_a_users_network_class_is_recorded_by_name_and_loads_without_being_passed_again(tmp_path):
+def test_a_users_network_class_is_recorded_by_name_and_loads_trusted_without_being_passed_again(tmp_path):
     from distrl_spaceenvs import TinyEncoder
 
     model = PPO("distrl_spaceenvs:SignsEnv", policy=TinyEncoder, n_envs=2, n_steps=16, batch_size=32).learn(64)
@@ -118,7 +120,7 @@ def test_a_users_network_class_is_recorded_by_name_and_loads_without_being_passe
     obs = np.array([[1, -1, 1], [-1, -1, 1]], np.float32)
     expected = model.predict(obs)
     model.save(tmp_path / "m")
-    loaded = PPO.load(tmp_path / "m")
+    loaded = PPO.load(tmp_path / "m", trust_code=True)  # the run names distrl_spaceenvs: code
     np.testing.assert_array_equal(loaded.predict(obs), expected)
     assert expected.shape == (2, 3)  # MultiDiscrete: one choice per part
 

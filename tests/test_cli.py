@@ -142,12 +142,12 @@ def test_custom_env_with_kwargs_and_wrappers_evaluates_in_a_fresh_process(tmp_pa
     assert run["wrappers"] == ["distrl_testenvs:double_reward", "distrl_testenvs:add_one_reward"]
     assert json.loads((run_dir / "model" / "state.json").read_text())["env_id"] == "distrl_testenvs:GoRight"
     # wrapped reward: 2 * (-0.1) + 1 = 0.8 per move that does not reach the end, 2 * 1 + 1 = 3 at the end
-    code = (f"from distrl import PPO; m = PPO.load({str(run_dir)!r}); env = m._trainer.env; "
+    code = (f"from distrl import PPO; m = PPO.load({str(run_dir)!r}, trust_code=True); env = m._trainer.env; "
             "print(env.env_id, env.reset(seed=0).shape, env.step(__import__('numpy').ones(8, int)).reward[0])")
     fresh = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert fresh.returncode == 0, fresh.stderr
     assert fresh.stdout.split() == ["custom/GoRight-v0", "(8,", "1)", "0.8"]
-    result = run_cli("eval", str(run_dir), "--episodes", "2", "--json", "--stochastic")
+    result = run_cli("eval", str(run_dir), "--episodes", "2", "--json", "--stochastic", "--trust-code")
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["episodes"] == 2
 

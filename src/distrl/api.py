@@ -16,7 +16,7 @@ import numpy as np
 from distrl import checkpoint
 from distrl.config import ConfigError, RunConfig, split_by_config
 from distrl.envs import make_run_env
-from distrl.env_names import env_kwargs_items, env_source, object_name, wrapper_names
+from distrl.env_names import env_kwargs_items, env_source, object_name, refuse_named_code, wrapper_names
 from distrl.evaluation import evaluate
 from distrl.presets import algo_configs
 from distrl.training import EVAL_SEED_OFFSET, OffPolicyTrainer, OnPolicyTrainer, TrainerBase, configs_from_checkpoint
@@ -97,21 +97,30 @@ class Model:
 
     @classmethod
     def load(cls, path: str | Path, device: str = "auto", env: Any = None, wrappers: Any = None,
-             policy: Any = None) -> Model:
+             policy: Any = None, trust_code: bool = False) -> Model:
         """Load a model saved by :meth:`save`, a checkpoint directory, or a run directory's newest checkpoint.
 
         ``env``, ``wrappers`` and ``policy`` replace the run's (as in the constructor): needed when the model
         was trained on Python objects that exist only in the process that trained it.
+
+        Loading never unpickles, and it imports none of the code the run's config names (a custom env's
+        'package.module:Name', wrappers, a policy factory) unless ``trust_code=True`` or you pass that
+        part again yourself: a run from someone else could name anything.
         """
         path = checkpoint.find_latest(Path(path))
         run_cfg, _, cfg, state = configs_from_checkpoint(path)
+        own: list[str] = []
         if env is not None:
             name, spec_kwargs = env_source(env)
             run_cfg = run_cfg.replace(env=name, env_kwargs=spec_kwargs or run_cfg.env_kwargs)
+            own.append(name)
         if wrappers is not None:
             run_cfg = run_cfg.replace(wrappers=wrapper_names(wrappers))
+            own.extend(run_cfg.wrappers)
         if policy is not None:
             run_cfg = run_cfg.replace(policy=policy_name(policy))
+            own.append(run_cfg.policy)
+        refuse_named_code(run_cfg, f"checkpoint={str(path)!r}", trust_code, own)
         algo = state["algo"]
         if cls is not Model and algo != cls.algo:
             raise ConfigError(f"checkpoint={str(path)!r} holds a {algo!r} model; load it with {algo.upper()}.load")

@@ -20,7 +20,7 @@ import tyro
 
 from distrl import checkpoint
 from distrl.config import ConfigError, Device, GRPOConfig, PPOConfig, REINFORCEConfig, RunConfig, SACConfig, StrategyConfig
-from distrl.env_names import portable_env_name, resolve_env_id
+from distrl.env_names import portable_env_name, refuse_named_code, resolve_env_id
 from distrl.presets import algo_configs, preset_names
 from distrl.training import configs_from_checkpoint, default_run_dir, make_trainer
 
@@ -42,29 +42,36 @@ ENV:  a Gymnasium id (CartPole-v1, Hopper-v5, ...), a short name (cartpole, hopp
 """
 
 
+@dataclass(frozen=True, kw_only=True)
+class TrainFlags:
+    trust_code: bool = False
+    """With --resume: allow the code the run's config names (its env entry point, wrappers, policy factory)
+    to be imported and run; without it, resuming a run that names code you did not pass again stops."""
+
+
 @dataclass(frozen=True)
-class PPOTrainArgs:
+class PPOTrainArgs(TrainFlags):
     run: RunConfig
     strategy: StrategyConfig
     ppo: PPOConfig
 
 
 @dataclass(frozen=True)
-class SACTrainArgs:
+class SACTrainArgs(TrainFlags):
     run: RunConfig
     strategy: StrategyConfig
     sac: SACConfig
 
 
 @dataclass(frozen=True)
-class REINFORCETrainArgs:
+class REINFORCETrainArgs(TrainFlags):
     run: RunConfig
     strategy: StrategyConfig
     reinforce: REINFORCEConfig
 
 
 @dataclass(frozen=True)
-class GRPOTrainArgs:
+class GRPOTrainArgs(TrainFlags):
     run: RunConfig
     strategy: StrategyConfig
     grpo: GRPOConfig
@@ -95,6 +102,9 @@ class EvalArgs:
     """Evaluate on this env (id, short name or package.module:Name) instead of the run's."""
     compare_untrained: bool = False
     """With --record: an untrained policy plays the same episodes beside the trained one."""
+    trust_code: bool = False
+    """Allow the code the run's config names (its env entry point, wrappers, policy factory) to be imported
+    and run; without it, a run that names code other than --env stops before importing anything."""
     debug: bool = False
     """Show full tracebacks for errors."""
 
@@ -202,6 +212,7 @@ def train_command(argv: list[str]) -> int:
     if resume_arg:
         resume_path = checkpoint.find_latest(Path(resume_arg))
         run_cfg, strategy, cfg, _ = configs_from_checkpoint(resume_path)
+        refuse_named_code(run_cfg, f"checkpoint={str(resume_path)!r}", "--trust-code" in rest, own=(env, *rest))
         env_id = resolve_env_id(env)  # a run saved with a custom/ id takes its entry point from ENV
         if env_id != run_cfg.env and (run_cfg.env.startswith("custom/") or env_id != resolve_env_id(run_cfg.env)):
             raise ConfigError(f"env={env!r} differs from the resumed run's env {run_cfg.env!r}")
@@ -309,7 +320,7 @@ def eval_command(argv: list[str]) -> int:
     args = tyro.cli(EvalArgs, args=argv, prog="distrl eval")
     if args.episodes <= 0:
         raise ConfigError(f"episodes={args.episodes} is not allowed: must be > 0")
-    model = Model.load(args.path, device=args.device, env=args.env or None)
+    model = Model.load(args.path, device=args.device, env=args.env or None, trust_code=args.trust_code)
     try:
         if args.record:
             return _record(model, args)

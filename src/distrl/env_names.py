@@ -11,13 +11,13 @@ import copy
 import difflib
 import importlib
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from functools import partial
 from typing import Any
 
 import gymnasium as gym
 
-from distrl.config import ConfigError, parse_env_kwargs
+from distrl.config import ConfigError, RunConfig, parse_env_kwargs
 
 SHORT_NAMES = {
     "cartpole": "CartPole-v1",
@@ -203,6 +203,36 @@ def object_name(obj: Any, label: str) -> str:
 def is_user_code(env_id: str) -> bool:
     """Whether building ``env_id`` runs the user's code (a custom entry point or an object given to the API)."""
     return env_id in _CUSTOM or env_id in _OBJECTS
+
+
+TRUST_FLAG = "--trust-code (trust_code=True in Python)"
+
+
+def named_code(run: RunConfig) -> list[tuple[str, str]]:
+    """``(field, 'package.module:Name')`` for each piece of code a run's config names: a custom env entry
+    point, its wrappers, its policy factory. Registered Gymnasium ids and short names are not code, nor
+    are ``memory:`` names (objects that exist only in the process that was given them)."""
+    def code(name: str) -> bool:
+        return ":" in name and not name.startswith(MEMORY)
+
+    found = [("env", run.env)] if code(run.env) else []
+    found += [("wrapper", name) for name in run.wrappers if code(name)]
+    if code(run.policy):
+        found.append(("policy", run.policy))
+    return found
+
+
+def refuse_named_code(run: RunConfig, source: str, trust_code: bool, own: Iterable[str] = ()) -> None:
+    """Stop, before anything is imported, when a loaded run's config (read from ``source``) names code the
+    user did not name themselves (``own``: what they passed again on the command line or to ``load``) and
+    did not allow with ``trust_code``: importing 'package.module:Name' runs that module, calling it runs more."""
+    own = set(own)
+    foreign = [(field, name) for field, name in named_code(run) if name not in own]
+    if foreign and not trust_code:
+        listed = ", ".join(f"{field}={name!r}" for field, name in foreign)
+        raise ConfigError(f"{source} names code that loading it would import and run: {listed}; nothing was "
+                          f"imported: allow it with {TRUST_FLAG} if you trust where the run came from, or name "
+                          "your own (--env, --wrapper, --policy; env=, wrappers=, policy=)")
 
 
 def remembered(name: str) -> Any | None:
