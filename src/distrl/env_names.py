@@ -88,6 +88,12 @@ def _register_ale() -> bool:
     return True
 
 
+def shown_name(env_id: str) -> str:
+    """How messages name a resolved env: the 'package.module:Name' the user typed for a custom entry point
+    (not the ``custom/`` id it is registered under), else the id."""
+    return _CUSTOM.get(env_id, env_id)
+
+
 def portable_env_name(name: str) -> str:
     """``name`` as any other process can resolve it: the registered id, or for a custom class or function
     its 'package.module:Name' (the ``custom/`` id exists only where it was registered). A ``memory:`` name
@@ -344,8 +350,8 @@ def required_extra(env_id: str) -> str | None:
 def dependency_error(env_id: str, exc: Exception) -> ConfigError:
     extra = required_extra(env_id)
     if extra is None:
-        return ConfigError(f"env={env_id!r} cannot be created: {exc}")
-    return ConfigError(f"env={env_id!r} needs the {extra} extra: pip install 'distrl[{extra}]' ({exc})")
+        return ConfigError(f"env={shown_name(env_id)!r} cannot be created: {exc}")
+    return ConfigError(f"env={shown_name(env_id)!r} needs the {extra} extra: pip install 'distrl[{extra}]' ({exc})")
 
 
 def is_atari(env_id: str) -> bool:

@@ -24,7 +24,7 @@ from gymnasium.vector import AutoresetMode
 
 from distrl.config import ConfigError, VecMode, parse_env_kwargs
 from distrl.env_names import (EnvInstance, apply_wrappers, dependency_error, is_atari, is_user_code,
-                              portable_env_name, remembered, resolve_env_id)
+                              portable_env_name, remembered, resolve_env_id, shown_name)
 from distrl.spaces import DictLayout
 
 if TYPE_CHECKING:
@@ -119,7 +119,7 @@ def make_vector_env(env_id: str, n_envs: int, mode: VecMode = "auto", env_kwargs
     autoreset = env.metadata.get("autoreset_mode", AutoresetMode.NEXT_STEP)
     if autoreset != AutoresetMode.NEXT_STEP:
         env.close()
-        raise ConfigError(f"env={env_id!r} uses autoreset mode {autoreset}; distrl needs NEXT_STEP")
+        raise ConfigError(f"env={shown_name(env_id)!r} uses autoreset mode {autoreset}; distrl needs NEXT_STEP")
     return env
 
 

@@ -19,7 +19,7 @@ from gymnasium import spaces
 from torch import nn
 
 from distrl.config import ConfigError
-from distrl.env_names import MEMORY, remembered
+from distrl.env_names import MEMORY, remembered, shown_name
 from distrl.nets.actor_critic import ActorCritic
 from distrl.nets.encoders import ActorCriticModule, make_encoder
 from distrl.nets.module import ModuleAgent
@@ -124,9 +124,9 @@ def check_agent_spaces(env_id: str, algo: str, observation_space: spaces.Space, 
         check_observation_space(observation_space)
         action_spec(action_space, algo)
     except ConfigError as exc:
-        raise ConfigError(f"env={env_id!r}: {exc}") from None
+        raise ConfigError(f"env={shown_name(env_id)!r}: {exc}") from None
     if getattr(cfg, "normalize_obs", False) and not (is_vector(observation_space) or isinstance(observation_space, spaces.Dict)):
-        raise ConfigError(f"normalize_obs=True is not allowed for env={env_id!r}: its {type(observation_space).__name__} "
+        raise ConfigError(f"normalize_obs=True is not allowed for env={shown_name(env_id)!r}: its {type(observation_space).__name__} "
                           "observations are not a vector or a Dict (images are scaled to [0, 1] by the encoder); "
                           "use --no-normalize-obs")
     if cfg.encoder not in ("auto", "mlp") and not uses_closed_form(observation_space, action_space, cfg):

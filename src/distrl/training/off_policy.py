@@ -13,6 +13,7 @@ from gymnasium import spaces
 from distrl.algos.sac import SACAlgo
 from distrl.config import ConfigError, RunConfig, SACConfig, StrategyConfig
 from distrl.data.replay import ReplayBuffer, check_replay_memory
+from distrl.env_names import shown_name
 from distrl.nets.factory import PolicySource, make_sac_networks
 from distrl.spaces import check_observation_space, stored_layout
 from distrl.protocols import Sync
@@ -48,11 +49,11 @@ class OffPolicyTrainer(TrainerBase):
     @classmethod
     def check_spaces(cls, env_id: str, observation_space: Any, action_space: Any, cfg: Any) -> None:
         if not isinstance(action_space, spaces.Box):
-            raise ConfigError(f"env={env_id!r} has a {type(action_space).__name__} action space; sac needs Box")
+            raise ConfigError(f"env={shown_name(env_id)!r} has a {type(action_space).__name__} action space; sac needs Box")
         try:
             check_observation_space(observation_space)
         except ConfigError as exc:
-            raise ConfigError(f"env={env_id!r}: {exc}") from None
+            raise ConfigError(f"env={shown_name(env_id)!r}: {exc}") from None
         shape, dtype = stored_layout(observation_space)  # before the run directory or the buffer is made
         check_replay_memory(cfg.buffer_size, shape, dtype, int(np.prod(action_space.shape)))
 
