@@ -117,7 +117,7 @@ def test_resumed_run_logs_each_episode_once(tmp_path):
 
 
 def test_rewind_cuts_every_workers_monitor_file_to_the_checkpoint(tmp_path):
-    logger = RunLogger(tmp_path, "CartPole-v1", total_steps=100, quiet=True)
+    logger = RunLogger(tmp_path, "CartPole-v1")
     logger.episodes([1.0, 2.0], [1, 2], step=10, rank=0)
     logger.episodes([3.0], [3], step=10, rank=1)
     rows = logger.monitor_rows()

@@ -16,6 +16,7 @@ import numpy as np
 from distrl import checkpoint
 from distrl.config import ConfigError, RunConfig, split_by_config
 from distrl.envs import make_run_env
+from distrl.logs import Console
 from distrl.env_names import env_kwargs_items, env_source, object_name, refuse_named_code, wrapper_names
 from distrl.evaluation import evaluate
 from distrl.presets import algo_configs
@@ -63,9 +64,23 @@ class Model:
         """Environment steps trained so far."""
         return self._trainer.steps
 
-    def learn(self, total_steps: int) -> Model:
-        """Train for ``total_steps`` more environment steps; schedules anneal over the run's total."""
-        self._trainer.train(total_steps=self._trainer.steps + total_steps)
+    def learn(self, total_steps: int, progress_bar: bool = False) -> Model:
+        """Train for ``total_steps`` more environment steps; schedules anneal over the run's total.
+
+        ``progress_bar`` shows progress on stderr: a bar on a terminal, a line every few seconds
+        otherwise. Logs go to the constructor's ``run_dir`` (monitor.csv, TensorBoard events,
+        config.json, ``checkpoints/`` with ``checkpoint_every``); without one nothing is written.
+        """
+        trainer = self._trainer
+        target = trainer.steps + total_steps
+        lent = Console(*trainer.progress_bound(target), quiet=False) if progress_bar else None
+        own, trainer.console = trainer.console, lent or trainer.console
+        try:
+            trainer.train(total_steps=target)
+        finally:
+            if lent is not None:
+                lent.close(trainer.progress_done())
+            trainer.console = own
         return self
 
     def _act(self, obs: np.ndarray, deterministic: bool, rng: np.random.Generator) -> np.ndarray:

@@ -85,34 +85,36 @@ def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
 
 
 class Console:
-    """A rich progress bar on a terminal; plain lines at most every few seconds otherwise."""
+    """Progress on a terminal (a rich bar), or plain lines at most every few seconds otherwise, counted in
+    what bounds the run: ``unit`` is "steps", or "iterations" for a run stopped by --iterations."""
 
-    def __init__(self, total_steps: int, quiet: bool, every_s: float = 5.0):
+    def __init__(self, total: int, unit: str, quiet: bool, every_s: float = 5.0):
         self.quiet = quiet
-        self.total = total_steps
+        self.total = total
+        self.unit = unit
         self.every_s = every_s
         self._last = 0.0
         self._progress = None
         if not quiet and sys.stderr.isatty():
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-            self._progress = Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
+            self._progress = Progress(TextColumn(f"[bold]{unit}"), BarColumn(), MofNCompleteColumn(),
                                       TextColumn("{task.fields[info]}"), TimeRemainingColumn(), transient=False)
-            self._task = self._progress.add_task("train", total=total_steps, info="")
+            self._task = self._progress.add_task("train", total=total, info="")
             self._progress.start()
 
-    def update(self, steps: int, sps: float, mean_return: float | None, extra: str = "") -> None:
+    def update(self, done: int, sps: float, mean_return: float | None, extra: str = "") -> None:
         if self.quiet:
             return
         ret = "n/a" if mean_return is None else f"{mean_return:.1f}"
         info = f"SPS {sps:,.0f}  return {ret}{extra}"
-        if self._progress is not None:
-            self._progress.update(self._task, completed=min(steps, self.total), info=info)
+        if self._progress is not None:  # a run may pass its total by part of an iteration: the bar shows it
+            self._progress.update(self._task, total=max(self.total, done), completed=done, info=info)
             return
         now = time.monotonic()
-        if now - self._last >= self.every_s or steps >= self.total:
+        if now - self._last >= self.every_s or done >= self.total:
             self._last = now
-            print(f"steps {steps:,}/{self.total:,}  {info}", file=sys.stderr, flush=True)
+            print(f"{self.unit} {done:,}/{self.total:,}  {info}", file=sys.stderr, flush=True)
 
     def line(self, text: str) -> None:
         if self.quiet:
@@ -122,21 +124,24 @@ class Console:
         else:
             print(text, file=sys.stderr, flush=True)
 
-    def close(self) -> None:
+    def close(self, done: int | None = None) -> None:
+        """Stop the bar, first brought to ``done`` (the real count); lines printed after it come below it."""
         if self._progress is not None:
+            if done is not None:
+                self._progress.update(self._task, total=max(self.total, done), completed=done)
             self._progress.stop()
+            self._progress = None
 
 
 class RunLogger:
     """Everything a run writes besides checkpoints. Only the main worker has one."""
 
-    def __init__(self, run_dir: Path, env_id: str, total_steps: int, quiet: bool):
+    def __init__(self, run_dir: Path, env_id: str):
         self.run_dir = run_dir
         run_dir.mkdir(parents=True, exist_ok=True)
         self.env_id = env_id
         self.monitor = MonitorWriter(run_dir / MONITOR_FILE, env_id)
         self.rank_monitors: dict[int, MonitorWriter] = {}
-        self.console = Console(total_steps, quiet)
         self.recent_returns: deque[float] = deque(maxlen=100)
         self._tb: Any = None
         self._last_scalars = float("-inf")
@@ -196,7 +201,6 @@ class RunLogger:
         return float(np.mean(self.recent_returns)) if self.recent_returns else None
 
     def close(self) -> None:
-        self.console.close()
         self.monitor.close()
         for monitor in self.rank_monitors.values():
             monitor.close()

@@ -22,7 +22,7 @@ from distrl.config import ALGO_CONFIGS, ConfigError, RunConfig, StrategyConfig, 
 from distrl.envs import VecEnv, make_run_env
 from distrl.env_names import portable_env_name, resolve_env_id
 from distrl.evaluation import evaluate
-from distrl.logs import MONITOR_FILE, RunLogger, write_json_atomic
+from distrl.logs import MONITOR_FILE, Console, RunLogger, write_json_atomic
 from distrl.protocols import Sync
 from distrl.spaces import DictLayout, stored_layout
 from distrl.strategies.single import LocalSync
@@ -79,6 +79,8 @@ class TrainerBase:
     """
 
     algo_name = ""
+    counts_iterations = False
+    """Whether --iterations bounds this trainer's runs (else it trains for total_steps)."""
 
     def __init__(self, run: RunConfig, cfg: Any, sync: Sync | None, run_dir: Path | None, log: bool,
                  strategy: StrategyConfig | None, requested: Any, device: torch.device | None):
@@ -119,8 +121,16 @@ class TrainerBase:
         self._eval_env: VecEnv | None = None
         self.run_dir = run_dir
         self.logger: RunLogger | None = None
+        self.console: Console | None = None
+        """Progress and events on the terminal: a run directory's main worker has one; the API's
+        ``learn(progress_bar=True)`` lends one for its call."""
+        self._console_return: float | None = None
+        if run.iterations and not self.counts_iterations:
+            raise ConfigError(f"iterations={run.iterations} is not allowed for {self.algo_name}: must be 0, "
+                              f"{self.algo_name} trains for --total-steps (iterations bound REINFORCE's runs)")
         if self.is_main and log and run_dir is not None:
-            self.logger = RunLogger(run_dir, self.env_id, run.total_steps, run.quiet)
+            self.logger = RunLogger(run_dir, self.env_id)
+            self.console = Console(*self.progress_bound(), quiet=run.quiet)
             write_json_atomic(run_dir / "config.json", self.config_dict())
 
     @classmethod
@@ -213,22 +223,36 @@ class TrainerBase:
         self.last_metrics = metrics
         local = np.stack([np.asarray(returns, np.float64), np.asarray(lengths, np.float64)], 1)
         episodes = self.sync.gather(local, counts.astype(int).tolist()) if counts.sum() else [local[:0]] * len(counts)
-        if self.logger is None:
-            return
         sps = self.steps / max(self.train_s, 1e-9)
-        metrics["charts/SPS"] = sps
-        for rank, part in enumerate(episodes):
-            self.logger.episodes(part[:, 0].tolist(), part[:, 1].astype(int).tolist(), self.steps,
-                                 rank if self.sync.world_size > 1 else None)
-        self.logger.scalars(metrics, self.steps, every_s=0.2)  # many short iterations: about 5 points a second
-        self.logger.console.update(self.steps, sps, self.logger.mean_return)
+        if self.logger is not None:
+            metrics["charts/SPS"] = sps
+            for rank, part in enumerate(episodes):
+                self.logger.episodes(part[:, 0].tolist(), part[:, 1].astype(int).tolist(), self.steps,
+                                     rank if self.sync.world_size > 1 else None)
+            self.logger.scalars(metrics, self.steps, every_s=0.2)  # many short iterations: about 5 points a second
+        if self.console is not None:
+            if self.logger is not None:
+                self._console_return = self.logger.mean_return
+            elif sum(len(part) for part in episodes):  # no run directory: this iteration's episodes
+                self._console_return = float(np.concatenate([part[:, 0] for part in episodes]).mean())
+            self.console.update(self.progress_done(), sps, self._console_return)
+
+    def progress_bound(self, total_steps: int | None = None) -> tuple[int, str]:
+        """What bounds the run, as the progress display counts it: (total, unit)."""
+        if self.run.iterations:
+            return self.run.iterations, "iterations"
+        return (total_steps if total_steps is not None else self.run.total_steps), "steps"
+
+    def progress_done(self) -> int:
+        return self.iteration if self.run.iterations else self.steps
 
     def report(self, message: str) -> None:
         """An event worth a line: on the console, in ``events.log`` and in summary.json."""
         stamped = f"{time.strftime('%Y-%m-%d %H:%M:%S')} {message}"
         self.events.append(stamped)
+        if self.console is not None:
+            self.console.line(message)
         if self.logger is not None:
-            self.logger.console.line(message)
             with (self.logger.run_dir / "events.log").open("a") as f:
                 f.write(stamped + "\n")
 
@@ -243,7 +267,8 @@ class TrainerBase:
         self.eval_s += time.perf_counter() - start
         if self.logger is not None:
             self.logger.scalars({"eval/mean_return": self.last_eval[0], "eval/std_return": self.last_eval[1]}, self.steps)
-            self.logger.console.line(f"eval at {self.steps:,} steps: {self.last_eval[0]:.1f} ± {self.last_eval[1]:.1f}")
+        if self.console is not None:
+            self.console.line(f"eval at {self.steps:,} steps: {self.last_eval[0]:.1f} ± {self.last_eval[1]:.1f}")
         return self.last_eval
 
     def summary(self) -> dict[str, Any]:
@@ -289,14 +314,25 @@ class TrainerBase:
                     self.logger.monitor.file.flush()
                 reward_curves([self.run_dir], "total-steps", k=10, out=self.run_dir / "reward_curve.png",
                               title=f"{self.algo_name.upper()} {self.env_id}")
-            if self.logger is not None:
-                ret = summary["final_eval_mean_return"]
-                self.logger.console.line(f"done: {self.steps:,} steps in {summary['train_s']:.1f}s "
-                                         f"({summary['sps']:,.0f} SPS), eval return {ret:.1f}, run dir {self.run_dir}")
+            if self.console is not None:
+                self.console.close(self.progress_done())  # the bar ends on the real count, above the summary
+                self.console.line(self.end_line(summary))
         self.close()
         return summary
 
+    def end_line(self, summary: dict[str, Any]) -> str:
+        """The one line a finished run prints: what it did, its times (labelled), the evaluation."""
+        done = [f"{self.steps:,} steps", f"{self.episodes:,} episodes"]
+        if self.run.iterations:
+            done.insert(0, f"{self.iteration:,} iterations")
+        ev = ("no evaluation" if summary["final_eval_mean_return"] is None else
+              f"eval return {summary['final_eval_mean_return']:.1f} ± {summary['final_eval_std_return']:.1f}")
+        return (f"done: {', '.join(done)} in {summary['train_s']:.1f}s training ({summary['sps']:,.0f} SPS), "
+                f"{summary['wall_s']:.1f}s total; {ev}; run dir {self.run_dir}")
+
     def close(self) -> None:
+        if self.console is not None:
+            self.console.close()
         close_collector = getattr(getattr(self, "collector", None), "close", None)
         if close_collector is not None:
             close_collector()

@@ -23,6 +23,7 @@ class EpisodicTrainer(TrainerBase):
     """Trains REINFORCE from whole episodes, collected here or by remote workers (``collector_factory``)."""
 
     algo_name = "reinforce"
+    counts_iterations = True
 
     def __init__(self, run: RunConfig, cfg: REINFORCEConfig, sync: Sync | None = None,
                  run_dir: Path | None = None, log: bool = True, strategy: StrategyConfig | None = None,
@@ -66,9 +67,9 @@ class EpisodicTrainer(TrainerBase):
                             "charts/mean_return": mean_return,
                             "time/overhead_s": getattr(self.collector, "last_overhead_s", 0.0)})
             self._log(batch.episode_returns, batch.episode_lengths, np.array([batch.n_episodes]), metrics)
-            if self.logger is not None:
+            if self.console is not None:
                 of = f"/{iterations}" if iterations else ""
-                self.logger.console.line(f"iteration {self.iteration}{of}: mean reward {mean_return:.2f}, "
+                self.console.line(f"iteration {self.iteration}{of}: mean reward {mean_return:.2f}, "
                                          f"loss {metrics['losses/policy_loss']:.4f}, {batch.n_episodes} episodes, "
                                          f"{self.steps:,} steps")
             per_iteration = batch.steps
@@ -109,9 +110,3 @@ class EpisodicTrainer(TrainerBase):
         self.algo.optimizer.steps = int(tensors[-1][0])
         self.agent.refresh_acting_copy()
 
-    def finish(self, wall_s: float) -> dict[str, Any]:
-        summary = super().finish(wall_s)
-        if self.is_main and not self.run.quiet:
-            print(f"total time {wall_s:.1f}s, {self.episodes} episodes, {summary['episodes_per_s']:.1f} episodes/s, "
-                  f"final mean reward {summary['final_iteration_mean_return']:.2f}", flush=True)
-        return summary

@@ -76,7 +76,7 @@ def train_grpo(run: RunConfig, strategy: StrategyConfig, cfg: GRPOConfig, run_di
     from torch.utils.tensorboard import SummaryWriter
 
     tb = SummaryWriter(str(run_dir))
-    console = Console(cfg.learner_steps, run.quiet)
+    console = Console(cfg.learner_steps, "learner steps", run.quiet)
     every = max(1, cfg.learner_steps // 20)
 
     def on_step(version: int, metrics: dict[str, float]) -> None:
