@@ -314,7 +314,7 @@ def run_actor_learner(run: RunConfig, strategy: StrategyConfig, cfg: Any, run_di
         raise ConfigError(f"algo={run.algo!r} is not available with --strategy actor-learner: use ppo or reinforce")
     start = time.perf_counter()
     cpus = max(os.cpu_count() or 1, int(np.ceil(strategy.workers * strategy.worker_cpus)))
-    with ray_session(strategy.ray_address, run_dir, num_cpus=cpus) as ray:
+    with ray_session(strategy.ray_address, run_dir, num_cpus=cpus, debug=run.debug) as ray:
         _check_resources(ray, strategy)
         trainer = make_trainer(run.algo, run, cfg, run_dir=run_dir, strategy=strategy,
                                collector_factory=lambda t: RemoteCollector(t, strategy, ray))

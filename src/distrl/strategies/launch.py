@@ -171,11 +171,11 @@ def _stop_all(procs: list[_Worker]) -> None:
 
 
 def launch_ray(worker_fn: Any, args: tuple, workers: int, ray_address: str, run_dir: Path,
-               timeout_s: float, worker_cpus: float = 1.0, worker_gpus: float = 0.0) -> Any:
+               timeout_s: float, worker_cpus: float = 1.0, worker_gpus: float = 0.0, debug: bool = False) -> Any:
     """Run ``worker_fn(*args)`` as ``workers`` Ray actors forming one process group; returns rank 0's result."""
     from distrl.strategies.ray_engine import RankActor, ray_session
 
-    with ray_session(ray_address, run_dir) as ray:
+    with ray_session(ray_address, run_dir, debug=debug) as ray:
         actor_cls = ray.remote(RankActor)
         actors = [actor_cls.options(num_cpus=worker_cpus, num_gpus=worker_gpus).remote(rank, workers)
                   for rank in range(workers)]

@@ -266,7 +266,7 @@ def run_pipeline(task: str, cfg: GRPOConfig, run: RunConfig, strategy: StrategyC
                  run_dir: Path | None = None, on_step: Any = None) -> tuple[dict[str, Any], GRPOAlgo]:
     """Train GRPO on a group task with ``strategy.workers`` generators; returns (summary, learner)."""
     check_pipeline(cfg, strategy)
-    with actor_engine(strategy, run_dir) as engine:
+    with actor_engine(strategy, run_dir, debug=run.debug) as engine:
         pipeline = Pipeline(engine, task, cfg, run, strategy)
         try:
             return pipeline.train(on_step), pipeline.algo
@@ -275,7 +275,8 @@ def run_pipeline(task: str, cfg: GRPOConfig, run: RunConfig, strategy: StrategyC
 
 
 @contextmanager
-def actor_engine(strategy: StrategyConfig, run_dir: Path | None = None, num_cpus: int | None = None) -> Iterator[Any]:
+def actor_engine(strategy: StrategyConfig, run_dir: Path | None = None, num_cpus: int | None = None,
+                 debug: bool = False) -> Iterator[Any]:
     """The engine ``strategy.engine`` names, started for the run and stopped after it."""
     if strategy.engine == "monarch":
         from distrl.strategies.monarch_engine import monarch_session
@@ -285,5 +286,5 @@ def actor_engine(strategy: StrategyConfig, run_dir: Path | None = None, num_cpus
         return
     from distrl.strategies.ray_engine import ray_session
 
-    with ray_session(strategy.ray_address, run_dir, num_cpus=num_cpus) as ray:
+    with ray_session(strategy.ray_address, run_dir, num_cpus=num_cpus, debug=debug) as ray:
         yield RayActors(ray)

@@ -149,7 +149,7 @@ def run_async_ppo(run: RunConfig, strategy: StrategyConfig, cfg: Any, run_dir: P
                           "use ppo (or grpo on a group task)")
     start = time.perf_counter()
     cpus = max(os.cpu_count() or 1, int(np.ceil(strategy.workers * strategy.worker_cpus)))
-    with actor_engine(strategy, run_dir, num_cpus=cpus) as engine:
+    with actor_engine(strategy, run_dir, num_cpus=cpus, debug=run.debug) as engine:
         if isinstance(engine, RayActors):
             _check_resources(engine.ray, strategy)
         trainer = make_trainer("ppo", run, cfg, run_dir=run_dir, strategy=strategy,

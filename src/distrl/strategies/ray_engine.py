@@ -6,9 +6,12 @@ With no address, an embedded local Ray instance starts with the run (bound to
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
+import sys
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -39,22 +42,29 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+START_LOG = "ray-start.log"
+"""What Ray prints while it starts (its token-authentication notice, its processes' start-up lines),
+kept in the run directory instead of the user's terminal unless --debug."""
+
+
 @contextmanager
-def ray_session(address: str, run_dir: Path | None = None, num_cpus: int | None = None) -> Iterator[Any]:
+def ray_session(address: str, run_dir: Path | None = None, num_cpus: int | None = None,
+                debug: bool = False) -> Iterator[Any]:
     """Yield the ``ray`` module with a connected session; shut it down after if this call started it."""
     ray = import_ray()
     started = False
     if not ray.is_initialized():
         kwargs: dict[str, Any] = {"logging_level": logging.WARNING, "log_to_driver": False}
-        if address:
-            _probe(address)
-            try:
-                ray.init(address=address, **kwargs)
-            except Exception as exc:  # noqa: BLE001 - Ray raises several types for an unreachable cluster
-                raise ConfigError(f"ray_address={address!r}: cannot connect to a Ray cluster ({exc})") from None
-        else:
-            ray.init(num_cpus=num_cpus or os.cpu_count(), include_dashboard=False, _node_ip_address="127.0.0.1",
-                     _system_config={"max_direct_call_object_size": INLINE_RESULT_BYTES}, **kwargs)
+        with contextlib.nullcontext() if debug else output_to(run_dir / START_LOG if run_dir else None):
+            if address:
+                _probe(address)
+                try:
+                    ray.init(address=address, **kwargs)
+                except Exception as exc:  # noqa: BLE001 - Ray raises several types for an unreachable cluster
+                    raise ConfigError(f"ray_address={address!r}: cannot connect to a Ray cluster ({exc})") from None
+            else:
+                ray.init(num_cpus=num_cpus or os.cpu_count(), include_dashboard=False, _node_ip_address="127.0.0.1",
+                         _system_config={"max_direct_call_object_size": INLINE_RESULT_BYTES}, **kwargs)
         started = True
         if run_dir is not None:
             _link_session_logs(ray, run_dir)
@@ -63,6 +73,37 @@ def ray_session(address: str, run_dir: Path | None = None, num_cpus: int | None 
     finally:
         if started:
             ray.shutdown()
+
+
+@contextmanager
+def output_to(path: Path | None) -> Iterator[None]:
+    """Send this process's stdout and stderr, and those of the processes it starts meanwhile, to ``path``
+    (appended), or to a scratch file shown on the terminal if the block fails when there is no path."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    sink = open(path, "ab") if path is not None else tempfile.TemporaryFile()  # noqa: SIM115 - closed below
+    saved = os.dup(1), os.dup(2)
+    failed = False
+    try:
+        os.dup2(sink.fileno(), 1)
+        os.dup2(sink.fileno(), 2)
+        yield
+    except BaseException:
+        failed = True
+        raise
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        os.close(saved[0])
+        os.close(saved[1])
+        if failed and path is None:
+            sink.seek(0)
+            sys.stderr.write(sink.read().decode(errors="replace"))
+        sink.close()
 
 
 def _probe(address: str, timeout_s: float = 5.0) -> None:
