@@ -100,10 +100,29 @@ def test_recording_writes_the_expected_number_of_frames(tmp_path):
         n += 1
         done = terminated or truncated
     env_steps.append(n)
-    frames = record("CartPole-v1", [left, left], tmp_path / "v.mp4", episodes=1, seed=3)
-    assert frames == env_steps[0] + 1  # the reset frame and one per step
+    recording = record("CartPole-v1", [left, left], tmp_path / "v.mp4", episodes=1, seed=3)
+    assert recording.frames == env_steps[0] + 1  # the reset frame and one per step
+    assert recording.returns == [[float(env_steps[0])], [float(env_steps[0])]]  # CartPole: 1 per step
     video = imageio.mimread(tmp_path / "v.mp4", memtest=False)
-    assert len(video) == frames and video[0].shape[1] == 2 * 600  # two columns side by side
+    assert len(video) == recording.frames and video[0].shape[1] == 2 * 600  # two columns side by side
+
+
+def test_labelled_panes_carry_a_strip_naming_each_policy_and_its_return(tmp_path):
+    import imageio.v2 as imageio
+
+    from distrl.video import LABEL_HEIGHT, record
+
+    recording = record("CartPole-v1", [lambda obs: 0, lambda obs: 1], tmp_path / "v.gif", seed=3,
+                       labels=["untrained", "trained"])
+    video = imageio.mimread(tmp_path / "v.gif")
+    height = video[0].shape[0]
+    assert height == 400 + LABEL_HEIGHT  # CartPole renders 600x400: a strip above each pane
+    strip, scene = video[0][:LABEL_HEIGHT], video[0][LABEL_HEIGHT:]
+    for pane in (strip[:, :600], strip[:, 600:]):
+        assert (pane[..., :3] > 200).any() and (pane[..., :3] < 40).mean() > 0.8  # light text on a dark strip
+    assert not np.array_equal(strip[:, :600], strip[:, 600:])  # the two labels differ
+    assert (scene[..., :3] > 200).mean() > 0.5  # the scene itself is untouched (CartPole's white background)
+    assert all(len(r) == 1 for r in recording.returns)
 
 
 def test_record_needs_a_gif_or_mp4_name(tmp_path, capsys):

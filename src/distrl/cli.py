@@ -6,6 +6,7 @@ User mistakes (a ConfigError) print one line on stderr and exit with status 2;
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import sys
@@ -18,13 +19,36 @@ from typing import Any, Literal
 
 import tyro
 
-from distrl import checkpoint
+from distrl import __version__, checkpoint
 from distrl.config import ConfigError, Device, GRPOConfig, PPOConfig, REINFORCEConfig, RunConfig, SACConfig, StrategyConfig
-from distrl.env_names import portable_env_name, refuse_named_code, resolve_env_id
+from distrl.env_names import SHORT_NAMES, portable_env_name, refuse_named_code, resolve_env_id
 from distrl.presets import algo_configs, preset_names
 from distrl.training import configs_from_checkpoint, default_run_dir, make_trainer
 
 ALGOS = ("ppo", "sac", "reinforce", "grpo")
+
+
+def _flowing_help() -> None:
+    """Let each field's docstring flow into one paragraph of ``--help``.
+
+    tyro joins a docstring's lines unless a line starts with something other than a letter, and the
+    continuation lines of an attribute docstring start with the source's indentation: every help text
+    broke at the source's line ends. Removing the common indentation first (``inspect.cleandoc``) lets
+    them join; a blank line still starts a new paragraph.
+    """
+    strings = getattr(tyro, "_strings", None)
+    join = getattr(strings, "remove_single_line_breaks", None)
+    if join is None or getattr(join, "flows", False):
+        return
+
+    def flowing(text: str) -> str:
+        return join(inspect.cleandoc(text))
+
+    flowing.flows = True  # type: ignore[attr-defined]
+    strings.remove_single_line_breaks = flowing  # type: ignore[union-attr]
+
+
+_flowing_help()
 
 USAGE = """\
 usage: distrl COMMAND ...
@@ -34,12 +58,27 @@ usage: distrl COMMAND ...
   distrl plot RUN [RUN ...] [flags] reward curves from Monitor files (distrl's or stable-baselines3's)
   distrl bench scaling ALGO ENV     the same training with 1, 2, ... workers, speedup against ideal
 
+  distrl --version                  the installed version
+
 ALGO: {algos}
-ENV:  a Gymnasium id (CartPole-v1, Hopper-v5, ...), a short name (cartpole, hopper,
-      halfcheetah, walker2d, ant, pendulum, lunarlander), package.module:ClassName (a
-      gymnasium.Env subclass) or package.module:function (returning a gymnasium.Env);
-      for grpo a group task: toy or bandit (distrl train grpo bandit --strategy pipeline)
+ENV:  a Gymnasium id (CartPole-v1, Hopper-v5, ALE/Breakout-v5, ...), a short name
+{short_names},
+      package.module:ClassName (a gymnasium.Env subclass) or package.module:function
+      (returning a gymnasium.Env); for grpo a group task: toy or bandit
+      (distrl train grpo bandit --strategy pipeline)
 """
+
+
+def usage() -> str:
+    """The top-level help, listing every short name distrl resolves."""
+    lines, line = [], "     "
+    for name in SHORT_NAMES:
+        if len(line) + len(name) + 2 > 90:
+            lines.append(line.rstrip())
+            line = "     "
+        line += f" {name},"
+    lines.append(line.rstrip(","))
+    return USAGE.format(algos=", ".join(ALGOS), short_names="\n".join(lines))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -143,8 +182,11 @@ def main(argv: list[str] | None = None) -> int:
 
 def _dispatch(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
-        print(USAGE.format(algos=", ".join(ALGOS)))
+        print(usage())
         return 0 if argv else 2
+    if argv[0] in ("--version", "-V"):
+        print(f"distrl {__version__}")
+        return 0
     command, rest = argv[0], argv[1:]
     if command == "train":
         return train_command(rest)
@@ -159,7 +201,7 @@ def _dispatch(argv: list[str]) -> int:
         from distrl.bench import scaling_command
 
         return scaling_command(rest[1:])
-    raise ConfigError(f"command={command!r} is not known: must be one of train, eval, plot, bench")
+    raise ConfigError(f"command={command!r} is not known: must be one of train, eval, plot, bench, --version")
 
 
 def _flag_value(argv: list[str], flag: str) -> str | None:
@@ -195,7 +237,7 @@ def _merge_repeated(argv: list[str], flag: str, into: str) -> list[str]:
 
 def train_command(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
-        print(USAGE.format(algos=", ".join(ALGOS)))
+        print(usage())
         return 0
     algo = argv[0]
     if algo not in ALGOS:
@@ -293,7 +335,7 @@ def run_ddp(run: RunConfig, strategy: StrategyConfig, cfg: Any, resume_path: Pat
                 return launch_spark(spark, run, strategy, cfg, resume_path, local_mode=strategy.spark_local_mode)
         if strategy.uses_ray:
             return launch.launch_ray(run_worker, (run, strategy, cfg, run_dir, resume_path), strategy.workers,
-                                     strategy.ray_address, run_dir, strategy.timeout_s)
+                                     strategy.ray_address, run_dir, strategy.timeout_s, debug=run.debug)
         launch.launch_local(argv, strategy.workers, strategy.timeout_s)
     except launch.WorkerFailed as exc:
         print(f"distrl: error: {exc}", file=sys.stderr)
@@ -340,22 +382,24 @@ def _record(model: Any, args: EvalArgs) -> int:
     from distrl.video import record
 
     deterministic = not args.stochastic
-    policies = [lambda obs: model.predict(obs, deterministic)]
+    policies, labels = [lambda obs: model.predict(obs, deterministic)], ["trained"]
     untrained = None
     if args.compare_untrained:
         untrained = model.untrained(seed=12345)
         policies.insert(0, lambda obs: untrained.predict(obs, deterministic))
+        labels.insert(0, "untrained")
     seed = args.seed if args.seed is not None else 0
     try:
         run = model._trainer.run
         make = partial(make_single_env, model._trainer.env_id, parse_env_kwargs(run.env_kwargs), run.wrappers,
                        render_mode="rgb_array", atari_wrappers=run.atari_wrappers, evaluation=True)
-        frames = record(make, policies, Path(args.record), args.episodes, seed)
+        recording = record(make, policies, Path(args.record), args.episodes, seed, labels=labels)
     finally:
         if untrained is not None:
             untrained.close()
-    layout = "untrained | trained" if args.compare_untrained else "trained"
-    print(f"wrote {args.record}: {frames} frames, {args.episodes} episode(s), {layout}")
+    panes = " | ".join(f"{label} (returns {', '.join(f'{r:,.1f}' for r in returns)})"
+                       for label, returns in zip(labels, recording.returns))
+    print(f"wrote {args.record}: {recording.frames} frames, {args.episodes} episode(s): {panes}")
     return 0
 
 

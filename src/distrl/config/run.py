@@ -60,14 +60,14 @@ class RunConfig:
     """key=value arguments for the env's constructor (or gymnasium.make, e.g. max_episode_steps=500);
     true/false, none, ints and floats are typed, anything else is a string."""
     wrappers: tuple[str, ...] = ()
-    """'package.module:function' applied in order to each environment, fn(env) -> env
-    (--wrappers A B, or --wrapper A --wrapper B)."""
+    """'package.module:function' applied in order to each environment, fn(env) -> env; several are
+    given as --wrappers A B, or as --wrapper A --wrapper B."""
     atari_wrappers: bool = True
     """ALE ids: apply the standard Atari preprocessing (84x84 grey, frame skip 4, 4 stacked frames,
     no-op starts, fire on reset; episodic life and reward clipping while training)."""
     policy: str = ""
-    """'package.module:function' building the policy/value network (a torch.nn.Module) from
-    (observation_space, action_space, algorithm config); empty: distrl's built-in networks."""
+    """'package.module:function' building the policy/value network (a torch.nn.Module), called with
+    the observation space, the action space and the algorithm config; empty: distrl's built-in networks."""
     total_steps: int = 100_000
     """Environment steps to train for, counted over all environments and workers."""
     seed: int = 0
@@ -84,8 +84,8 @@ class RunConfig:
     checkpoint_every: int = 0
     """Save a checkpoint every this many steps (0: only the final model)."""
     resume: str = ""
-    """Continue the run in this directory from its latest checkpoint, or from this checkpoint
-    (RUN/checkpoints/step-N: run RUN goes on from step N)."""
+    """Continue the run in this directory from its latest checkpoint, or from this checkpoint: with
+    RUN/checkpoints/step-N, run RUN goes on from step N."""
     eval_every: int = 0
     """Run a deterministic evaluation every this many steps (0: only at the end)."""
     eval_episodes: int = 10
@@ -102,11 +102,11 @@ class RunConfig:
     AVX-512 BF16 it trained the Nature CNN 1.9x faster. The closed-form MLPs always use float32."""
     threads: int = 1
     """Intra-op torch threads per process. 1 suits small networks and several workers per machine;
-    wide networks (SAC's 256x256) gain from more when the process has the cores to itself."""
+    wide networks (256x256 MLPs, CNNs) gain from more when the process has the cores to itself."""
     flush_denormal: bool = True
     """On the CPU, treat subnormal floats (below about 1.2e-38) as zero. Adam's second-moment
-    estimates decay into that range, where x86 arithmetic is tens of times slower: SAC's Adam
-    steps on Pendulum took 1.5 ms each instead of 0.14 ms."""
+    estimates decay into that range, where x86 arithmetic is tens of times slower (an Adam step
+    measured 1.5 ms instead of 0.14 ms)."""
     quiet: bool = False
     """No progress display."""
     debug: bool = False
@@ -133,9 +133,14 @@ class StrategyConfig:
     """How the work is spread over processes."""
 
     strategy: Strategy = "single"
-    """single: one process; ddp: every worker collects and trains, gradients averaged every minibatch."""
+    """How the work is spread. single: this process, vectorised envs. ddp: every worker collects and
+    trains, gradients summed before clipping. actor-learner: Ray workers collect with broadcast
+    weights, this process updates. decoupled: one player process runs the envs, the other workers
+    train together. pipeline: generators run ahead of the learner through a queue and a versioned
+    buffer."""
     workers: int = 1
-    """Worker processes (ddp). Under torchrun the world size comes from torchrun."""
+    """Processes besides single's one: ddp ranks, actor-learner rollout workers, pipeline generators,
+    or decoupled's player and trainers together. Under torchrun the world size comes from torchrun."""
     scaling: Scaling = "per-worker"
     """per-worker: each worker keeps n_steps (the global batch grows with workers, as in DD-PPO);
     equivalent: n_steps / workers and learning_rate * workers, so runs with different worker
@@ -183,7 +188,7 @@ class StrategyConfig:
     queue_size: int = 0
     """pipeline: how far the generators may run ahead of the learner, in slices (grpo) or fragments (ppo)
     requested, being scored, or buffered and not trained on yet; past it they idle (back-pressure).
-    0: 16 slices for grpo, one fragment per generator for ppo."""
+    With 0: 16 slices for grpo, one fragment per generator for ppo."""
     starve_timeout_s: float = 60.0
     """pipeline: the learner fails, naming the stage it waits on, when no data arrives for this long."""
     engine: Engine = "ray"
