@@ -1,3 +1,4 @@
+import dataclasses
 import json
 import os
 
@@ -132,10 +133,15 @@ def test_rewind_cuts_every_workers_monitor_file_to_the_checkpoint(tmp_path):
     assert logger.mean_return == pytest.approx(np.mean([1.0, 2.0, 3.0, 5.0]))
 
 
-def test_a_cnn_run_interrupted_and_resumed_is_bit_identical(tmp_path):
-    # the module path (a CNN on uint8 images, values and log-probs recorded while acting) resumes exactly
+@pytest.mark.parametrize("kind", ["cnn", "lstm"])
+def test_a_module_run_interrupted_and_resumed_is_bit_identical(tmp_path, kind):
+    # the module path (a CNN on uint8 images, values and log-probs recorded while acting) resumes exactly; so does
+    # a recurrent policy, whose states restart with the episodes at the checkpoint boundary
     cfg = PPOConfig(n_envs=2, n_steps=16, batch_size=32, n_epochs=2, learning_rate=1e-3, net_arch=())
     pixels = dict(env="distrl_spaceenvs:QuadrantEnv", env_kwargs=("size=6",), checkpoint_every=64, total_steps=160)
+    if kind == "lstm":
+        cfg = dataclasses.replace(cfg, core="lstm", core_size=8)
+        pixels = dict(env="distrl_memoryenvs:CueEnv", checkpoint_every=64, total_steps=160)
     full = OnPolicyTrainer(small_run(tmp_path / "full", **pixels), cfg, run_dir=tmp_path / "full")
     full.train()
     first = OnPolicyTrainer(small_run(tmp_path / "cut", **pixels), cfg, run_dir=tmp_path / "cut")

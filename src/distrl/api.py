@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from distrl import checkpoint
 from distrl.config import ConfigError, RunConfig, split_by_config
@@ -83,27 +84,54 @@ class Model:
             trainer.console = own
         return self
 
-    def _act(self, obs: np.ndarray, deterministic: bool, rng: np.random.Generator) -> np.ndarray:
+    @property
+    def recurrent(self) -> bool:
+        """Whether the policy carries a state through each episode (``core='lstm'|'gru'``)."""
+        return bool(getattr(getattr(self._trainer, "agent", None), "recurrent", False))
+
+    def _act(self, obs: np.ndarray, deterministic: bool, rng: np.random.Generator, state: Any = None,
+             starts: np.ndarray | None = None) -> tuple[np.ndarray, Any]:
+        """Env actions for a batch, and the next state of a recurrent policy (None otherwise)."""
         raise NotImplementedError
 
-    def predict(self, obs: Any, deterministic: bool = True, rng: np.random.Generator | None = None) -> np.ndarray:
+    def predict(self, obs: Any, deterministic: bool = True, rng: np.random.Generator | None = None, *,
+                state: Any = None, episode_start: Any = None) -> Any:
         """Env action(s) for one observation or a batch, as the env gives them: a vector or an image in
-        its own shape and dtype ([B, ...] for a batch), a Dict observation as a dict of such arrays."""
+        its own shape and dtype ([B, ...] for a batch), a Dict observation as a dict of such arrays.
+
+        A recurrent policy returns ``(actions, state)``: pass ``state`` back with the next observation, and
+        ``episode_start`` (True per environment whose observation begins an episode) where one began;
+        without ``state`` every episode starts now. The state is a tuple of arrays [layers, B, hidden].
+        """
         batch, single = self._trainer.stored_batch(obs)
-        actions = self._act(batch, deterministic, rng if rng is not None else np.random.default_rng())
-        return actions[0] if single else actions
+        starts = None if episode_start is None else np.asarray(episode_start, dtype=bool).reshape(len(batch))
+        actions, state = self._act(batch, deterministic, rng if rng is not None else np.random.default_rng(), state, starts)
+        actions = actions[0] if single else actions
+        return (actions, state) if self.recurrent else actions
 
     def evaluate(self, n_episodes: int = 10, deterministic: bool = True, seed: int | None = None) -> tuple[float, float]:
         """Mean and std of the return over ``n_episodes`` episodes."""
         trainer = self._trainer
         env = make_run_env(trainer.run, n_episodes, trainer.env_id, evaluation=True)
         rng = np.random.default_rng(seed)
+        state = None
+
+        def act(obs: np.ndarray, starts: np.ndarray) -> np.ndarray:
+            nonlocal state
+            actions, state = self._act(obs, deterministic, rng, state, starts)
+            return actions
+
         try:
             seed = trainer.run.seed + EVAL_SEED_OFFSET if seed is None else seed
-            returns = evaluate(lambda obs: self._act(obs, deterministic, rng), env, seed)
+            returns = evaluate(act, env, seed)
         finally:
             env.close()
         return float(returns.mean()), float(returns.std())
+
+    def player(self, deterministic: bool = True) -> Player:
+        """A policy for one environment, step by step, carrying a recurrent policy's state (``reset()``
+        when an episode begins); e.g. for recording videos."""
+        return Player(self, deterministic)
 
     def save(self, path: str | Path) -> Path:
         """Write the model (weights, optimizer state, statistics, config) as a checkpoint directory."""
@@ -170,11 +198,21 @@ class PPO(Model):
     algo = "ppo"
     _trainer: OnPolicyTrainer
 
-    def _act(self, obs: np.ndarray, deterministic: bool, rng: np.random.Generator) -> np.ndarray:
+    def _act(self, obs: np.ndarray, deterministic: bool, rng: np.random.Generator, state: Any = None,
+             starts: np.ndarray | None = None) -> tuple[np.ndarray, Any]:
         agent = self._trainer.agent
         noise = None if deterministic else agent.spec.draw_noise(rng, (len(obs),))
         normalizer = getattr(self._trainer, "obs_normalizer", None)
-        return agent.env_action(agent.act(normalizer(obs) if normalizer is not None else obs, noise))
+        obs = normalizer(obs) if normalizer is not None else obs
+        if not getattr(agent, "recurrent", False):
+            return agent.env_action(agent.act(obs, noise)), None
+        if state is None:
+            state_t, starts = agent.initial_state(len(obs)), np.ones(len(obs), dtype=bool)
+        else:
+            state_t = tuple(torch.as_tensor(np.asarray(s)).to(agent.device) for s in state)
+        starts = np.zeros(len(obs), dtype=bool) if starts is None else starts
+        actions, _, _, next_state = agent.act_state(obs, noise, state_t, starts)
+        return agent.env_action(actions), tuple(s.cpu().numpy() for s in next_state)
 
 
 class SAC(Model):
@@ -183,10 +221,11 @@ class SAC(Model):
     algo = "sac"
     _trainer: OffPolicyTrainer
 
-    def _act(self, obs: np.ndarray, deterministic: bool, rng: np.random.Generator) -> np.ndarray:
+    def _act(self, obs: np.ndarray, deterministic: bool, rng: np.random.Generator, state: Any = None,
+             starts: np.ndarray | None = None) -> tuple[np.ndarray, Any]:
         trainer = self._trainer
         noise = None if deterministic else rng.standard_normal((len(obs), trainer.action_dim), dtype=np.float32)
-        return trainer.to_env(trainer.algo.actor.act(obs, noise))
+        return trainer.to_env(trainer.algo.actor.act(obs, noise)), None
 
 
 class REINFORCE(PPO):
@@ -196,3 +235,21 @@ class REINFORCE(PPO):
 
 
 MODELS: dict[str, type[Model]] = {"ppo": PPO, "sac": SAC, "reinforce": REINFORCE}
+
+
+class Player:
+    """One environment's policy, step by step: ``player(obs) -> action``; ``reset()`` before an episode."""
+
+    def __init__(self, model: Model, deterministic: bool = True):
+        self.model, self.deterministic = model, deterministic
+        self.rng = np.random.default_rng()
+        self.state: Any = None
+
+    def reset(self) -> None:
+        self.state = None
+
+    def __call__(self, obs: Any) -> Any:
+        batch, _ = self.model._trainer.stored_batch(obs)
+        starts = np.array([self.state is None])
+        actions, self.state = self.model._act(batch, self.deterministic, self.rng, self.state, starts)
+        return actions[0]

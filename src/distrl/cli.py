@@ -382,11 +382,11 @@ def _record(model: Any, args: EvalArgs) -> int:
     from distrl.video import record
 
     deterministic = not args.stochastic
-    policies, labels = [lambda obs: model.predict(obs, deterministic)], ["trained"]
+    policies, labels = [model.player(deterministic)], ["trained"]
     untrained = None
     if args.compare_untrained:
         untrained = model.untrained(seed=12345)
-        policies.insert(0, lambda obs: untrained.predict(obs, deterministic))
+        policies.insert(0, untrained.player(deterministic))
         labels.insert(0, "untrained")
     seed = args.seed if args.seed is not None else 0
     try:

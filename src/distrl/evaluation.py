@@ -9,18 +9,21 @@ import numpy as np
 from distrl.envs import VecEnv
 
 
-def evaluate(act: Callable[[np.ndarray], np.ndarray], env: VecEnv, seed: int, max_steps: int = 1_000_000) -> np.ndarray:
+def evaluate(act: Callable[[np.ndarray, np.ndarray], np.ndarray], env: VecEnv, seed: int,
+             max_steps: int = 1_000_000) -> np.ndarray:
     """Undiscounted returns of one episode in each of ``env``'s environments.
 
     Args:
-        act: maps raw observations [n_envs, obs_dim] to env actions (deterministic or not).
+        act: maps raw observations [n_envs, ...] and episode starts [n_envs] (True where the observation
+            begins an episode: a recurrent policy restarts its state there) to env actions.
         env: its environments are reset with seeds ``seed + i``.
     """
     obs = env.reset(seed=seed)
+    starts = np.ones(env.n_envs, dtype=bool)
     returns = np.full(env.n_envs, np.nan)
     for _ in range(max_steps):
-        step = env.step(act(obs))
-        obs = step.obs
+        step = env.step(act(obs, starts))
+        obs, starts = step.obs, ~step.valid
         ended = step.episode_ends if step.episode_ends is not None else step.terminated | step.truncated
         if ended.any():
             first = ended & np.isnan(returns)

@@ -28,6 +28,9 @@ class Recording:
 
 
 def _episode_frames(env: gym.Env, policy: Policy, seed: int, max_steps: int) -> tuple[list[np.ndarray], float]:
+    reset = getattr(policy, "reset", None)
+    if reset is not None:  # a policy with a memory (distrl.api.Player) begins the episode afresh
+        reset()
     obs, _ = env.reset(seed=seed)
     frames = [env.render()]
     total = 0.0

@@ -16,8 +16,9 @@ import torch
 
 from distrl.algos.optim import ClippedAdam
 from distrl.config import PPOConfig
-from distrl.data.rollout import Rollout, RolloutBatch, gae
+from distrl.data.rollout import Rollout, RolloutBatch, Sequences, gae
 from distrl.nets import Agent
+from distrl.nets.recurrent import sequence_minibatch_rows, state_from_numpy
 from distrl.protocols import Sync
 
 
@@ -89,8 +90,11 @@ class PackedBatch:
     A minibatch is one gather from each, and a batch travels between processes as the two tensors.
     """
 
-    def __init__(self, obs: torch.Tensor, data: torch.Tensor, action_shape: tuple[int, ...], discrete: bool):
+    def __init__(self, obs: torch.Tensor, data: torch.Tensor, action_shape: tuple[int, ...], discrete: bool,
+                 sequences: Sequences | None = None):
         self.obs, self.data = obs, data
+        self.sequences = sequences
+        """Recurrent policies: the rows are whole environment sequences (row t * N + n); see ``Sequences``."""
         self.action_shape, self.discrete = tuple(action_shape), discrete
         self.action_columns = math.prod(self.action_shape)
         self.device = data.device
@@ -106,7 +110,8 @@ class PackedBatch:
         actions = batch.actions.float().reshape(batch.size, -1)
         columns = [batch.log_probs, batch.values, advantages, batch.returns, batch.valid]
         data = torch.cat([actions, torch.stack(columns, 1)], 1)
-        return cls(batch.obs, data, tuple(batch.actions.shape[1:]), not batch.actions.is_floating_point())
+        return cls(batch.obs, data, tuple(batch.actions.shape[1:]), not batch.actions.is_floating_point(),
+                   batch.sequences)
 
     @property
     def size(self) -> int:
@@ -156,8 +161,15 @@ class PPOAlgo:
         device = self.agent.device
         T, N = rollout.rewards.shape
         obs = torch.from_numpy(rollout.obs).to(device)
+        sequences = None
+        if rollout.starts is not None:  # recurrent: the rollout is N sequences, replayed from their initial state
+            assert rollout.initial_state is not None
+            starts = torch.from_numpy(rollout.starts.astype(np.float32)).to(device)
+            sequences = Sequences(starts[:T], state_from_numpy(rollout.initial_state, device))
         if rollout.values is not None:
             values = rollout.values
+        elif sequences is not None:  # lagged data (pipeline): this critic's values, in one pass over the sequences
+            values = self.agent.sequence_values(obs, sequences.initial_state, starts).cpu().numpy()
         else:
             values = self.agent.values(obs.reshape((T + 1) * N, *obs.shape[2:])).reshape(T + 1, N).cpu().numpy()
         advantages, returns = gae(rollout.rewards, values, rollout.terminated, rollout.truncated,
@@ -175,6 +187,7 @@ class PPOAlgo:
             returns=torch.from_numpy(returns.reshape(-1)).to(device),
             valid=torch.from_numpy(rollout.valid.reshape(-1).astype(np.float32)).to(device),
             policy_version=rollout.policy_version,
+            sequences=sequences,
         )
 
     @staticmethod
@@ -220,18 +233,9 @@ class PPOAlgo:
         grad_norms: list[float] = []
         approx_kl = 0.0
         stopped_early = False
-        n = packed.size
         for _ in range(cfg.n_epochs):
-            if cfg.batch_size == n and part is None:  # one minibatch: the whole rollout, order irrelevant
-                minibatches: Any = [packed.all_rows()]
-            else:
-                order = torch.from_numpy(self.shuffle_rng.permutation(n)).to(packed.device)
-                chunks = (order[i:i + cfg.batch_size] for i in range(0, n, cfg.batch_size))
-                if part is not None:
-                    chunks = (torch.tensor_split(idx, part[1])[part[0]] for idx in chunks)
-                minibatches = (packed.rows(idx) for idx in chunks)
-            for mb in minibatches:
-                stats = self._minibatch_gradient(mb, clip_range)
+            for mb, sequences in self._minibatches(packed, part):
+                stats = self._minibatch_gradient(mb, clip_range, sequences)
                 sync.gradients(grad, stats)
                 count = float(stats[0])
                 if count == 0:
@@ -262,7 +266,27 @@ class PPOAlgo:
             "charts/clip_range": clip_range,
         }
 
-    def _minibatch_gradient(self, mb: _Rows, clip_range: float) -> torch.Tensor:
+    def _minibatches(self, packed: PackedBatch, part: tuple[int, int] | None) -> Any:
+        """One epoch's minibatches in a fresh shuffle, each with its ``Sequences`` (recurrent) or None.
+
+        Feed-forward: ``batch_size`` rows at a time. Recurrent: ``batch_size / T`` whole environment
+        sequences at a time, never shuffled within, each replayed from its recorded initial state.
+        """
+        sequences = packed.sequences
+        units = packed.size if sequences is None else sequences.count
+        per = self.cfg.batch_size if sequences is None else max(1, self.cfg.batch_size // sequences.length)
+        if per >= units and part is None:  # one minibatch: the whole rollout, order irrelevant
+            return [(packed.all_rows(), sequences)]
+        order = torch.from_numpy(self.shuffle_rng.permutation(units)).to(packed.device)
+        chunks = (order[i:i + per] for i in range(0, units, per))
+        if part is not None:
+            chunks = (torch.tensor_split(idx, part[1])[part[0]] for idx in chunks)
+        if sequences is None:
+            return ((packed.rows(idx), None) for idx in chunks)
+        T, N = sequences.length, sequences.count
+        return ((packed.rows(sequence_minibatch_rows(T, N, envs)), sequences.select(envs)) for envs in chunks)
+
+    def _minibatch_gradient(self, mb: _Rows, clip_range: float, sequences: Sequences | None = None) -> torch.Tensor:
         """Put the gradient of the minibatch loss, summed over valid samples, in the buffer.
 
         Per sample: ``l = policy_loss + vf_coef * value_loss - ent_coef * entropy``.
@@ -270,7 +294,10 @@ class PPOAlgo:
         """
         cfg = self.cfg
         agent = self.agent
-        fwd = agent.forward_train(mb.obs)
+        if sequences is None:
+            fwd = agent.forward_train(mb.obs)
+        else:
+            fwd = agent.forward_sequences(mb.obs, sequences.initial_state, sequences.starts)
         terms = agent.dist_terms(fwd, mb.actions)
         policy_loss, d_log_prob, was_clipped, approx_kl = clipped_surrogate(
             terms.log_prob, mb.old_log_prob, mb.advantages, clip_range)

@@ -42,7 +42,10 @@ class REINFORCEAlgo:
         returns = torch.from_numpy(episode_returns_to_go(batch.rewards, batch.starts, cfg.gamma)).float().to(device)
         obs = torch.from_numpy(batch.obs).to(device)
         actions = torch.from_numpy(batch.actions).to(device)
-        fwd = agent.forward_train(obs)
+        if getattr(agent, "recurrent", False):  # each episode one sequence from the initial state
+            fwd = agent.forward_episodes(obs, batch.starts)
+        else:
+            fwd = agent.forward_train(obs)
         terms = agent.dist_terms(fwd, actions)
         advantages = returns - fwd.values.detach() if cfg.baseline else returns
         if cfg.normalize_returns:

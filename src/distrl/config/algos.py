@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from distrl.config.base import Activation, Encoder, Schedule, require_fraction, nearest_divisor, require_positive, require
+from distrl.config.base import Activation, Core, Encoder, Schedule, require_fraction, nearest_divisor, require_positive, require
 
 @dataclass(frozen=True)
 class PPOConfig:
@@ -54,6 +54,12 @@ class PPOConfig:
     """Observation encoder: auto picks the Nature CNN for images of at least 36x36, a small CNN for
     smaller ones, one encoder per key for Dict observations, and the closed-form MLPs for flat vectors;
     nature, small or impala (the IMPALA ResNet) ask for that CNN; mlp flattens images too."""
+    core: Core = "none"
+    """A recurrent core between the encoder and the heads, for partially observed tasks: lstm or gru,
+    or none for a feed-forward policy. The policy then carries a state through each episode and trains
+    on whole sequences."""
+    core_size: int = 128
+    """Hidden units of the recurrent core."""
     log_std_init: float = 0.0
     """Initial log standard deviation of Gaussian policies."""
     ortho_init: bool = True
@@ -82,6 +88,12 @@ class PPOConfig:
         require(rollout % self.batch_size == 0, "batch_size", self.batch_size,
                 f"a divisor of n_envs * n_steps = {rollout}",
                 f"e.g. --batch-size {nearest_divisor(rollout, self.batch_size)}")
+        require_positive(self, "core_size")
+        if self.core != "none":  # a minibatch is a set of whole environment sequences
+            require(self.batch_size % self.n_steps == 0, "batch_size", self.batch_size,
+                    f"a multiple of n_steps = {self.n_steps} with core={self.core!r} (minibatches are whole "
+                    "environment sequences)",
+                    f"e.g. --batch-size {self.n_steps * nearest_divisor(self.n_envs, max(1, self.batch_size // self.n_steps))}")
 
     @property
     def rollout_size(self) -> int:
@@ -185,13 +197,20 @@ class REINFORCEConfig:
     """Observation encoder: auto picks the Nature CNN for images of at least 36x36, a small CNN for
     smaller ones, one encoder per key for Dict observations, and the closed-form MLPs for flat vectors;
     nature, small or impala (the IMPALA ResNet) ask for that CNN; mlp flattens images too."""
+    core: Core = "none"
+    """A recurrent core between the encoder and the heads, for partially observed tasks: lstm or gru,
+    or none for a feed-forward policy. The policy then carries a state through each episode and trains
+    on whole sequences."""
+    core_size: int = 128
+    """Hidden units of the recurrent core."""
     log_std_init: float = 0.0
     """Initial log standard deviation of Gaussian policies (the std is learned)."""
     max_episode_steps: int = 10_000
     """Steps after which an unfinished episode is cut (guards against envs that never end)."""
 
     def __post_init__(self) -> None:
-        require_positive(self, "n_envs", "episodes_per_iter", "learning_rate", "max_grad_norm", "max_episode_steps")
+        require_positive(self, "n_envs", "episodes_per_iter", "learning_rate", "max_grad_norm", "max_episode_steps",
+                         "core_size")
         require_fraction(self, "gamma")
         require(self.vf_coef >= 0, "vf_coef", self.vf_coef, ">= 0")
         require(self.ent_coef >= 0, "ent_coef", self.ent_coef, ">= 0")

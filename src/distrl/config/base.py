@@ -16,6 +16,7 @@ Device = Literal["auto", "cpu", "cuda"]
 VecMode = Literal["auto", "native", "sync", "async", "envpool"]
 Activation = Literal["tanh", "relu"]
 Encoder = Literal["auto", "mlp", "nature", "small", "impala"]
+Core = Literal["none", "lstm", "gru"]
 Precision = Literal["fp32", "bf16"]
 
 

@@ -87,11 +87,19 @@ class EpisodeCollector:
         lengths: list[int] = []
         steps, t = 0, 0
         noise = self._noise()
+        recurrent = getattr(self.agent, "recurrent", False)
+        if recurrent:  # every episode begins from the initial state
+            state, starts = self.agent.initial_state(n), np.ones(n, dtype=bool)
         while len(done) < n_episodes:
             if t == NOISE_BLOCK:
                 noise, t = self._noise(), 0
-            action = self.agent.act(obs, noise[t])
+            if recurrent:
+                action, _, _, state = self.agent.act_state(obs, noise[t], state, starts)
+            else:
+                action = self.agent.act(obs, noise[t])
             step = self.env.step(self.agent.env_action(action))
+            if recurrent:
+                starts = ~step.valid
             t += 1
             steps += n
             ended = step.terminated | step.truncated

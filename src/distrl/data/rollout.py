@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -12,6 +12,7 @@ import torch
 from distrl.data.normalize import ObsNormalizer, RewardScaler
 from distrl.envs import VecEnv
 from distrl.nets import Agent
+from distrl.nets.recurrent import state_to_numpy
 from distrl.spaces import stored_layout
 
 
@@ -84,11 +85,35 @@ class Rollout:
     values: np.ndarray | None = None
     """[T + 1, N] the critic's values of ``obs`` at collection time, recorded while acting by module
     networks; None: the learner computes them in one batched pass."""
+    starts: np.ndarray | None = None
+    """Recurrent policies: [T + 1, N] True where ``obs[t]`` begins an episode (the state restarts there)."""
+    initial_state: dict[str, np.ndarray] | None = None
+    """Recurrent policies: each environment's state before ``obs[0]``, parts "0", "1", ... of shape
+    [layers, N, hidden] (see ``distrl.nets.recurrent.state_to_numpy``)."""
 
     @property
     def steps(self) -> int:
         """Environment steps taken (including reset steps, excluding padding)."""
         return self.collected_steps * int(self.rewards.shape[1])
+
+
+@dataclass(frozen=True)
+class Sequences:
+    """How a flat batch of B = T * N rows (row t * N + n) is N environment sequences of T steps."""
+
+    starts: torch.Tensor         # [T, N] 1.0 where a step begins an episode
+    initial_state: tuple[torch.Tensor, ...]  # each [layers, N, hidden]: the state before step 0
+
+    @property
+    def length(self) -> int:
+        return int(self.starts.shape[0])
+
+    @property
+    def count(self) -> int:
+        return int(self.starts.shape[1])
+
+    def select(self, envs: torch.Tensor) -> Sequences:
+        return Sequences(self.starts[:, envs], tuple(s[:, envs] for s in self.initial_state))
 
 
 @dataclass(frozen=True)
@@ -103,6 +128,8 @@ class RolloutBatch:
     returns: torch.Tensor        # [B] value targets
     valid: torch.Tensor          # [B] 1.0 for trainable steps, 0.0 for reset steps
     policy_version: int
+    sequences: Sequences | None = None
+    """Recurrent policies: the batch is N sequences of T steps, row t * N + n."""
 
     @property
     def size(self) -> int:
@@ -129,6 +156,9 @@ class RolloutCollector:
         self.noise_rngs: list[np.random.Generator] = []
         self._raw_obs: np.ndarray | None = None
         self.obs_shape, self.obs_dtype = stored_layout(env.single_observation_space)
+        self.recurrent = getattr(agent, "recurrent", False)
+        self._state: Any = None
+        self._starts = np.ones(env.n_envs, dtype=bool)
 
     def reset(self, seed: int, segment: int = 0) -> None:
         """Begin new episodes everywhere and restart the sampling streams.
@@ -138,6 +168,9 @@ class RolloutCollector:
         ``segment`` is the step count at which training (re)starts.
         """
         self._raw_obs = self.env.reset(seed=seed + segment + self.env_offset)
+        if self.recurrent:  # every environment begins an episode: states restart
+            self._state = self.agent.initial_state(self.env.n_envs)
+            self._starts[:] = True
         self.reward_scaler.reset()
         self.noise_rngs = [np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, self.env_offset + i, segment])))
                            for i in range(self.env.n_envs)]
@@ -176,11 +209,18 @@ class RolloutCollector:
         if recording:
             rollout.log_probs = np.zeros((T, N), dtype=np.float32)
             rollout.values = np.empty((T + 1, N), dtype=np.float32)
+        if self.recurrent:  # the fragment's initial state, from which training replays it
+            rollout.starts = np.zeros((T + 1, N), dtype=bool)
+            rollout.initial_state = state_to_numpy(self._state)
         raw_obs[0] = self._raw_obs
         if normalize:
             obs[0] = self.obs_normalizer(raw_obs[0])
         for t in range(T):
-            if recording:
+            if self.recurrent:
+                rollout.starts[t] = self._starts
+                action, rollout.log_probs[t], rollout.values[t], self._state = self.agent.act_state(
+                    obs[t], noise[t], self._state, self._starts)
+            elif recording:
                 action, rollout.log_probs[t], rollout.values[t] = self.agent.act_recording(obs[t], noise[t])
             else:
                 action = self.agent.act(obs[t], noise[t])
@@ -193,6 +233,8 @@ class RolloutCollector:
             truncated[t] = step.truncated
             valid[t] = step.valid
             rewards[t] = self.reward_scaler(step.reward, step.terminated | step.truncated, step.valid)
+            if self.recurrent:  # after a reset step the observation is a new episode's first
+                self._starts = ~step.valid
             if len(step.episode_returns):
                 rollout.episode_returns.extend(step.episode_returns.tolist())
                 rollout.episode_lengths.extend(step.episode_lengths.tolist())
@@ -201,7 +243,10 @@ class RolloutCollector:
                 T = t + 1
                 break
         self._raw_obs = raw_obs[T]
-        if recording:  # the value of the last observation, repeated over any padding
+        if self.recurrent:  # the last observation's value from the state reached, which goes on to the next fragment
+            rollout.starts[T:] = self._starts
+            rollout.values[T:] = self.agent.value_state(obs[T], self._state, self._starts)
+        elif recording:  # the value of the last observation, repeated over any padding
             rollout.values[T:] = self.agent.values(torch.from_numpy(obs[T])).cpu().numpy()
         if normalize:
             rollout.obs_moments = self.obs_normalizer.moments(raw_obs[1:T + 1].reshape(T * N, *self.obs_shape))

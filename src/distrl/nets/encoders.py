@@ -202,9 +202,12 @@ class ActorCriticModule(nn.Module):
     the heads are separate policy and critic networks).
     """
 
-    def __init__(self, encoder: nn.Module, head_size: int, net_arch: tuple[int, ...], activation: str):
+    def __init__(self, encoder: nn.Module, head_size: int, net_arch: tuple[int, ...], activation: str,
+                 features_dim: int | None = None):
+        """``features_dim``: the heads' input size when something stands between them and the encoder
+        (a recurrent core); else the encoder's ``features_dim``."""
         super().__init__()
-        features = int(encoder.features_dim)  # type: ignore[arg-type]
+        features = int(features_dim if features_dim is not None else encoder.features_dim)  # type: ignore[arg-type]
         self.encoder = encoder
         self.policy = MLPHead((features, *net_arch, head_size), activation)
         self.critic = MLPHead((features, *net_arch, 1), activation)

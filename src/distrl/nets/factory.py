@@ -3,7 +3,9 @@
 The closed-form :class:`ActorCritic` serves flat vector observations with Discrete or Box
 actions and no user network: it is what makes small-network PPO fast. Everything else —
 images, Dict or Discrete observations, MultiDiscrete and MultiBinary actions, a chosen CNN,
-a user's module — goes through :class:`ModuleAgent`, over the same flat parameter buffer.
+a user's module — goes through :class:`ModuleAgent`, over the same flat parameter buffer, and a
+recurrent module (``--core lstm|gru``, or a user's module under the recurrent contract) through
+:class:`~distrl.nets.recurrent.RecurrentAgent`.
 """
 
 from __future__ import annotations
@@ -23,11 +25,12 @@ from distrl.env_names import MEMORY, remembered, shown_name
 from distrl.nets.actor_critic import ActorCritic
 from distrl.nets.encoders import ActorCriticModule, make_encoder
 from distrl.nets.module import ModuleAgent
+from distrl.nets.recurrent import RecurrentActorCritic, RecurrentAgent, RecurrentCore, is_recurrent
 from distrl.nets.sac import SquashedGaussianActor, TwinQ
 from distrl.nets.sac_module import ModuleSquashedActor, ModuleTwinQ, SACActorModule, TwinQModule
 from distrl.spaces import action_spec, check_observation_space, is_image, is_vector
 
-Agent = Union[ActorCritic, ModuleAgent]
+Agent = Union[ActorCritic, ModuleAgent, RecurrentAgent]
 PolicySource = Union[str, nn.Module, Callable[..., nn.Module], None]
 """What a user passes as the network: 'package.module:function', a module, a module class or a factory."""
 
@@ -64,7 +67,7 @@ def uses_closed_form(observation_space: spaces.Space, action_space: spaces.Space
     the built-in network and no encoder asked for."""
     return (policy in (None, "") and isinstance(observation_space, spaces.Box) and not is_image(observation_space)
             and isinstance(action_space, (spaces.Discrete, spaces.Box))
-            and cfg.encoder in ("auto", "mlp"))
+            and cfg.encoder in ("auto", "mlp") and getattr(cfg, "core", "none") == "none")
 
 
 def build_module(observation_space: spaces.Space, action_space: spaces.Space, cfg: Any,
@@ -76,10 +79,10 @@ def build_module(observation_space: spaces.Space, action_space: spaces.Space, cf
     """
     spec = action_spec(action_space)
     activation = cfg.activation
+    core = getattr(cfg, "core", "none")
     source = resolve_policy(policy)
     if source is None:
-        net = ActorCriticModule(make_encoder(observation_space, cfg.encoder), spec.head_size,
-                                tuple(cfg.net_arch), activation)
+        net = _with_heads(make_encoder(observation_space, cfg.encoder), spec.head_size, cfg)
         if getattr(cfg, "ortho_init", True):
             net.init_orthogonal(torch.Generator().manual_seed(seed))
         return net
@@ -91,9 +94,22 @@ def build_module(observation_space: spaces.Space, action_space: spaces.Space, cf
             module = source(observation_space, action_space, cfg)
     if not isinstance(module, nn.Module):
         raise ConfigError(f"policy={_name(policy)} returned {type(module).__name__}, not a torch.nn.Module")
-    if isinstance(getattr(module, "features_dim", None), (int, np.integer)):
-        return ActorCriticModule(module, spec.head_size, tuple(cfg.net_arch), activation)
+    if isinstance(getattr(module, "features_dim", None), (int, np.integer)) and not is_recurrent(module):
+        return _with_heads(module, spec.head_size, cfg)
+    if core != "none" and not is_recurrent(module):
+        raise ConfigError(f"core={core!r} is not allowed with policy={_name(policy)}: it returns (head, value) itself; "
+                          "give it an integer features_dim (distrl adds the core and heads), or make it recurrent "
+                          "(forward(obs, state, episode_starts) and initial_state(batch_size), see distrl.nets.recurrent)")
     return module
+
+
+def _with_heads(encoder: nn.Module, head_size: int, cfg: Any) -> nn.Module:
+    """distrl's heads on ``encoder``, with the recurrent core ``cfg.core`` between them if any."""
+    core = getattr(cfg, "core", "none")
+    if core == "none":
+        return ActorCriticModule(encoder, head_size, tuple(cfg.net_arch), cfg.activation)
+    return RecurrentActorCritic(encoder, RecurrentCore(core, int(encoder.features_dim), cfg.core_size), head_size,
+                                tuple(cfg.net_arch), cfg.activation)
 
 
 def make_agent(observation_space: spaces.Space, action_space: spaces.Space, cfg: Any, device: torch.device | str,
@@ -109,8 +125,9 @@ def make_agent(observation_space: spaces.Space, action_space: spaces.Space, cfg:
         return ActorCritic(obs_dim, action_space, tuple(cfg.net_arch), cfg.activation, getattr(cfg, "log_std_init", 0.0),
                            getattr(cfg, "ortho_init", True), device, seed)
     module = build_module(observation_space, action_space, cfg, policy, seed)
-    return ModuleAgent(module, observation_space, action_space, getattr(cfg, "log_std_init", 0.0), device,
-                       autocast=torch.bfloat16 if precision == "bf16" else None)
+    agent_cls = RecurrentAgent if is_recurrent(module) else ModuleAgent
+    return agent_cls(module, observation_space, action_space, getattr(cfg, "log_std_init", 0.0), device,
+                     autocast=torch.bfloat16 if precision == "bf16" else None)
 
 
 def _name(policy: PolicySource) -> str:

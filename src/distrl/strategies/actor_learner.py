@@ -177,6 +177,10 @@ def merge_rollouts(parts: list[Rollout]) -> Rollout:
                      parts[0].policy_version)
     if parts[0].values is not None:
         merged.values, merged.log_probs = cat("values"), cat("log_probs")
+    if parts[0].starts is not None:  # recurrent: each fragment's starts and initial state, env axis 1 alike
+        merged.starts = cat("starts")
+        merged.initial_state = {key: np.concatenate([p.initial_state[key] for p in parts], axis=1)
+                                for key in parts[0].initial_state}
     for p in parts:
         merged.episode_returns.extend(p.episode_returns)
         merged.episode_lengths.extend(p.episode_lengths)

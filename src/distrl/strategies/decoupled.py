@@ -30,7 +30,8 @@ import torch.distributed as dist
 from distrl.algos.ppo import PackedBatch, PPOAlgo
 from distrl.config import ConfigError, PPOConfig, RunConfig, StrategyConfig
 from distrl.data.normalize import ObsNormalizer
-from distrl.data.rollout import RolloutBatch
+from distrl.data.rollout import RolloutBatch, Sequences
+from distrl.nets.recurrent import sequence_minibatch_rows
 from distrl.protocols import Sync
 
 STOP, UPDATE, SEND_STATE = 0, 1, 2
@@ -46,7 +47,13 @@ def check_layout(cfg: PPOConfig, strategy: StrategyConfig, world: int) -> None:
         raise ConfigError(f"workers={world} is not allowed with --strategy decoupled: must be >= 2 "
                           "(a player needs at least one trainer)")
     trainers = world - 1
-    if not strategy.share_data:
+    if not strategy.share_data and cfg.core != "none":  # shards of whole environment sequences
+        if cfg.n_envs % trainers or (cfg.batch_size // trainers) % cfg.n_steps:
+            raise ConfigError(f"n_envs={cfg.n_envs} and batch_size={cfg.batch_size} do not split over the {trainers} "
+                              f"trainers in whole sequences with core={cfg.core!r} (--strategy decoupled scatters "
+                              "equal shards of environments): n_envs and batch_size / n_steps must be divisible by "
+                              "the trainers; use --share-data or change them")
+    elif not strategy.share_data:
         if cfg.rollout_size % trainers:
             raise ConfigError(f"n_envs * n_steps = {cfg.rollout_size} is not divisible by the {trainers} trainers "
                               "(--strategy decoupled scatters equal shards); use --share-data or change n_envs/n_steps")
@@ -58,32 +65,60 @@ def trainer_config(cfg: PPOConfig, strategy: StrategyConfig, trainers: int) -> P
     """What each trainer's PPOAlgo runs: the player has normalised the advantages already."""
     if strategy.share_data:
         return dataclasses.replace(cfg, normalize_advantage=False)
+    if cfg.core != "none":  # each trainer holds whole sequences of its share of the environments
+        return dataclasses.replace(cfg, n_envs=cfg.n_envs // trainers, batch_size=cfg.batch_size // trainers,
+                                   normalize_advantage=False)
     shard = cfg.rollout_size // trainers
     return dataclasses.replace(cfg, n_envs=1, n_steps=shard, batch_size=cfg.batch_size // trainers,
                                normalize_advantage=False)
 
 
+def _send(tensor: torch.Tensor, share: bool, trainers: int, dim: int = 0) -> None:
+    tensor = tensor.cpu().contiguous()
+    if share:
+        dist.broadcast(tensor, 0)
+    else:
+        shards = [shard.contiguous() for shard in tensor.chunk(trainers, dim)]
+        dist.scatter(torch.empty_like(shards[0]), [torch.empty_like(shards[0]), *shards], src=0)
+
+
+def _receive(buffer: torch.Tensor, share: bool) -> torch.Tensor:
+    if share:
+        dist.broadcast(buffer, 0)
+    else:
+        dist.scatter(buffer, None, src=0)
+    return buffer
+
+
 def _send_batch(packed: PackedBatch, share: bool, trainers: int) -> None:
-    """Observations (in their stored dtype: images travel as uint8) and the float rows, to every trainer."""
-    for tensor in (packed.obs.cpu().contiguous(), packed.data.cpu().contiguous()):
-        if share:
-            dist.broadcast(tensor, 0)
-        else:
-            shards = list(tensor.chunk(trainers))
-            dist.scatter(torch.empty_like(shards[0]), [torch.empty_like(shards[0]), *shards], src=0)
+    """Observations (in their stored dtype: images travel as uint8) and the float rows, to every trainer;
+    for a recurrent policy whole environment sequences, with their episode starts and initial states."""
+    obs, data, sequences = packed.obs, packed.data, packed.sequences
+    if sequences is not None and not share:  # rows regrouped so that each shard is some environments' sequences
+        T, N = sequences.length, sequences.count
+        order = torch.cat([sequence_minibatch_rows(T, N, envs) for envs in torch.arange(N).chunk(trainers)])
+        obs, data = obs[order.to(obs.device)], data[order.to(data.device)]
+    for tensor in (obs, data):
+        _send(tensor, share, trainers)
+    if sequences is not None:
+        for tensor in (sequences.starts, *sequences.initial_state):  # environments on axis 1
+            _send(tensor, share, trainers, dim=1)
 
 
 def _receive_batch(rows: int, obs_shape: tuple[int, ...], obs_dtype: torch.dtype, columns: int, share: bool,
-                   trainers: int) -> tuple[torch.Tensor, torch.Tensor]:
+                   trainers: int, sequences: tuple[int, tuple[torch.Tensor, ...]] | None = None
+                   ) -> tuple[torch.Tensor, torch.Tensor, Sequences | None]:
+    """``sequences``: (T, the initial state of this trainer's environments, for its shapes) when recurrent."""
     n = rows if share else rows // trainers
-    received = []
-    for buffer in (torch.empty(n, *obs_shape, dtype=obs_dtype), torch.empty(n, columns)):
-        if share:
-            dist.broadcast(buffer, 0)
-        else:
-            dist.scatter(buffer, None, src=0)
-        received.append(buffer)
-    return received[0], received[1]
+    obs = _receive(torch.empty(n, *obs_shape, dtype=obs_dtype), share)
+    data = _receive(torch.empty(n, columns), share)
+    if sequences is None:
+        return obs, data, None
+    T, like = sequences
+    envs = n // T
+    starts = _receive(torch.empty(T, envs), share)
+    state = tuple(_receive(torch.empty(s.shape[0], envs, *s.shape[2:]), share) for s in like)
+    return obs, data, Sequences(starts, state)
 
 
 class PlayerAlgo:
@@ -183,9 +218,12 @@ def run_trainer(run: RunConfig, strategy: StrategyConfig, cfg: PPOConfig, device
         if new_segment != segment:  # every trainer shuffles alike with --share-data, apart otherwise
             segment = new_segment
             algo.reseed(run.seed, 0 if strategy.share_data else rank, segment)
-        obs, data = _receive_batch(cfg.rollout_size, obs_shape, torch_dtype, PackedBatch.columns(action_shape),
-                                   strategy.share_data, trainers)
-        packed = PackedBatch(obs.to(device), data.to(device), action_shape, agent.discrete)
+        recurrent = (cfg.n_steps, agent.initial_state(1)) if getattr(agent, "recurrent", False) else None
+        obs, data, sequences = _receive_batch(cfg.rollout_size, obs_shape, torch_dtype, PackedBatch.columns(action_shape),
+                                              strategy.share_data, trainers, recurrent)
+        if sequences is not None:
+            sequences = Sequences(sequences.starts.to(device), tuple(s.to(device) for s in sequences.initial_state))
+        packed = PackedBatch(obs.to(device), data.to(device), action_shape, agent.discrete, sequences)
         part = (rank - 1, trainers) if strategy.share_data else None
         metrics = algo.update_packed(packed, sync, progress, part)
         params = agent.params.data

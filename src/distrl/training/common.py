@@ -23,6 +23,7 @@ from distrl.envs import VecEnv, make_run_env
 from distrl.env_names import portable_env_name, resolve_env_id
 from distrl.evaluation import evaluate
 from distrl.logs import MONITOR_FILE, Console, RunLogger, write_json_atomic
+from distrl.nets.recurrent import StatefulPolicy
 from distrl.protocols import Sync
 from distrl.spaces import DictLayout, stored_layout
 from distrl.strategies.single import LocalSync
@@ -119,6 +120,7 @@ class TrainerBase:
         """Figures a strategy adds to summary.json (ddp: the replicas' final parameter checksums)."""
         self._eval_steps = -1
         self._eval_env: VecEnv | None = None
+        self._eval_policy: StatefulPolicy | None = None
         self.run_dir = run_dir
         self.logger: RunLogger | None = None
         self.console: Console | None = None
@@ -164,9 +166,20 @@ class TrainerBase:
     def train(self, total_steps: int | None = None, stop_at: int | None = None) -> dict[str, Any]:
         raise NotImplementedError
 
-    def act_for_eval(self, obs: np.ndarray) -> np.ndarray:
-        """Deterministic env actions for raw observations [B, obs_dim]."""
+    def act_for_eval(self, obs: np.ndarray, starts: np.ndarray) -> np.ndarray:
+        """Deterministic env actions for raw observations [B, ...]; ``starts`` [B] marks the observations
+        that begin an episode (a recurrent policy restarts its state there)."""
         raise NotImplementedError
+
+    def greedy_actions(self, obs: np.ndarray, starts: np.ndarray) -> np.ndarray:
+        """The policy's deterministic actions (before ``env_action``), carrying a recurrent policy's state
+        from call to call (for evaluation, which begins every episode with ``starts``)."""
+        agent: Any = self.agent  # type: ignore[attr-defined]
+        if not getattr(agent, "recurrent", False):
+            return agent.act(obs, None)
+        if self._eval_policy is None or self._eval_policy.n_envs != len(obs):
+            self._eval_policy = StatefulPolicy(agent, len(obs))
+        return self._eval_policy(obs, starts)
 
     def state_tensors(self) -> dict[str, torch.Tensor]:
         raise NotImplementedError

@@ -85,8 +85,8 @@ class EpisodicTrainer(TrainerBase):
         summary["final_iteration_mean_return"] = self.last_iteration_return
         return summary
 
-    def act_for_eval(self, obs: np.ndarray) -> np.ndarray:
-        return self.agent.env_action(self.agent.act(obs.astype(self.obs_dtype), None))
+    def act_for_eval(self, obs: np.ndarray, starts: np.ndarray) -> np.ndarray:
+        return self.agent.env_action(self.greedy_actions(obs.astype(self.obs_dtype), starts))
 
     def start_segment(self) -> None:
         self.collector.reset(self.run.seed, self.steps)

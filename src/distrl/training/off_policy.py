@@ -113,7 +113,7 @@ class OffPolicyTrainer(TrainerBase):
                 self.save_checkpoint()
         return self.summary()
 
-    def act_for_eval(self, obs: np.ndarray) -> np.ndarray:
+    def act_for_eval(self, obs: np.ndarray, starts: np.ndarray) -> np.ndarray:
         return self.to_env(self.algo.actor.act(obs.astype(self.obs_dtype), None))
 
     # ---- state ----

@@ -123,8 +123,8 @@ class OnPolicyTrainer(TrainerBase):
         return {"version": self.policy_version, "params": self.agent.params.data.cpu().numpy().copy(),
                 "obs_stats": self.obs_normalizer.stats.state(), "reward_stats": self.reward_scaler.stats.state()}
 
-    def act_for_eval(self, obs: np.ndarray) -> np.ndarray:
-        return self.agent.env_action(self.agent.act(self.obs_normalizer(obs), None))
+    def act_for_eval(self, obs: np.ndarray, starts: np.ndarray) -> np.ndarray:
+        return self.agent.env_action(self.greedy_actions(self.obs_normalizer(obs), starts))
 
     def start_segment(self) -> None:
         """Restart environments, sampling noise and minibatch shuffling from seeds derived from the step count."""
