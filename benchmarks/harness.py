@@ -101,3 +101,38 @@ def comparison_table(rows: list[tuple], fmt: Callable[[float | None], str]) -> l
         lines.append(f"| {label} | {fmt(d)} | {fmt(s)} | {'n/a' if ratio is None else f'{ratio:.2f}×'} | "
                      f"{rss_d:.0f} / {rss_s:.0f} |")
     return lines
+
+
+def sb3_seconds_to_target(model: Any, eval_env: Any, budget: int, every: int, target: float,
+                          before_eval: Callable[[], None] | None = None) -> dict:
+    """Train a stable-baselines3 (or sb3-contrib) model until a 10-episode deterministic evaluation every
+    ``every`` steps reaches ``target``: training seconds with the evaluations left out (None when not
+    reached within ``budget`` steps) and the steps taken. ``before_eval`` runs first (e.g. to copy
+    observation statistics to the evaluation env)."""
+    import time
+
+    from stable_baselines3.common.callbacks import BaseCallback
+    from stable_baselines3.common.evaluation import evaluate_policy
+
+    class EvalTimer(BaseCallback):
+        def __init__(self) -> None:
+            super().__init__()
+            self.eval_s, self.next_eval, self.solved = 0.0, every, False
+
+        def _on_step(self) -> bool:
+            if self.num_timesteps < self.next_eval:
+                return True
+            self.next_eval += every
+            start = time.perf_counter()
+            if before_eval is not None:
+                before_eval()
+            mean, _ = evaluate_policy(self.model, eval_env, n_eval_episodes=10, deterministic=True)
+            self.eval_s += time.perf_counter() - start
+            self.solved = mean >= target
+            return not self.solved
+
+    timer = EvalTimer()
+    start = time.perf_counter()
+    model.learn(budget, callback=timer)
+    wall = time.perf_counter() - start
+    return {"train_s": wall - timer.eval_s if timer.solved else None, "steps": model.num_timesteps}

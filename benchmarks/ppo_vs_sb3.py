@@ -15,7 +15,7 @@ import argparse
 import platform
 import time
 
-from harness import alternate, child_main, comparison_table, median, write_section
+from harness import alternate, child_main, comparison_table, median, sb3_seconds_to_target, write_section
 
 ZOO_CARTPOLE = dict(n_envs=8, n_steps=32, batch_size=256, n_epochs=20, gae_lambda=0.8, gamma=0.98,
                     learning_rate=1e-3, ent_coef=0.0, clip_range=0.2)  # lr and clip linear from these
@@ -87,35 +87,11 @@ def _solve(lib: str, seed: int) -> dict:
         solved = trainer.last_eval is not None and trainer.last_eval[0] >= TARGET
         return {"train_s": trainer.train_s if solved else None, "steps": trainer.steps}
 
-    from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.env_util import make_vec_env
-    from stable_baselines3.common.evaluation import evaluate_policy
 
     model = _sb3_model("CartPole-v1", ZOO_CARTPOLE, linear=True, seed=seed)
     eval_env = make_vec_env("CartPole-v1", n_envs=1, seed=seed + 1_000_000)
-
-    class EvalTimer(BaseCallback):
-        def __init__(self):
-            super().__init__()
-            self.eval_s, self.next_eval, self.solved_at = 0.0, EVAL_EVERY, None
-
-        def _on_step(self) -> bool:
-            if self.num_timesteps < self.next_eval:
-                return True
-            self.next_eval += EVAL_EVERY
-            start = time.perf_counter()
-            mean, _ = evaluate_policy(self.model, eval_env, n_eval_episodes=10, deterministic=True)
-            self.eval_s += time.perf_counter() - start
-            if mean >= TARGET:
-                self.solved_at = self.num_timesteps
-                return False
-            return True
-
-    timer = EvalTimer()
-    start = time.perf_counter()
-    model.learn(200_000, callback=timer)
-    wall = time.perf_counter() - start
-    return {"train_s": wall - timer.eval_s if timer.solved_at else None, "steps": model.num_timesteps}
+    return sb3_seconds_to_target(model, eval_env, 200_000, EVAL_EVERY, TARGET)
 
 
 # ---------------------------------------------------------------- parent: alternate, aggregate, report

@@ -16,7 +16,7 @@ import argparse
 import platform
 import time
 
-from harness import alternate, child_main, comparison_table, measure, median, write_section
+from harness import alternate, child_main, comparison_table, measure, median, sb3_seconds_to_target, write_section
 
 HP = dict(learning_rate=1e-3, buffer_size=1_000_000, learning_starts=100, batch_size=256, tau=0.005, gamma=0.99,
           train_freq=1, gradient_steps=1)
@@ -97,32 +97,11 @@ def _solve(lib: str, seed: int, threads: int) -> dict:
         solved = trainer.last_eval is not None and trainer.last_eval[0] >= TARGET
         return {"train_s": trainer.train_s if solved else None, "steps": trainer.steps}
 
-    from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.env_util import make_vec_env
-    from stable_baselines3.common.evaluation import evaluate_policy
 
     model = _sb3(seed)
     eval_env = make_vec_env("Pendulum-v1", n_envs=1, seed=seed + 1_000_000)
-
-    class EvalTimer(BaseCallback):
-        def __init__(self):
-            super().__init__()
-            self.eval_s, self.solved = 0.0, False
-
-        def _on_step(self) -> bool:
-            if self.num_timesteps % EVAL_EVERY:
-                return True
-            start = time.perf_counter()
-            mean, _ = evaluate_policy(self.model, eval_env, n_eval_episodes=10, deterministic=True)
-            self.eval_s += time.perf_counter() - start
-            self.solved = mean >= TARGET
-            return not self.solved
-
-    timer = EvalTimer()
-    start = time.perf_counter()
-    model.learn(BUDGET, callback=timer)
-    wall = time.perf_counter() - start
-    return {"train_s": wall - timer.eval_s if timer.solved else None, "steps": model.num_timesteps}
+    return sb3_seconds_to_target(model, eval_env, BUDGET, EVAL_EVERY, TARGET)
 
 
 def main() -> None:
