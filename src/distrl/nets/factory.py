@@ -78,7 +78,6 @@ def build_module(observation_space: spaces.Space, action_space: spaces.Space, cf
     attribute and is used as the encoder in front of distrl's heads.
     """
     spec = action_spec(action_space)
-    activation = cfg.activation
     core = getattr(cfg, "core", "none")
     source = resolve_policy(policy)
     if source is None:
