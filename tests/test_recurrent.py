@@ -14,6 +14,7 @@ from distrl.data.rollout import RolloutCollector, Sequences
 from distrl.envs import make_env
 from distrl.nets import make_agent
 from distrl.nets.recurrent import RecurrentAgent, RecurrentCore, sequence_minibatch_rows
+from distrl.strategies.single import LocalSync
 
 CUE = "distrl_memoryenvs:CueEnv"
 OBS, ACT = gym.spaces.Box(-1, 1, (3,), np.float32), gym.spaces.Discrete(2)
@@ -235,3 +236,14 @@ def test_cartpole_without_velocities_needs_memory():
     feed_forward = PPO("CartPole-v1", **settings).learn(100_000)
     assert feed_forward._trainer.last_eval[0] < 200  # the same budget without memory stays far below
     feed_forward.close()
+
+
+def test_a_recurrent_policy_under_bf16_keeps_its_state_in_float32():
+    cfg = PPOConfig(core="lstm", core_size=8, net_arch=(8,), n_envs=2, n_steps=6, batch_size=12)
+    agent = make_agent(OBS, ACT, cfg, "cpu", 0, precision="bf16")
+    collector, rollout = _collect(agent, T=6)
+    assert all(part.dtype == np.float32 for part in rollout.initial_state.values())
+    assert all(s.dtype == torch.float32 for s in collector._state)
+    algo = PPOAlgo(cfg, agent, 0)
+    metrics = algo.update(algo.prepare(rollout), LocalSync())
+    assert np.isfinite(metrics["losses/policy_loss"]) and metrics["losses/gradient_steps"] > 0

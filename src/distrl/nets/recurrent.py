@@ -132,7 +132,7 @@ class RecurrentAgent(ModuleAgent):
                 raise ConfigError(f"the recurrent policy module returned head {tuple(head.shape)}; this action space "
                                  f"needs ({T}, {B}, {self.spec.head_size}) for observations [{T}, {B}, ...]")
             self._checked = True
-        return head, values, tuple(state)
+        return head, values, tuple(s.float() for s in state)  # float32 whatever autocast ran in (rollouts keep it)
 
     def _starts(self, starts: np.ndarray | torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
         return torch.as_tensor(starts, dtype=torch.float32).to(self.device).reshape(shape)
@@ -188,8 +188,18 @@ class RecurrentAgent(ModuleAgent):
         rows = torch.from_numpy(step * count + episode).to(self.device)
         return ModuleForward(fwd.head[rows], fwd.values[rows], fwd.log_std)
 
+    # The feed-forward entry points see single observations, without a state: a recurrent agent has none.
     def act(self, obs: np.ndarray, noise: np.ndarray | None) -> np.ndarray:
         raise TypeError("a recurrent agent acts with act_state(obs, noise, state, starts)")
+
+    def act_recording(self, obs: np.ndarray, noise: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        raise TypeError("a recurrent agent acts with act_state(obs, noise, state, starts)")
+
+    def values(self, obs: torch.Tensor) -> torch.Tensor:
+        raise TypeError("a recurrent agent values sequences with sequence_values(obs, state, starts)")
+
+    def log_prob(self, obs: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        raise TypeError("a recurrent agent records its behaviour log-probs while acting (act_state)")
 
     def forward_train(self, obs: torch.Tensor) -> ModuleForward:
         raise TypeError("a recurrent agent trains with forward_sequences(obs, state, starts)")
