@@ -132,7 +132,24 @@ def test_ray_start_up_chatter_goes_to_the_run_directory(tmp_path):
                             capture_output=True, text=True, timeout=300, check=False)
     assert result.returncode == 0, result.stderr
     assert result.stderr == "" and result.stdout == ""  # --quiet and Ray's notices elsewhere: nothing at all
-    assert "Token authentication" in (run_dir / "ray-start.log").read_text()
+    assert (run_dir / "ray-start.log").is_file()  # what Ray printed while starting, if anything
+
+
+def test_start_up_output_of_a_process_and_its_children_lands_in_the_file(tmp_path, capfd):
+    from distrl.strategies.ray_engine import output_to
+
+    log = tmp_path / "start.log"
+    with output_to(log):
+        os.write(1, b"from this process\n")  # what Ray's own code writes to the process's stdout
+        subprocess.run([sys.executable, "-c", "import sys; print('from a child', file=sys.stderr)"], check=True)
+    os.write(1, b"after\n")
+    assert log.read_text().splitlines() == ["from this process", "from a child"]
+    out, err = capfd.readouterr()
+    assert out == "after\n" and err == ""
+    with pytest.raises(RuntimeError), output_to(None):  # no file: a failure shows what was printed
+        os.write(2, b"what went wrong\n")
+        raise RuntimeError
+    assert "what went wrong" in capfd.readouterr().err
 
 
 def test_errors_about_a_custom_env_name_what_the_user_typed(tmp_path, capsys, monkeypatch):

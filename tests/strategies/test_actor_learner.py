@@ -130,7 +130,9 @@ def test_cli_actor_learner_reports_per_iteration_and_summary(tmp_path):
                              "--run-dir", str(run_dir)], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     assert "iteration 3/3: mean reward" in result.stderr
-    assert "episodes/s" in result.stdout and "final mean reward" in result.stdout
+    ends = [line for line in result.stderr.splitlines() if line.startswith("done:")]  # one end line, labelled
+    assert len(ends) == 1 and ends[0].startswith("done: 3 iterations, ") and " 30 episodes in " in ends[0]
+    assert "s training" in ends[0] and "s total" in ends[0] and result.stdout == ""
     import json
 
     summary = json.loads((run_dir / "summary.json").read_text())

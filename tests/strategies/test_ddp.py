@@ -37,8 +37,9 @@ def fixed_batch(seed: int = 0, n: int = N) -> RolloutBatch:
 def shard(batch: RolloutBatch, rank: int, world: int) -> RolloutBatch:
     size = batch.size // world
     part = slice(rank * size, (rank + 1) * size)
-    return RolloutBatch(**{f.name: (getattr(batch, f.name)[part] if f.name != "policy_version" else 0)
-                           for f in dataclasses.fields(batch)})
+    tensors = {f.name: getattr(batch, f.name)[part] for f in dataclasses.fields(batch)
+               if isinstance(getattr(batch, f.name), torch.Tensor)}
+    return dataclasses.replace(batch, **tensors)
 
 
 def update_on_shard(rank, world, cfg):
