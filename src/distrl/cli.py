@@ -20,7 +20,8 @@ from typing import Any, Literal
 import tyro
 
 from distrl import __version__, checkpoint
-from distrl.config import ConfigError, Device, GRPOConfig, PPOConfig, REINFORCEConfig, RunConfig, SACConfig, StrategyConfig
+from distrl.config import (ConfigError, Device, GRPOConfig, PPOConfig, REINFORCEConfig, RunConfig, SACConfig,
+                           StrategyConfig, Tracker)
 from distrl.env_names import SHORT_NAMES, portable_env_name, refuse_named_code, resolve_env_id
 from distrl.presets import algo_configs, preset_names
 from distrl.training import configs_from_checkpoint, default_run_dir, make_trainer
@@ -56,6 +57,8 @@ usage: distrl COMMAND ...
   distrl train ALGO ENV [flags]     train an agent; `distrl train ppo cartpole --help` lists the flags
   distrl eval RUN [flags]           evaluate a run directory or checkpoint; --record FILE.gif|.mp4
   distrl plot RUN [RUN ...] [flags] reward curves from Monitor files (distrl's or stable-baselines3's)
+  distrl tune ALGO ENV [flags]      an Optuna study of ALGO's hyperparameters on ENV; writes best.json,
+                                    a preset (distrl train ALGO ENV --preset best.json)
   distrl bench scaling ALGO ENV     the same training with 1, 2, ... workers, speedup against ideal
 
   distrl --version                  the installed version
@@ -141,6 +144,8 @@ class EvalArgs:
     """Evaluate on this env (id, short name or package.module:Name) instead of the run's."""
     compare_untrained: bool = False
     """With --record: an untrained policy plays the same episodes beside the trained one."""
+    track: tuple[Tracker, ...] = ()
+    """With --record: also log the video to the run's tracked runs (wandb, mlflow), as its training did."""
     trust_code: bool = False
     """Allow the code the run's config names (its env entry point, wrappers, policy factory) to be imported
     and run; without it, a run that names code other than --env stops before importing anything."""
@@ -194,6 +199,10 @@ def _dispatch(argv: list[str]) -> int:
         return eval_command(rest)
     if command == "plot":
         return plot_command(rest)
+    if command == "tune":
+        from distrl.tune.study import tune_command
+
+        return tune_command(rest)
     if command == "bench":
         if not rest or rest[0] != "scaling":
             raise ConfigError(f"bench={rest[0] if rest else ''!r} is not known: must be scaling "
@@ -201,7 +210,8 @@ def _dispatch(argv: list[str]) -> int:
         from distrl.bench import scaling_command
 
         return scaling_command(rest[1:])
-    raise ConfigError(f"command={command!r} is not known: must be one of train, eval, plot, bench, --version")
+    raise ConfigError(f"command={command!r} is not known: must be one of train, eval, plot, tune, bench, "
+                      "--version")
 
 
 def _flag_value(argv: list[str], flag: str) -> str | None:
@@ -222,7 +232,7 @@ def _merge_repeated(argv: list[str], flag: str, into: str) -> list[str]:
         arg = argv[i]
         if arg.startswith(flag + "="):
             values.append(arg.split("=", 1)[1])
-        elif arg == flag and i + 1 < len(argv):
+        elif arg == flag and flag != into and i + 1 < len(argv):
             values.append(argv[i + 1])
             i += 1
         elif arg == into:  # --wrappers A B: its values up to the next flag
@@ -247,7 +257,7 @@ def train_command(argv: list[str]) -> int:
             argv = [algo, "CartPole-v1", *argv[1:]]
         else:
             raise ConfigError(f"ENV is missing: distrl train {algo} ENV [flags], e.g. distrl train {algo} CartPole-v1")
-    env, rest = argv[1], _merge_repeated(argv[2:], "--wrapper", "--wrappers")
+    env, rest = argv[1], _merge_repeated(_merge_repeated(argv[2:], "--wrapper", "--wrappers"), "--track", "--track")
     resume_arg = _flag_value(rest, "--resume")
     resume_path = None
     strategy = StrategyConfig()
@@ -359,9 +369,11 @@ def _as_rank(fn, *args):  # noqa: ANN001, ANN202
 def eval_command(argv: list[str]) -> int:
     from distrl.api import Model
 
-    args = tyro.cli(EvalArgs, args=argv, prog="distrl eval")
+    args = tyro.cli(EvalArgs, args=_merge_repeated(argv, "--track", "--track"), prog="distrl eval")
     if args.episodes <= 0:
         raise ConfigError(f"episodes={args.episodes} is not allowed: must be > 0")
+    if args.track and not args.record:
+        raise ConfigError(f"track={args.track!r} is not allowed without --record: eval logs a recorded video")
     model = Model.load(args.path, device=args.device, env=args.env or None, trust_code=args.trust_code)
     try:
         if args.record:
@@ -400,7 +412,25 @@ def _record(model: Any, args: EvalArgs) -> int:
     panes = " | ".join(f"{label} (returns {', '.join(f'{r:,.1f}' for r in returns)})"
                        for label, returns in zip(labels, recording.returns))
     print(f"wrote {args.record}: {recording.frames} frames, {args.episodes} episode(s): {panes}")
+    if args.track:
+        _track_video(model, args)
     return 0
+
+
+def _track_video(model: Any, args: EvalArgs) -> None:
+    """Log the recorded video to the trackers of the run it came from (RUN/tracking.json)."""
+    from distrl.tracking import close_trackers, open_trackers
+
+    run_dir = checkpoint.run_dir_of(checkpoint.find_latest(Path(args.path)))
+    if run_dir is None:
+        raise ConfigError(f"path={args.path!r} is not in a run directory: --track logs to the run's tracked runs")
+    trackers = open_trackers(args.track, run_dir, model._trainer.run.track_project, model._trainer.config_dict())
+    try:
+        for tracker in trackers:
+            tracker.video(Path(args.record))
+    finally:
+        close_trackers(trackers)
+    print(f"logged {args.record} to {', '.join(args.track)} (run {run_dir.name})")
 
 
 def plot_command(argv: list[str]) -> int:

@@ -145,6 +145,13 @@ class RunLogger:
         self.recent_returns: deque[float] = deque(maxlen=100)
         self._tb: Any = None
         self._last_scalars = float("-inf")
+        self.trackers: list[Any] = []
+
+    def track(self, names: tuple[str, ...], project: str, config: dict[str, Any]) -> None:
+        """Send everything TensorBoard gets to these trackers too (see :mod:`distrl.tracking`)."""
+        from distrl.tracking import open_trackers
+
+        self.trackers = open_trackers(names, self.run_dir, project, config)
 
     @property
     def tb(self) -> Any:
@@ -164,8 +171,11 @@ class RunLogger:
             self.rank_monitors[rank].write(returns, lengths)
         self.recent_returns.extend(returns)
         if returns:
-            self.tb.add_scalar("charts/episodic_return", float(np.mean(returns)), step)
-            self.tb.add_scalar("charts/episodic_length", float(np.mean(lengths)), step)
+            values = {"charts/episodic_return": float(np.mean(returns)), "charts/episodic_length": float(np.mean(lengths))}
+            for name, value in values.items():
+                self.tb.add_scalar(name, value, step)
+            for tracker in self.trackers:
+                tracker.scalars(values, step)
 
     def monitor_rows(self) -> dict[str, int]:
         """Episodes logged so far in each Monitor file, by path relative to the run directory."""
@@ -195,6 +205,14 @@ class RunLogger:
         self._last_scalars = now
         for name, value in values.items():
             self.tb.add_scalar(name, value, step)
+        for tracker in self.trackers:
+            tracker.scalars(values, step)
+
+    def summary(self, values: dict[str, Any]) -> None:
+        """The run's summary.json, and its figures to the trackers."""
+        write_json_atomic(self.run_dir / "summary.json", values)
+        for tracker in self.trackers:
+            tracker.summary(values)
 
     @property
     def mean_return(self) -> float | None:
@@ -206,3 +224,7 @@ class RunLogger:
             monitor.close()
         if self._tb is not None:
             self._tb.close()
+        trackers, self.trackers = self.trackers, []
+        from distrl.tracking import close_trackers
+
+        close_trackers(trackers)

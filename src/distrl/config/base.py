@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import types
+import typing
 from typing import Any, Literal
 
 Schedule = Literal["constant", "linear"]
@@ -18,6 +20,7 @@ Activation = Literal["tanh", "relu"]
 Encoder = Literal["auto", "mlp", "nature", "small", "impala"]
 Core = Literal["none", "lstm", "gru"]
 Precision = Literal["fp32", "bf16"]
+Tracker = Literal["wandb", "mlflow"]
 
 
 class ConfigError(Exception):
@@ -78,3 +81,46 @@ def from_dict(cls: type, data: dict[str, Any]) -> Any:
         if f.name in values and isinstance(values[f.name], list):
             values[f.name] = tuple(values[f.name])
     return cls(**values)
+
+
+def check_types(cls: type, values: dict[str, Any]) -> None:
+    """Raise a ConfigError unless each value has the type of ``cls``'s field of that name (a value read from
+    a file: JSON lists stand for tuples, ints for floats)."""
+    hints = typing.get_type_hints(cls)
+    for name, value in values.items():
+        if name in hints:
+            hint = hints[name]
+            require(_fits(value, hint), name, value, _type_name(hint))
+
+
+def _fits(value: Any, hint: Any) -> bool:
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is Literal:
+        return any(value == a and type(value) is type(a) for a in args)
+    if origin in (typing.Union, types.UnionType):
+        return any(_fits(value, a) for a in args)
+    if origin is tuple:
+        return isinstance(value, (list, tuple)) and all(_fits(v, args[0]) for v in value)
+    if hint is type(None):
+        return value is None
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint in (bool, str):
+        return isinstance(value, hint)
+    return True
+
+
+def _type_name(hint: Any, plural: bool = False) -> str:
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in args)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in args)
+    if origin is tuple:
+        return f"a list of {_type_name(args[0], plural=True)}"
+    if hint is type(None):
+        return "null"
+    name = {int: "integer", float: "number", bool: "boolean (true/false)", str: "string"}.get(hint, str(hint))
+    return f"{name}s" if plural else f"an {name}" if name[0] in "aeiou" else f"a {name}"

@@ -10,7 +10,7 @@ import tyro
 
 from distrl.config.algos import SACConfig
 from distrl.config.base import (Device, Engine, Launcher, OnWorkerError, Precision, ReplaySampling, Scaling, Strategy,
-                                VecMode, require_fraction, require_positive, require)
+                                Tracker, VecMode, require_fraction, require_positive, require)
 
 def parse_env_kwargs(items: tuple[str, ...] | list[str]) -> dict[str, Any]:
     """``("continuous=true", "max_episode_steps=500")`` as ``{"continuous": True, "max_episode_steps": 500}``.
@@ -107,6 +107,12 @@ class RunConfig:
     """On the CPU, treat subnormal floats (below about 1.2e-38) as zero. Adam's second-moment
     estimates decay into that range, where x86 arithmetic is tens of times slower (an Adam step
     measured 1.5 ms instead of 0.14 ms)."""
+    track: tuple[Tracker, ...] = ()
+    """Experiment trackers that get what TensorBoard gets, the config and the summary: wandb, mlflow
+    (several: --track wandb --track mlflow). Where they write is their own setting (WANDB_MODE,
+    MLFLOW_TRACKING_URI, ...); pip install 'distrl[wandb]' or 'distrl[mlflow]'."""
+    track_project: str = "distrl"
+    """The W&B project, or the MLflow experiment, of tracked runs."""
     quiet: bool = False
     """No progress display."""
     debug: bool = False
@@ -114,6 +120,7 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         require_positive(self, "total_steps", "eval_episodes", "threads")
+        require(len(set(self.track)) == len(self.track), "track", self.track, "each tracker once")
         require(self.iterations >= 0, "iterations", self.iterations, ">= 0")
         require(self.seed >= 0, "seed", self.seed, ">= 0")
         require(self.checkpoint_every >= 0, "checkpoint_every", self.checkpoint_every, ">= 0")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from datetime import datetime
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -127,6 +128,9 @@ class TrainerBase:
         """Progress and events on the terminal: a run directory's main worker has one; the API's
         ``learn(progress_bar=True)`` lends one for its call."""
         self._console_return: float | None = None
+        self.stop_when: Callable[[int, float], bool] | None = None
+        """Called on the main worker with (steps, mean return) after each periodic evaluation (--eval-every);
+        True ends the run there, as a reached --target-return does (a tuning study prunes trials with it)."""
         if run.iterations and not self.counts_iterations:
             raise ConfigError(f"iterations={run.iterations} is not allowed for {self.algo_name}: must be 0, "
                               f"{self.algo_name} trains for --total-steps (iterations bound REINFORCE's runs)")
@@ -134,6 +138,11 @@ class TrainerBase:
             self.logger = RunLogger(run_dir, self.env_id)
             self.console = Console(*self.progress_bound(), quiet=run.quiet)
             write_json_atomic(run_dir / "config.json", self.config_dict())
+            try:
+                self.logger.track(run.track, run.track_project, self.config_dict())
+            except BaseException:
+                self.close()
+                raise
 
     @classmethod
     def check_env(cls, run: RunConfig, cfg: Any) -> None:
@@ -229,6 +238,8 @@ class TrainerBase:
         if self.is_main:
             mean, _ = self.evaluate_now()
             reached = float(self.run.target_return is not None and mean >= self.run.target_return)
+            if self.stop_when is not None and self.stop_when(self.steps, mean):
+                reached = 1.0
         return bool(self.sync.all_sum(np.array([reached]))[0] > 0)
 
     def _log(self, returns: list[float], lengths: list[int], counts: np.ndarray, metrics: dict[str, float]) -> None:
@@ -319,7 +330,10 @@ class TrainerBase:
         summary = {**self.summary(), "wall_s": self.wall_before + wall_s}
         if self.is_main and self.run_dir is not None:
             self.save_checkpoint(self.run_dir / checkpoint.MODEL_DIR)
-            write_json_atomic(self.run_dir / "summary.json", summary)
+            if self.logger is not None:
+                self.logger.summary(summary)
+            else:
+                write_json_atomic(self.run_dir / "summary.json", summary)
             if self.run.plot:
                 from distrl.plots import reward_curves
 

@@ -1,0 +1,131 @@
+"""Experiment trackers beside TensorBoard (``--track wandb``, ``--track mlflow``).
+
+A tracked run sends what TensorBoard gets (the same scalars at the same steps), its resolved config,
+its summary, and the evaluation video when ``distrl eval RUN --record FILE --track ...`` records one.
+Only the main process of a run has a logger, so every rank and worker logs through it.
+
+Where the records go is each tracker's own setting, as its users know them: ``WANDB_MODE=offline``,
+``WANDB_ENTITY`` for Weights & Biases (its files go in the run directory); ``MLFLOW_TRACKING_URI`` for MLflow (default
+``sqlite:///mlflow.db`` in the working directory, the store ``mlflow ui`` opens there). The runs'
+ids are kept in ``RUN/tracking.json``, so ``--resume`` and ``distrl eval`` go on logging to them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from distrl.config import ConfigError
+
+TRACKING_FILE = "tracking.json"
+TRACKERS = ("wandb", "mlflow")
+
+
+class WandbTracker:
+    def __init__(self, run_dir: Path, name: str, project: str, config: dict[str, Any], run_id: str | None):
+        try:
+            import wandb
+        except ImportError:
+            raise ConfigError("track='wandb' needs Weights & Biases: pip install 'distrl[wandb]'") from None
+        self.wandb = wandb
+        self.run = wandb.init(project=project, name=name, dir=str(run_dir), config=config, id=run_id,
+                              resume="allow" if run_id else None, settings=wandb.Settings(silent=True, console="off"))
+        self.id = self.run.id
+
+    def scalars(self, values: dict[str, float], step: int) -> None:
+        self.run.log(dict(values), step=step)
+
+    def summary(self, values: dict[str, Any]) -> None:
+        for key, value in _numbers(values).items():
+            self.run.summary[key] = value
+
+    def video(self, path: Path) -> None:
+        self.run.log({"eval/video": self.wandb.Video(str(path))})
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+class MlflowTracker:
+    def __init__(self, run_dir: Path, name: str, project: str, config: dict[str, Any], run_id: str | None):
+        try:
+            from mlflow.entities import Param
+            from mlflow.tracking import MlflowClient
+        except ImportError:
+            raise ConfigError("track='mlflow' needs MLflow: pip install 'distrl[mlflow]'") from None
+        logging.getLogger("mlflow").setLevel(logging.WARNING)  # its database set-up notices
+        logging.getLogger("alembic").setLevel(logging.WARNING)
+        self.uri = os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path('mlflow.db').resolve()}"
+        self.client = MlflowClient(tracking_uri=self.uri)
+        if run_id:
+            self.id = run_id
+            self.client.update_run(run_id, status="RUNNING")
+            return
+        experiment = self.client.get_experiment_by_name(project)
+        experiment_id = experiment.experiment_id if experiment else self.client.create_experiment(project)
+        run = self.client.create_run(experiment_id, run_name=name, tags={"distrl.run_dir": str(run_dir)})
+        self.id = run.info.run_id
+        params = [Param(key, str(value)[:6000]) for key, value in _flat(config).items()]
+        for i in range(0, len(params), 100):  # MLflow takes at most 100 params per batch
+            self.client.log_batch(self.id, params=params[i:i + 100])
+
+    def scalars(self, values: dict[str, float], step: int) -> None:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        self.client.log_batch(self.id, metrics=[Metric(key, float(value), now, step) for key, value in values.items()])
+
+    def summary(self, values: dict[str, Any]) -> None:
+        self.client.log_dict(self.id, values, "summary.json")
+        for key, value in _numbers(values).items():
+            self.client.set_tag(self.id, f"summary.{key}", str(value))
+
+    def video(self, path: Path) -> None:
+        self.client.log_artifact(self.id, str(path), "eval")
+
+    def close(self) -> None:
+        self.client.set_terminated(self.id)
+
+
+def open_trackers(names: tuple[str, ...], run_dir: Path, project: str, config: dict[str, Any]) -> list[Any]:
+    """The run's trackers, continuing the tracked runs ``RUN/tracking.json`` names (a resumed run)."""
+    if not names:
+        return []
+    path = run_dir / TRACKING_FILE
+    ids = json.loads(path.read_text()) if path.exists() else {}
+    trackers: list[Any] = []
+    try:
+        for name in dict.fromkeys(names):
+            cls = {"wandb": WandbTracker, "mlflow": MlflowTracker}[name]
+            trackers.append(cls(run_dir, run_dir.name, project, config, ids.get(name)))
+            ids[name] = trackers[-1].id
+    except BaseException:
+        close_trackers(trackers)
+        raise
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(ids, indent=2) + "\n")
+    os.replace(tmp, path)
+    return trackers
+
+
+def close_trackers(trackers: list[Any]) -> None:
+    for tracker in trackers:
+        tracker.close()
+
+
+def _flat(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in config.items():
+        if isinstance(value, dict):
+            flat.update(_flat(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def _numbers(values: dict[str, Any]) -> dict[str, float]:
+    return {k: v for k, v in values.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}

@@ -1,0 +1,1 @@
+"""``distrl tune``: hyperparameter studies on Optuna (see :mod:`distrl.tune.study`)."""

@@ -1,0 +1,379 @@
+"""``distrl tune``: an Optuna study over an algorithm's hyperparameters on one env.
+
+Each trial is an ordinary run directory, ``STUDY_DIR/trials/trial-NNNN``, trained for the budget by a
+process of its own (``--parallel K`` at once), or by a Ray task with ``--engine ray`` /
+``--ray-address``. The study lives in a database (an SQLite file in the study directory unless
+``--storage`` names another), so a tune command that was stopped carries on where it was: finished
+trials stay, the ones that were running are retried with the same parameters.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import tyro
+
+from distrl.config import ConfigError, require
+from distrl.env_names import resolve_env_id
+from distrl.presets import algo_configs, resolve_preset
+from distrl.tune.space import DEFAULT_SPACES, Space, build_space
+from distrl.tune.trial import LOG_FILE, PRESET_FILE, RESULT_FILE, SPEC_FILE, make_pruner, run_trial
+
+
+@dataclass(frozen=True)
+class TuneArgs:
+    """Search hyperparameters with Optuna: TPE sampling, pruning on periodic evaluations; the objective is
+    the mean evaluation return at the end of the budget. Writes the study database, every trial's run
+    directory, best.json (a preset: distrl train ALGO ENV --preset best.json), top_trials.md and plots."""
+
+    trials: int = 20
+    """Trials in the study, counting those an earlier run of the command finished (complete, pruned or
+    failed); a study that has them all only writes its results again."""
+    budget_steps: int = 50_000
+    """Environment steps each trial trains for."""
+    parallel: int = 1
+    """Trials running at once (a process each, or a Ray task each)."""
+    storage: str = ""
+    """Where the study lives: an SQLAlchemy URL (postgresql://..., mysql://...) to share it between
+    machines; empty: sqlite:///STUDY_DIR/study.db."""
+    study: str = ""
+    """Study name in the storage; empty: ALGO-ENV."""
+    study_dir: str = ""
+    """Directory of the study's trials and results; empty: tune/STUDY."""
+    space: str = ""
+    """A JSON or YAML file changing the search space: NAME: {type: float|int, low, high, log}, a list of
+    choices, or a fixed value (see distrl.tune.space)."""
+    no_default_space: bool = False
+    """Search only the parameters of --space, not the algorithm's default space."""
+    preset: str = "auto"
+    """Values every trial starts from (a preset name or file); the sampled parameters override them."""
+    pruner: Literal["median", "halving", "none"] = "median"
+    """Stop trials early: median (below the median of earlier trials at the same step, after a third
+    of the budget), halving (successive halving), none."""
+    evaluations: int = 5
+    """Evaluations per trial, evenly spaced over the budget: the pruner's checkpoints; the last is the
+    trial's value."""
+    eval_episodes: int = 10
+    """Episodes per evaluation."""
+    startup_trials: int = 10
+    """Trials sampled at random before TPE models the results, and before the median pruner prunes."""
+    seed: int = 0
+    """Seed of every trial's run (so trials differ only in their hyperparameters) and of the sampler."""
+    engine: Literal["process", "ray"] = "process"
+    """process: a local process per trial; ray: a Ray task per trial (a local instance, or the cluster of
+    --ray-address)."""
+    ray_address: str = ""
+    """Run the trials as tasks on this Ray cluster (implies --engine ray); the storage must then be
+    reachable from its nodes (a database server), and the study directory shared for the run dirs."""
+    trial_timeout_s: float = 21_600.0
+    """A trial still running after this long is stopped and recorded as failed."""
+    env_kwargs: tuple[str, ...] = ()
+    """key=value arguments for the env's constructor, as for train."""
+    wrappers: tuple[str, ...] = ()
+    """'package.module:function' wrappers, as for train."""
+    policy: str = ""
+    """'package.module:function' building the network, as for train."""
+    device: Literal["auto", "cpu", "cuda"] = "cpu"
+    """Device of each trial's update."""
+    threads: int = 1
+    """Torch threads per trial."""
+    debug: bool = False
+    """Show full tracebacks for errors."""
+
+    def __post_init__(self) -> None:
+        for name in ("trials", "budget_steps", "parallel", "evaluations", "eval_episodes", "threads"):
+            require(getattr(self, name) > 0, name, getattr(self, name), "> 0")
+        require(self.startup_trials >= 0, "startup_trials", self.startup_trials, ">= 0")
+        require(self.seed >= 0, "seed", self.seed, ">= 0")
+        require(self.trial_timeout_s > 0, "trial_timeout_s", self.trial_timeout_s, "> 0")
+        require(self.budget_steps >= self.evaluations, "budget_steps", self.budget_steps,
+                f">= evaluations ({self.evaluations})")
+
+
+def import_optuna() -> Any:
+    try:
+        import optuna
+    except ImportError:
+        raise ConfigError("Optuna is not installed: pip install 'distrl[tune]'") from None
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    return optuna
+
+
+def tune_command(argv: list[str]) -> int:
+    if len(argv) < 2 or argv[0].startswith("-") or argv[1].startswith("-"):
+        if any(a in ("-h", "--help") for a in argv):
+            tyro.cli(TuneArgs, args=["--help"], prog="distrl tune ALGO ENV")
+        raise ConfigError("ALGO and ENV are missing: distrl tune ALGO ENV [flags], e.g. distrl tune ppo CartPole-v1 "
+                          "--trials 20 --budget-steps 50000")
+    algo, env = argv[0], argv[1]
+    if algo not in DEFAULT_SPACES:
+        raise ConfigError(f"algo={algo!r} cannot be tuned: must be one of {', '.join(DEFAULT_SPACES)}")
+    args = tyro.cli(TuneArgs, args=argv[2:], prog=f"distrl tune {algo} {env}")
+    return Tuner(algo, env, args).run()
+
+
+class Tuner:
+    """The tune command's study: asks it for trials, runs them, tells it their outcome, writes the results."""
+
+    def __init__(self, algo: str, env: str, args: TuneArgs):
+        self.optuna = import_optuna()
+        self.algo, self.env, self.args = algo, env, args
+        self.env_id = resolve_env_id(env)
+        self.space: Space = build_space(algo, args.space, defaults=not args.no_default_space)
+        self.run_values = {"env_kwargs": args.env_kwargs, "wrappers": args.wrappers, "policy": args.policy,
+                           "device": args.device, "threads": args.threads}
+        algo_configs(algo, env, args.preset, run=self.run_values)  # the env, preset and flags, checked once
+        _, base = resolve_preset(algo, self.env_id, args.preset)
+        base.pop("total_steps", None)
+        self.base = {k: list(v) if isinstance(v, tuple) else v for k, v in base.items()}
+        self.name = args.study or f"{algo}-{env.replace('/', '_').replace(':', '_')}"
+        self.dir = Path(args.study_dir or Path("tune") / self.name)
+        (self.dir / "trials").mkdir(parents=True, exist_ok=True)
+        self.storage = args.storage or f"sqlite:///{(self.dir / 'study.db').resolve()}"
+        self.eval_every = max(1, args.budget_steps // args.evaluations)
+        self.host = socket.gethostname()
+
+    def run(self) -> int:
+        optuna = self.optuna
+        study = optuna.create_study(storage=self.storage, study_name=self.name, direction="maximize",
+                                    load_if_exists=True)
+        self._check_same_study(study)
+        retried = self._retry_interrupted(study)
+        done_before = self._done(study)
+        sampler = optuna.samplers.TPESampler(seed=self.args.seed + len(study.trials),
+                                             n_startup_trials=self.args.startup_trials)
+        self.study = optuna.load_study(study_name=self.name, storage=self.storage, sampler=sampler,
+                                       pruner=make_pruner(self.args.pruner, self.args.budget_steps,
+                                                          self.args.startup_trials))
+        print(f"study {self.name!r} in {self.storage}: {done_before} of {self.args.trials} trials done"
+              + (f", {retried} interrupted trial(s) to run again" if retried else ""), flush=True)
+        start = time.perf_counter()
+        runner = RayTrials(self) if self.args.engine == "ray" or self.args.ray_address else ProcessTrials(self)
+        try:
+            self._loop(runner)
+        finally:
+            runner.close()
+        from distrl.tune.report import write_results
+
+        return write_results(self.study, self.dir, self.algo, self.env_id, time.perf_counter() - start)
+
+    def _check_same_study(self, study: Any) -> None:
+        """A study name reused for another algo, env or budget would mix incomparable trials."""
+        mine = {"algo": self.algo, "env": self.env_id, "budget_steps": self.args.budget_steps}
+        theirs = study.user_attrs.get("distrl")
+        if theirs is None:
+            study.set_user_attr("distrl", mine)
+            return
+        for key, value in mine.items():
+            if theirs.get(key) != value:
+                raise ConfigError(f"{key}={value!r} differs from study {self.name!r}'s {theirs.get(key)!r} in "
+                                  f"{self.storage}: give another --study, or the same {key}")
+
+    def _retry_interrupted(self, study: Any) -> int:
+        """Trials left running by a tune command of this host that has ended: failed, and queued again."""
+        count = 0
+        for trial in study.get_trials(deepcopy=False, states=(self.optuna.trial.TrialState.RUNNING,)):
+            attrs = trial.user_attrs
+            if attrs.get("host") != self.host or _alive(int(attrs.get("tune_pid", 0))):
+                continue  # another machine's trial, or one a live tune command runs
+            study._storage.set_trial_user_attr(trial._trial_id, "interrupted", True)
+            study._storage.set_trial_user_attr(trial._trial_id, "error", "interrupted: its tune command ended")
+            study.tell(trial.number, state=self.optuna.trial.TrialState.FAIL, skip_if_finished=True)
+            study.enqueue_trial(trial.params, user_attrs={"retry_of": trial.number})
+            count += 1
+        return count
+
+    def _done(self, study: Any) -> int:
+        states = self.optuna.trial.TrialState
+        return sum(t.state in (states.COMPLETE, states.PRUNED)
+                   or t.state == states.FAIL and not t.user_attrs.get("interrupted")
+                   for t in study.get_trials(deepcopy=False))
+
+    def _loop(self, runner: Any) -> None:
+        states = self.optuna.trial.TrialState
+        while True:
+            for number, outcome in runner.finished():
+                self._tell(number, outcome)
+            trials = self.study.get_trials(deepcopy=False)
+            running = sum(t.state == states.RUNNING for t in trials)
+            if runner.busy < self.args.parallel and self._done(self.study) + running < self.args.trials:
+                self._start(runner)
+                continue
+            if not runner.busy:
+                return
+            runner.wait(0.5)
+
+    def _start(self, runner: Any) -> None:
+        trial = self.study.ask(self.space.distributions)
+        trial_dir = self.dir / "trials" / f"trial-{trial.number:04d}"
+        for key, value in (("host", self.host), ("tune_pid", os.getpid()), ("run_dir", str(trial_dir))):
+            trial.set_user_attr(key, value)
+        values = {**self.base, **self.space.values(trial.params)}
+        if self.algo == "ppo":  # the zoo samples them independently: a minibatch is at most the rollout
+            rollout = values.get("n_envs", 1) * values.get("n_steps", 2048)
+            values["batch_size"] = min(values.get("batch_size", 64), rollout)
+        run = {**self.run_values, "seed": self.args.seed, "eval_every": self.eval_every,
+               "eval_episodes": self.args.eval_episodes, "run_dir": str(trial_dir), "quiet": True}
+        try:
+            algo_configs(self.algo, self.env, "none", run=run, params=values)
+        except ConfigError as exc:  # sampled values the config refuses: a failed trial, the study goes on
+            self._tell(trial.number, {"error": str(exc)})
+            return
+        trial_dir.mkdir(parents=True, exist_ok=True)
+        preset = {"algo": self.algo, "env": self.env_id, **values, "total_steps": self.args.budget_steps}
+        (trial_dir / PRESET_FILE).write_text(json.dumps(preset, indent=2) + "\n")
+        spec = {"algo": self.algo, "env": self.env, "trial_dir": str(trial_dir.resolve()), "study": self.name,
+                "storage": self.storage, "trial_id": trial._trial_id, "number": trial.number, "run": run,
+                "pruner": self.args.pruner, "startup_trials": self.args.startup_trials}
+        (trial_dir / SPEC_FILE).write_text(json.dumps(spec, indent=2) + "\n")
+        runner.start(trial.number, trial_dir, spec)
+
+    def _tell(self, number: int, outcome: dict[str, Any]) -> None:
+        states = self.optuna.trial.TrialState
+        trial = self.study.get_trials(deepcopy=False)[number]
+        if "error" in outcome:
+            self.study._storage.set_trial_user_attr(trial._trial_id, "error", outcome["error"])
+            self.study.tell(number, state=states.FAIL, skip_if_finished=True)
+            print(f"trial {number} failed: {outcome['error']}", flush=True)
+            return
+        for key in ("steps", "wall_s", "sps"):
+            self.study._storage.set_trial_user_attr(trial._trial_id, key, outcome[key])
+        if outcome.get("pruned_at") is not None:
+            self.study.tell(number, state=states.PRUNED, skip_if_finished=True)
+            print(f"trial {number} pruned at {outcome['pruned_at']:,} steps ({outcome['wall_s']:.1f}s)", flush=True)
+        else:
+            self.study.tell(number, outcome["value"], skip_if_finished=True)
+            print(f"trial {number} complete: {outcome['value']:.2f} ({outcome['wall_s']:.1f}s)", flush=True)
+
+
+def _alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _failure(trial_dir: Path, status: str) -> str:
+    """What a trial process that wrote no result said last: its one-line error, or its last line."""
+    lines = [line.strip() for line in _tail(trial_dir / LOG_FILE).splitlines() if line.strip()]
+    errors = [line.removeprefix("distrl: error: ") for line in lines if line.startswith("distrl: error:")]
+    last = errors[-1] if errors else (lines[-1] if lines else "no output")
+    return f"{status}: {last} (log: {trial_dir / LOG_FILE})"
+
+
+def _tail(path: Path, size: int = 8192) -> str:
+    if not path.exists():
+        return ""
+    with path.open("rb") as f:
+        f.seek(max(0, path.stat().st_size - size))
+        return f.read().decode(errors="replace")
+
+
+class ProcessTrials:
+    """Each trial in a process of its own (python -m distrl.tune.trial), its output in the trial's log."""
+
+    def __init__(self, tuner: Tuner):
+        self.timeout_s = tuner.args.trial_timeout_s
+        self.procs: dict[int, tuple[subprocess.Popen, Path, float]] = {}
+
+    @property
+    def busy(self) -> int:
+        return len(self.procs)
+
+    def start(self, number: int, trial_dir: Path, spec: dict[str, Any]) -> None:
+        with (trial_dir / LOG_FILE).open("ab") as log:
+            command = [sys.executable, "-m", "distrl.tune.trial", str(trial_dir), str(os.getpid())]
+            proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        self.procs[number] = (proc, trial_dir, time.monotonic())
+
+    def finished(self) -> list[tuple[int, dict[str, Any]]]:
+        done = []
+        for number, (proc, trial_dir, started) in list(self.procs.items()):
+            code = proc.poll()
+            if code is None and time.monotonic() - started > self.timeout_s:
+                proc.kill()
+                proc.wait()
+                done.append((number, {"error": f"timed out after {self.timeout_s:g}s (--trial-timeout-s); log: "
+                                               f"{trial_dir / LOG_FILE}"}))
+            elif code is not None:
+                result = trial_dir / RESULT_FILE
+                done.append((number, json.loads(result.read_text()) if code == 0 and result.exists()
+                             else {"error": _failure(trial_dir, f"exit status {code}")}))
+            else:
+                continue
+            del self.procs[number]
+        return done
+
+    def wait(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+    def close(self) -> None:
+        for proc, _, _ in self.procs.values():  # interrupted: the study's next run retries these trials
+            proc.kill()
+            proc.wait()
+
+
+def _remote_trial(spec: dict[str, Any]) -> dict[str, Any]:
+    return run_trial(spec)
+
+
+class RayTrials:
+    """Each trial a Ray task (one CPU), on a local instance or the cluster of --ray-address."""
+
+    def __init__(self, tuner: Tuner):
+        from distrl.strategies.ray_engine import ray_session
+
+        self.session = ray_session(tuner.args.ray_address, tuner.dir, num_cpus=tuner.args.parallel,
+                                   debug=tuner.args.debug)
+        self.ray = self.session.__enter__()
+        self.task = self.ray.remote(num_cpus=1, max_retries=0)(_remote_trial)
+        self.timeout_s = tuner.args.trial_timeout_s
+        self.pending: dict[Any, tuple[int, float]] = {}
+
+    @property
+    def busy(self) -> int:
+        return len(self.pending)
+
+    def start(self, number: int, trial_dir: Path, spec: dict[str, Any]) -> None:
+        self.pending[self.task.remote(spec)] = (number, time.monotonic())
+
+    def finished(self) -> list[tuple[int, dict[str, Any]]]:
+        ray = self.ray
+        done = []
+        ready, _ = ray.wait(list(self.pending), num_returns=len(self.pending), timeout=0) if self.pending else ([], [])
+        for ref in ready:
+            number, _ = self.pending.pop(ref)
+            try:
+                done.append((number, ray.get(ref)))
+            except Exception as exc:  # noqa: BLE001 - the task's error, whatever it was, fails the trial
+                cause = getattr(exc, "cause", None) or exc
+                done.append((number, {"error": f"{type(cause).__name__}: {str(cause).strip().splitlines()[-1]}"}))
+        for ref, (number, started) in list(self.pending.items()):
+            if time.monotonic() - started > self.timeout_s:
+                ray.cancel(ref, force=True)
+                del self.pending[ref]
+                done.append((number, {"error": f"timed out after {self.timeout_s:g}s (--trial-timeout-s)"}))
+        return done
+
+    def wait(self, seconds: float) -> None:
+        if self.pending:
+            self.ray.wait(list(self.pending), num_returns=1, timeout=seconds)
+
+    def close(self) -> None:
+        for ref in self.pending:
+            self.ray.cancel(ref, force=True)
+        self.session.__exit__(None, None, None)
