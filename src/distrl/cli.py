@@ -424,10 +424,10 @@ def _track_video(model: Any, args: EvalArgs) -> None:
     run_dir = checkpoint.run_dir_of(checkpoint.find_latest(Path(args.path)))
     if run_dir is None:
         raise ConfigError(f"path={args.path!r} is not in a run directory: --track logs to the run's tracked runs")
-    trackers = open_trackers(args.track, run_dir, model._trainer.run.track_project, model._trainer.config_dict())
+    trackers = open_trackers(args.track, run_dir, model._trainer.run.track_project, config={})
     try:
         for tracker in trackers:
-            tracker.video(Path(args.record))
+            tracker.video(Path(args.record), model.num_steps)  # at the step the model was trained to
     finally:
         close_trackers(trackers)
     print(f"logged {args.record} to {', '.join(args.track)} (run {run_dir.name})")

@@ -43,8 +43,8 @@ class WandbTracker:
         for key, value in _numbers(values).items():
             self.run.summary[key] = value
 
-    def video(self, path: Path) -> None:
-        self.run.log({"eval/video": self.wandb.Video(str(path))})
+    def video(self, path: Path, step: int) -> None:
+        self.run.log({"eval/video": self.wandb.Video(str(path))}, step=step)
 
     def close(self) -> None:
         self.run.finish()
@@ -84,7 +84,7 @@ class MlflowTracker:
         for key, value in _numbers(values).items():
             self.client.set_tag(self.id, f"summary.{key}", str(value))
 
-    def video(self, path: Path) -> None:
+    def video(self, path: Path, step: int) -> None:
         self.client.log_artifact(self.id, str(path), "eval")
 
     def close(self) -> None:

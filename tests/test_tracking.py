@@ -1,0 +1,145 @@
+"""--track wandb|mlflow: the trackers get what TensorBoard gets (the same scalars at the same steps), the
+resolved config, the summary and a recorded evaluation video; a ddp run is tracked once, by its main
+process. W&B runs offline and its run file is read back record by record; MLflow writes a local
+SQLite store (MLflow's own default kind of local store) and is read back through its client."""
+
+import glob
+import json
+import struct
+from pathlib import Path
+
+import pytest
+
+from distrl.cli import main
+
+wandb = pytest.importorskip("wandb")
+mlflow = pytest.importorskip("mlflow")
+
+
+@pytest.fixture
+def stores(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(tracking_uri=uri)
+
+
+def wandb_records(run_dir: Path, run_id: str) -> list:
+    """Every record of a run's offline W&B files (its first run and any resumption), in order.
+
+    The file is W&B's 7-byte header, then records in 32 KiB blocks, each record a 7-byte header (CRC, length,
+    type: full, first, middle, last) and a piece of a serialised ``Record`` message.
+    """
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    records = []
+    for path in sorted(glob.glob(str(run_dir / "wandb" / f"offline-run-*-{run_id}" / f"run-{run_id}.wandb"))):
+        data = Path(path).read_bytes()
+        assert data[:4] == b":W&B"
+        pos, piece = 7, b""
+        while pos + 7 <= len(data):
+            left = 32768 - pos % 32768
+            _crc, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+            if left < 7 or length == kind == 0:  # the rest of a block is padding
+                pos += left
+                continue
+            piece += data[pos + 7:pos + 7 + length]
+            pos += 7 + length
+            if kind in (1, 4):
+                record = pb.Record()
+                record.ParseFromString(piece)
+                records.append(record)
+                piece = b""
+    return records
+
+
+def wandb_history(records: list) -> dict[str, list[tuple[int, float]]]:
+    series: dict[str, list[tuple[int, float]]] = {}
+    for r in records:
+        if r.WhichOneof("record_type") != "history":
+            continue
+        items = {item.key or "/".join(item.nested_key): item.value_json for item in r.history.item}
+        step = int(items.pop("_step"))
+        for key, value in items.items():
+            if not key.startswith("_"):
+                series.setdefault(key, []).append((step, json.loads(value) if value[:1] != "{" else value))
+    return series
+
+
+def tensorboard_scalars(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0}).Reload()
+    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+def _close(a: list[tuple[int, float]], b: list[tuple[int, float]]) -> bool:
+    """Equal steps, and values equal to TensorBoard's float32."""
+    return [s for s, _ in a] == [s for s, _ in b] and all(
+        v == pytest.approx(w, rel=1e-6, abs=1e-30) for (_, v), (_, w) in zip(a, b))
+
+
+def test_a_tracked_run_sends_both_trackers_what_tensorboard_gets(tmp_path, stores, capsys):
+    run = tmp_path / "run"
+    assert main(["train", "ppo", "CartPole-v1", "--total-steps", "2048", "--eval-every", "1024", "--eval-episodes",
+                 "3", "--run-dir", str(run), "--track", "wandb", "--track", "mlflow", "--quiet"]) == 0
+    ids = json.loads((run / "tracking.json").read_text())
+    summary = json.loads((run / "summary.json").read_text())
+    board = tensorboard_scalars(run)
+    assert {"charts/episodic_return", "losses/policy_loss", "eval/mean_return"} <= set(board)
+
+    records = wandb_records(run, ids["wandb"])
+    logged = wandb_history(records)
+    assert set(logged) == set(board)
+    assert all(_close(logged[tag], board[tag]) for tag in board), [t for t in board if not _close(logged[t], board[t])]
+    config = {item.key: json.loads(item.value_json) for r in records if r.WhichOneof("record_type") == "run"
+              for item in r.run.config.update}
+    assert config["run"]["total_steps"] == 2048 and config["ppo"]["n_envs"] == json.loads(
+        (run / "config.json").read_text())["ppo"]["n_envs"]
+    final = {}
+    for r in records:
+        if r.WhichOneof("record_type") == "summary":
+            final.update({item.key: item.value_json for item in r.summary.update})
+    assert json.loads(final["final_eval_mean_return"]) == summary["final_eval_mean_return"]
+
+    client = stores
+    run_id = ids["mlflow"]
+    for tag, points in board.items():
+        history = sorted((m.step, m.value) for m in client.get_metric_history(run_id, tag))
+        assert _close(history, sorted(points)), tag
+    params = client.get_run(run_id).data.params
+    assert params["run.total_steps"] == "2048" and params["run.seed"] == "0"
+    saved = json.loads(Path(client.download_artifacts(run_id, "summary.json", str(tmp_path))).read_text())
+    assert saved == summary
+    assert client.get_run(run_id).info.status == "FINISHED"
+
+    # A recorded evaluation video goes to the same tracked runs.
+    video = tmp_path / "eval.gif"
+    assert main(["eval", str(run), "--record", str(video), "--episodes", "1", "--track", "wandb", "--track",
+                 "mlflow"]) == 0
+    assert [f.path for f in client.list_artifacts(run_id, "eval")] == ["eval/eval.gif"]
+    media = wandb_history(wandb_records(run, ids["wandb"]))
+    assert media["eval/video/_type"] == [(summary["total_steps"], "video-file")] and media["eval/video/path"][0][1].endswith(".gif")
+
+
+@pytest.mark.multiprocess
+def test_a_ddp_run_is_tracked_once_by_its_main_process(tmp_path, stores):
+    run = tmp_path / "run"
+    assert main(["train", "ppo", "CartPole-v1", "--strategy", "ddp", "--workers", "2", "--total-steps", "2048",
+                 "--run-dir", str(run), "--track", "mlflow", "--track-project", "ddp-test", "--quiet"]) == 0
+    client = stores
+    experiment = client.get_experiment_by_name("ddp-test")
+    runs = client.search_runs([experiment.experiment_id])
+    assert len(runs) == 1 and runs[0].info.run_id == json.loads((run / "tracking.json").read_text())["mlflow"]
+    board = tensorboard_scalars(run)
+    history = sorted((m.step, m.value) for m in client.get_metric_history(runs[0].info.run_id, "losses/policy_loss"))
+    assert history and _close(history, sorted(board["losses/policy_loss"]))
+
+
+def test_track_on_eval_without_a_recording_is_one_line_exit_2(tmp_path, capsys):
+    assert main(["eval", str(tmp_path), "--track", "mlflow"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "distrl: error: track=('mlflow',) is not allowed without --record: eval logs a recorded video"
