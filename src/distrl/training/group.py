@@ -71,10 +71,13 @@ def train_grpo(run: RunConfig, strategy: StrategyConfig, cfg: GRPOConfig, run_di
         check_pipeline(cfg, strategy)
     checkpoint.check_new_run_dir(run_dir, None)
     run_dir.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(run_dir / "config.json", {"run": to_dict(run), "strategy": to_dict(strategy),
-                                                "grpo": to_dict(cfg)})
+    config = {"run": to_dict(run), "strategy": to_dict(strategy), "grpo": to_dict(cfg)}
+    write_json_atomic(run_dir / "config.json", config)
     from torch.utils.tensorboard import SummaryWriter
 
+    from distrl.tracking import close_trackers, open_trackers
+
+    trackers = open_trackers(run.track, run_dir, run.track_project, config)
     tb = SummaryWriter(str(run_dir))
     console = Console(cfg.learner_steps, "learner steps", run.quiet)
     every = max(1, cfg.learner_steps // 20)
@@ -83,6 +86,8 @@ def train_grpo(run: RunConfig, strategy: StrategyConfig, cfg: GRPOConfig, run_di
         if version % 10 == 0 or version == cfg.learner_steps:
             for key, value in metrics.items():
                 tb.add_scalar(f"train/{key}", value, version)
+            for tracker in trackers:
+                tracker.scalars({f"train/{key}": value for key, value in metrics.items()}, version)
         if version % every == 0 or version == cfg.learner_steps:
             console.line(f"step {version}/{cfg.learner_steps}: mean reward {metrics['mean_reward']:.3f}, "
                          f"lag {metrics['lag_mean']:.2f}, kl_ref {metrics['kl_ref']:.4f}")
@@ -100,6 +105,9 @@ def train_grpo(run: RunConfig, strategy: StrategyConfig, cfg: GRPOConfig, run_di
         for key, value in summary.items():
             if isinstance(value, (int, float)):
                 tb.add_scalar(f"pipeline/{key}", value, algo.version)
+    except BaseException:
+        close_trackers(trackers)
+        raise
     finally:
         tb.close()
     summary = {"algo": "grpo", "env": task, "strategy": strategy.strategy,
@@ -109,6 +117,9 @@ def train_grpo(run: RunConfig, strategy: StrategyConfig, cfg: GRPOConfig, run_di
     checkpoint.save(run_dir / checkpoint.MODEL_DIR, algo.weights(),
                     {"algo": "grpo", "task": task, "policy_version": algo.version, "grpo": to_dict(cfg)})
     write_json_atomic(run_dir / "summary.json", summary)
+    for tracker in trackers:
+        tracker.summary(summary)
+    close_trackers(trackers)
     console.line(f"done: {algo.version} learner steps in {summary['wall_s']:.1f}s, greedy reward "
                  f"{evaluation['eval_reward']:.3f} ({evaluation['eval_fraction_of_optimal']:.0%} of the way from "
                  f"random to optimal), run dir {run_dir}")
