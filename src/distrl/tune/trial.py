@@ -1,6 +1,7 @@
 """One trial of a tuning study: an ordinary training run that reports its evaluations to the study.
 
 The tune command writes ``TRIAL_DIR/trial.json`` and runs ``python -m distrl.tune.trial TRIAL_DIR PID``
+(or hands TRIAL_DIR to a spare process that has already imported torch)
 (or, on Ray, :func:`run_trial` in a task). The run trains from ``TRIAL_DIR/preset.json`` into
 ``TRIAL_DIR`` itself; after each periodic evaluation it reports the mean return to the study and
 stops there when the study's pruner says so. ``TRIAL_DIR/result.json`` holds the outcome.
@@ -84,9 +85,24 @@ def _exit_with_parent(parent: int) -> None:
 
 
 def main(argv: list[str]) -> int:
+    """``TRIAL_DIR PARENT_PID`` runs that trial; ``--spare PARENT_PID`` imports what a trial needs, then waits
+    for a trial directory on stdin (the tune command keeps one such process ready to start the next trial)."""
     from distrl.config import ConfigError
 
     _exit_with_parent(int(argv[1]))
+    if argv[0] == "--spare":
+        import optuna  # noqa: F401 - the seconds of imports a trial would otherwise wait for
+        import torch.utils.tensorboard  # noqa: F401
+
+        import distrl.training  # noqa: F401
+
+        line = sys.stdin.readline().strip()
+        if not line:  # the study needs no more trials
+            return 0
+        with open(Path(line) / LOG_FILE, "ab") as log:
+            os.dup2(log.fileno(), 1)
+            os.dup2(log.fileno(), 2)
+        argv = [line]
     try:
         run_trial(json.loads((Path(argv[0]) / SPEC_FILE).read_text()))
     except ConfigError as exc:
