@@ -81,8 +81,8 @@ def main() -> None:
                                                            for b, v in speedups.items()) + " than one. "
         "\"Trials running, mean\" is the trials' summed wall time over the study's; the last column is each trial's "
         "share of the study's core-seconds spent outside its own run: its process's start and imports (about 2 s of "
-        "torch and Optuna, done ahead by a spare process while a core is free), loading the study, and the study's "
-        "bookkeeping.",
+        "torch and Optuna, done ahead by a spare process while a core is free), loading the study, the study's "
+        "bookkeeping, and at --parallel 2 a core left idle while the study's last trial runs alone.",
     ])
     write_section("distrl tune: trials in parallel", body)
 
