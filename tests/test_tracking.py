@@ -143,3 +143,15 @@ def test_track_on_eval_without_a_recording_is_one_line_exit_2(tmp_path, capsys):
     assert main(["eval", str(tmp_path), "--track", "mlflow"]) == 2
     err = capsys.readouterr().err.strip()
     assert err == "distrl: error: track=('mlflow',) is not allowed without --record: eval logs a recorded video"
+
+
+def test_a_missing_tracker_package_is_one_line_exit_2_before_anything_starts(tmp_path, capsys, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "wandb", None)  # as if not installed: importing it raises ImportError
+    run = tmp_path / "run"
+    assert main(["train", "ppo", "CartPole-v1", "--strategy", "ddp", "--workers", "2", "--run-dir", str(run),
+                 "--track", "wandb"]) == 2
+    assert capsys.readouterr().err.strip() == ("distrl: error: track='wandb' needs its package: "
+                                              "pip install 'distrl[wandb]'")
+    assert not run.exists()

@@ -282,6 +282,10 @@ def train_command(argv: list[str]) -> int:
                     prog=f"distrl train {algo} {env}", description=description)
     algo_cfg = getattr(args, algo)
     run = args.run
+    if run.track:
+        from distrl.tracking import check_trackers
+
+        check_trackers(run.track)
     if algo == "grpo":
         return _train_grpo(run, args.strategy, algo_cfg)
     if args.strategy.strategy == "pipeline" and algo != "ppo":

@@ -171,7 +171,8 @@ class RunLogger:
             self.rank_monitors[rank].write(returns, lengths)
         self.recent_returns.extend(returns)
         if returns:
-            values = {"charts/episodic_return": float(np.mean(returns)), "charts/episodic_length": float(np.mean(lengths))}
+            values = {"charts/episodic_return": float(np.mean(returns)),
+                      "charts/episodic_length": float(np.mean(lengths))}
             for name, value in values.items():
                 self.tb.add_scalar(name, value, step)
             for tracker in self.trackers:

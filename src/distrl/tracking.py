@@ -91,6 +91,17 @@ class MlflowTracker:
         self.client.set_terminated(self.id)
 
 
+def check_trackers(names: tuple[str, ...]) -> None:
+    """Fail now, before any worker starts, if a tracker's package is missing."""
+    packages = {"wandb": ("wandb", "wandb"), "mlflow": ("mlflow.tracking", "mlflow")}
+    for name in names:
+        module, extra = packages[name]
+        try:
+            __import__(module)
+        except ImportError:
+            raise ConfigError(f"track={name!r} needs its package: pip install 'distrl[{extra}]'") from None
+
+
 def open_trackers(names: tuple[str, ...], run_dir: Path, project: str, config: dict[str, Any]) -> list[Any]:
     """The run's trackers, continuing the tracked runs ``RUN/tracking.json`` names (a resumed run)."""
     if not names:

@@ -8,9 +8,9 @@ algorithm and the collector are the same everywhere.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
