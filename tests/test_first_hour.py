@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 
 import distrl
-from distrl.cli import main
+from distrl.cli import EvalArgs, main
 from distrl.config import GRPOConfig, PPOConfig, REINFORCEConfig, RunConfig, SACConfig, StrategyConfig
 from distrl.env_names import SHORT_NAMES
+from distrl.tune.study import TuneArgs
 
 TESTS = Path(__file__).parent
 
@@ -38,7 +39,8 @@ def _help(cls, field: str) -> str:
     return get_field_docstring(cls, field, ())
 
 
-@pytest.mark.parametrize("cls", [RunConfig, StrategyConfig, PPOConfig, SACConfig, REINFORCEConfig, GRPOConfig])
+@pytest.mark.parametrize("cls", [RunConfig, StrategyConfig, PPOConfig, SACConfig, REINFORCEConfig, GRPOConfig, TuneArgs,
+                                 EvalArgs])
 def test_every_help_text_flows_as_one_paragraph(cls):
     # tyro keeps a break before a line starting with anything but a letter: the help texts must join up
     for field in dataclasses.fields(cls):

@@ -174,10 +174,12 @@ def test_a_killed_study_resumes_without_losing_or_repeating_a_trial(tmp_path):
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline:  # kill it once a trial has finished and the next is running
         time.sleep(0.5)
-        if db.exists():
-            states = [t.state for t in _study(tmp_path).get_trials()]
-            if States.COMPLETE in states and States.RUNNING in states:
-                break
+        try:
+            states = [t.state for t in _study(tmp_path).get_trials()] if db.exists() else []
+        except KeyError:  # the database exists, the study not yet
+            states = []
+        if States.COMPLETE in states and States.RUNNING in states:
+            break
     else:
         first.kill()
         pytest.fail("the study did not get under way")

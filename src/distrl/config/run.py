@@ -108,8 +108,8 @@ class RunConfig:
     estimates decay into that range, where x86 arithmetic is tens of times slower (an Adam step
     measured 1.5 ms instead of 0.14 ms)."""
     track: tuple[Tracker, ...] = ()
-    """Experiment trackers that get what TensorBoard gets, the config and the summary: wandb, mlflow
-    (several: --track wandb --track mlflow). Where they write is their own setting (WANDB_MODE,
+    """Experiment trackers that get what TensorBoard gets, the config and the summary: wandb, mlflow,
+    or both as --track wandb --track mlflow. Where they write is their own setting (WANDB_MODE,
     MLFLOW_TRACKING_URI, ...); pip install 'distrl[wandb]' or 'distrl[mlflow]'."""
     track_project: str = "distrl"
     """The W&B project, or the MLflow experiment, of tracked runs."""

@@ -42,15 +42,15 @@ class TuneArgs:
     parallel: int = 1
     """Trials running at once (a process each, or a Ray task each)."""
     storage: str = ""
-    """Where the study lives: an SQLAlchemy URL (postgresql://..., mysql://...) to share it between
-    machines; empty: sqlite:///STUDY_DIR/study.db."""
+    """Where the study lives: an SQLAlchemy URL such as postgresql://... or mysql://... to share it
+    between machines; empty: sqlite:///STUDY_DIR/study.db."""
     study: str = ""
     """Study name in the storage; empty: ALGO-ENV."""
     study_dir: str = ""
     """Directory of the study's trials and results; empty: tune/STUDY."""
     space: str = ""
-    """A JSON or YAML file changing the search space: NAME: {type: float|int, low, high, log}, a list of
-    choices, or a fixed value (see distrl.tune.space)."""
+    """A JSON or YAML file changing the search space: for each name a range {type: float|int, low, high,
+    log}, a list of choices, or a fixed value (see distrl.tune.space)."""
     no_default_space: bool = False
     """Search only the parameters of --space, not the algorithm's default space."""
     preset: str = "auto"
@@ -68,8 +68,8 @@ class TuneArgs:
     seed: int = 0
     """Seed of every trial's run (so trials differ only in their hyperparameters) and of the sampler."""
     engine: Literal["process", "ray"] = "process"
-    """process: a local process per trial; ray: a Ray task per trial (a local instance, or the cluster of
-    --ray-address)."""
+    """process: a local process per trial; ray: a Ray task per trial, on a local instance or on the cluster
+    that --ray-address names."""
     ray_address: str = ""
     """Run the trials as tasks on this Ray cluster (implies --engine ray); the storage must then be
     reachable from its nodes (a database server), and the study directory shared for the run dirs."""
