@@ -63,7 +63,10 @@ def ray_session(address: str, run_dir: Path | None = None, num_cpus: int | None 
                 except Exception as exc:  # noqa: BLE001 - Ray raises several types for an unreachable cluster
                     raise ConfigError(f"ray_address={address!r}: cannot connect to a Ray cluster ({exc})") from None
             else:
-                ray.init(num_cpus=num_cpus or os.cpu_count(), include_dashboard=False, _node_ip_address="127.0.0.1",
+                # address="local": the run's own instance, whatever other cluster RAY_ADDRESS or an address file
+                # left by an earlier `ray start` points at (without it Ray would try to join that one).
+                ray.init(address="local", num_cpus=num_cpus or os.cpu_count(), include_dashboard=False,
+                         _node_ip_address="127.0.0.1",
                          _system_config={"max_direct_call_object_size": INLINE_RESULT_BYTES}, **kwargs)
         started = True
         if run_dir is not None:

@@ -1,0 +1,103 @@
+"""The embedded Ray instance is the run's own: it starts whatever other Ray cluster the machine has run
+(a stale address file, a live `ray start` cluster), and refuses a connection that does not carry its
+token.
+
+Each test gives Ray a temporary directory of its own (RAY_TMPDIR), so the address files and clusters it
+makes touch no other Ray on the machine.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("ray")
+psutil = pytest.importorskip("psutil")
+
+pytestmark = pytest.mark.multiprocess
+
+
+@pytest.fixture
+def ray_tmp():
+    path = tempfile.mkdtemp(prefix="rt", dir="/tmp")  # short: Ray's socket paths live under it
+    yield path
+    for proc in psutil.process_iter(["cmdline"]):  # a `ray start` cluster of the test, by its temp dir
+        try:
+            if proc.pid != os.getpid() and any(path in arg for arg in proc.info["cmdline"] or ()):
+                proc.kill()
+        except psutil.Error:
+            pass
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _train(run_dir: Path, ray_tmp: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "RAY_TMPDIR": ray_tmp}
+    return subprocess.run([sys.executable, "-m", "distrl", "train", "reinforce", "CartPole-v1", "--strategy",
+                           "actor-learner", "--workers", "1", "--iterations", "2", "--run-dir", str(run_dir),
+                           "--quiet"], env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_the_embedded_instance_starts_beside_a_stale_address_file(ray_tmp, tmp_path):
+    address_file = Path(ray_tmp, "ray", "ray_current_cluster")  # what a killed `ray start` leaves behind
+    address_file.parent.mkdir(parents=True)
+    address_file.write_text("127.0.0.1:1\n")
+    proc = _train(tmp_path / "run", ray_tmp)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["iterations"] == 2
+
+
+def test_the_embedded_instance_starts_beside_a_live_ray_start_cluster(ray_tmp, tmp_path):
+    from distrl.strategies.ray_engine import free_port
+
+    env = {**os.environ, "RAY_TMPDIR": ray_tmp}
+    ray = str(Path(sys.executable).parent / "ray")
+    port = free_port()
+    subprocess.run([ray, "start", "--head", "--port", str(port), "--num-cpus", "1", "--node-ip-address", "127.0.0.1",
+                    "--include-dashboard", "false", "--disable-usage-stats"], env=env, check=True, timeout=180,
+                   capture_output=True)
+    assert Path(ray_tmp, "ray", "ray_current_cluster").read_text().strip().endswith(str(port))
+    proc = _train(tmp_path / "run", ray_tmp)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    # The run had its own instance: its session is not the cluster's, and the cluster still answers.
+    session = (tmp_path / "run" / "ray-logs").resolve().parent.name
+    cluster_sessions = {p.name for p in Path(ray_tmp, "ray").glob("session_2*")}
+    assert session in cluster_sessions and len(cluster_sessions) == 2
+    status = subprocess.run([ray, "status", "--address", f"127.0.0.1:{port}"], env={**env, "RAY_AUTH_MODE": "token"},
+                            capture_output=True, text=True, timeout=120)
+    assert status.returncode == 0, status.stderr
+
+
+CHECK = r"""
+import json, os, subprocess, sys
+import psutil
+from distrl.strategies.ray_engine import ray_session
+from ray._private.authentication.authentication_utils import is_token_auth_enabled
+
+with ray_session("") as ray:
+    gcs = ray.get_runtime_context().gcs_address
+    mine = psutil.Process().children(recursive=True)
+    # A process outside the run: no token in its environment or its home directory.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
+    env["HOME"] = sys.argv[1]
+    outside = subprocess.run([sys.executable, "-c", f"import ray; ray.init(address={gcs!r}); print('connected')"],
+                             env=env, capture_output=True, text=True, timeout=120)
+    print(json.dumps({"token": is_token_auth_enabled(), "processes": len(mine),
+                      "outside_code": outside.returncode, "outside": outside.stdout + outside.stderr[-2000:]}))
+"""
+
+
+def test_the_embedded_instance_refuses_a_connection_without_its_token(ray_tmp, tmp_path):
+    env = {**os.environ, "RAY_TMPDIR": ray_tmp}
+    proc = subprocess.run([sys.executable, "-c", CHECK, str(tmp_path)], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["token"] is True
+    assert result["processes"] >= 2, result
+    assert result["outside_code"] != 0 and "connected" not in result["outside"], result["outside"]
+    assert "AuthenticationError" in result["outside"] or "token-auth" in result["outside"], result["outside"]
