@@ -7,7 +7,7 @@ import torch
 from gymnasium import spaces
 
 from distrl.algos.ppo import PackedBatch, PPOAlgo
-from distrl.config import ConfigError, PPOConfig, RunConfig, StrategyConfig, scaled
+from distrl.config import ConfigError, PPOConfig, REINFORCEConfig, RunConfig, StrategyConfig, scaled
 from distrl.data.rollout import RolloutBatch
 from distrl.nets import ActorCritic
 from distrl.strategies.single import LocalSync
@@ -205,6 +205,16 @@ def test_equivalent_scaling_divides_steps_and_multiplies_lr():
         scaled(cfg, StrategyConfig(strategy="ddp", workers=3, scaling="equivalent"), 3)
     with pytest.raises(ConfigError, match="workers=2 .* --strategy ddp"):
         StrategyConfig(workers=2)
+
+
+def test_equivalent_scaling_of_reinforce_divides_its_episodes_and_keeps_its_learning_rate():
+    # One gradient step per iteration, already the mean over every worker's episodes: N workers with
+    # episodes_per_iter / N each make the batch and the step of one process.
+    cfg = REINFORCEConfig(episodes_per_iter=16, learning_rate=5e-3)
+    out = scaled(cfg, StrategyConfig(strategy="ddp", workers=4, scaling="equivalent"), 4)
+    assert (out.episodes_per_iter, out.learning_rate) == (4, 5e-3)
+    with pytest.raises(ConfigError, match="episodes_per_iter=16 .*divisible by the 3 workers"):
+        scaled(cfg, StrategyConfig(strategy="ddp", workers=3, scaling="equivalent"), 3)
 
 
 def sac_step_on_shard(rank, world, cfg, batch, eps_next, eps_pi):

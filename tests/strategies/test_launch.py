@@ -58,6 +58,20 @@ def test_equivalent_scaling_is_recorded_and_impossible_scaling_fails_before_star
     assert bad.returncode == 2 and "n_steps=33" in bad.stderr and not (tmp_path / "bad").exists()
 
 
+def test_reinforce_runs_under_ddp_with_equivalent_scaling(tmp_path):
+    run_dir = tmp_path / "run"
+    ok = distrl("train", "reinforce", "CartPole-v1", "--strategy", "ddp", "--workers", "2", "--scaling", "equivalent",
+                "--iterations", "2", "--quiet", "--run-dir", str(run_dir))
+    assert ok.returncode == 0, ok.stderr
+    assert summary(run_dir)["iterations"] == 2 and summary(run_dir)["workers"] == 2
+    effective = json.loads((run_dir / "config.json").read_text())["reinforce_effective"]
+    assert effective["episodes_per_iter"] == 8  # the preset's 16, over 2 workers
+    bad = distrl("train", "reinforce", "CartPole-v1", "--strategy", "ddp", "--workers", "2", "--scaling",
+                 "equivalent", "--episodes-per-iter", "15", "--run-dir", str(tmp_path / "bad"))
+    assert bad.returncode == 2 and "episodes_per_iter=15" in bad.stderr and not (tmp_path / "bad").exists()
+    assert len(bad.stderr.strip().splitlines()) == 1
+
+
 def test_a_rank_that_raises_ends_the_job_naming_the_rank(tmp_path):
     start = time.monotonic()
     result = distrl("train", "ppo", "distrl_testenvs:ExplodingOnRank1", "--strategy", "ddp", "--workers", "2",

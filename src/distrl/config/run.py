@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 import tyro
 
-from distrl.config.algos import SACConfig
+from distrl.config.algos import REINFORCEConfig, SACConfig
 from distrl.config.base import (Device, Engine, Launcher, OnWorkerError, Precision, ReplaySampling, Scaling, Strategy,
                                 Tracker, VecMode, require_fraction, require_positive, require)
 
@@ -236,10 +236,16 @@ def scaled(cfg: Any, strategy: StrategyConfig, world_size: int) -> Any:
     """The algorithm config each worker runs: unchanged per worker, or scaled to match one process.
 
     PPO: n_steps / N and learning_rate * N. SAC: buffer_size / N, learning_starts / N and
-    learning_rate * N (the recipes of Horovod's distributed PPO and SAC).
+    learning_rate * N (the recipes of Horovod's distributed PPO and SAC). REINFORCE: episodes_per_iter / N;
+    its one gradient step per iteration is already the mean over every worker's episodes, so the
+    learning rate stays.
     """
     if strategy.scaling == "per-worker" or world_size == 1:
         return cfg
+    if isinstance(cfg, REINFORCEConfig):
+        require(cfg.episodes_per_iter % world_size == 0, "episodes_per_iter", cfg.episodes_per_iter,
+                f"divisible by the {world_size} workers with --scaling equivalent")
+        return dataclasses.replace(cfg, episodes_per_iter=cfg.episodes_per_iter // world_size)
     if isinstance(cfg, SACConfig):
         return dataclasses.replace(cfg, buffer_size=max(cfg.batch_size, cfg.buffer_size // world_size),
                                    learning_starts=cfg.learning_starts // world_size,
