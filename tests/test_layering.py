@@ -30,3 +30,97 @@ def test_the_check_detects_a_forbidden_import(tmp_path):
     bad = tmp_path / "bad.py"
     bad.write_text("import torch.distributed as dist\nfrom ray import remote\n")
     assert {"torch.distributed", "ray", "ray.remote"} <= imported_modules(bad)
+
+
+def import_graph(package: Path) -> dict[str, set[str]]:
+    """Module → the package's modules it imports, anywhere in its body (inside functions too). Importing
+    ``a.b.c`` also runs the packages ``a`` and ``a.b``, so they count."""
+    def name_of(path: Path) -> str:
+        parts = list(path.relative_to(package.parent).with_suffix("").parts)
+        return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+    modules = {name_of(p): p for p in package.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        deps: set[str] = set()
+        for target in imported_modules(path):
+            while target and target not in modules:  # `from a.b import name`: the module a.b
+                target = target.rpartition(".")[0]
+            while target:
+                deps.add(target)
+                target = target.rpartition(".")[0]
+        deps -= {name, package.name}
+        deps -= {n for n in deps if name.startswith(n + ".")}  # a module's own packages are running it
+        graph[name] = deps
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected groups of more than one module (Tarjan's algorithm, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in graph:
+                    continue
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                group = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    group.append(member)
+                    if member == node:
+                        break
+                if len(group) > 1:
+                    found.append(sorted(group))
+    return found
+
+
+def test_no_two_modules_import_each_other_even_through_function_level_imports():
+    graph = import_graph(PACKAGE)
+    assert len(graph) > 50
+    assert cycles(graph) == []
+
+
+def test_training_imports_no_strategy_but_the_group_task_pieces():
+    # Layers import downward: strategies build trainers, never the reverse. training/group.py still runs
+    # the group task's generator and scorer, which live in strategies/pipeline.py.
+    graph = import_graph(PACKAGE)
+    upward = {(m, d) for m, deps in graph.items() if m.startswith("distrl.training") for d in deps
+              if d.startswith("distrl.strategies")}
+    assert upward <= {("distrl.training.group", "distrl.strategies"),
+                      ("distrl.training.group", "distrl.strategies.pipeline")}, upward
+
+
+def test_the_cycle_check_finds_a_cycle_through_a_function_level_import(tmp_path):
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    for path in (pkg / "__init__.py", pkg / "sub" / "__init__.py"):
+        path.write_text("")
+    (pkg / "a.py").write_text("from pkg.sub.b import f\n")
+    (pkg / "sub" / "b.py").write_text("def f():\n    from pkg import a\n")
+    (pkg / "c.py").write_text("import pkg.a\n")
+    assert cycles(import_graph(pkg)) == [["pkg.a", "pkg.sub.b"]]

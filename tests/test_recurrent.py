@@ -14,7 +14,7 @@ from distrl.data.rollout import RolloutCollector, Sequences
 from distrl.envs import make_env
 from distrl.nets import make_agent
 from distrl.nets.recurrent import RecurrentAgent, RecurrentCore, sequence_minibatch_rows
-from distrl.strategies.single import LocalSync
+from distrl.protocols import LocalSync
 
 CUE = "distrl_memoryenvs:CueEnv"
 OBS, ACT = gym.spaces.Box(-1, 1, (3,), np.float32), gym.spaces.Discrete(2)

@@ -12,7 +12,7 @@ from distrl.nets.encoders import Flatten
 from distrl.nets.factory import make_sac_networks
 from distrl.nets.sac import SquashedGaussianActor, TwinQ
 from distrl.nets.sac_module import ModuleSquashedActor, ModuleTwinQ, SACActorModule, TwinQModule
-from distrl.strategies.single import LocalSync
+from distrl.protocols import LocalSync
 from distrl.training import OffPolicyTrainer
 
 OBS, ACT = gym.spaces.Box(-1, 1, (3,), np.float32), gym.spaces.Box(-1, 1, (2,), np.float32)

@@ -1,8 +1,9 @@
-"""The seams between layers: what an algorithm needs from a strategy, and vice versa."""
+"""The seam between algorithms and strategies: how an update agrees with the other workers (``Sync``),
+and the no-op agreement of a single process (``LocalSync``)."""
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -45,9 +46,26 @@ class Sync(Protocol):
         ...
 
 
-class Algorithm(Protocol):
-    """One learning rule: prepares collected data and updates parameters from it."""
+class LocalSync:
+    """The ``Sync`` of a single process (``--strategy single``, the Python API): nothing to agree with."""
 
-    def update(self, batch: Any, sync: Sync) -> dict[str, float]:
-        """Backward, ``sync.gradients``, clip, step; returns metrics."""
-        ...
+    rank = 0
+    world_size = 1
+
+    def gradients(self, grad: torch.Tensor, stats: torch.Tensor) -> None:
+        return None
+
+    def all_sum(self, values: np.ndarray) -> np.ndarray:
+        return values
+
+    def gather(self, values: np.ndarray, counts: list[int] | None = None) -> list[np.ndarray]:
+        return [values]
+
+    def broadcast_(self, tensor: torch.Tensor) -> None:
+        return None
+
+    def mark_finished(self, tag: int) -> None:
+        return None
+
+    def count_finished(self, tag: int) -> int:
+        return 1

@@ -8,7 +8,7 @@ from distrl.algos.ppo import PackedBatch, PPOAlgo, clipped_surrogate, linear, va
 from distrl.config import PPOConfig
 from distrl.data.rollout import RolloutBatch
 from distrl.nets import ActorCritic, ParamBuffer
-from distrl.strategies.single import LocalSync
+from distrl.protocols import LocalSync
 from reference import distribution, functional_params, values
 
 

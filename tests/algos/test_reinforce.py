@@ -7,7 +7,7 @@ from distrl.algos.reinforce import REINFORCEAlgo, episode_returns_to_go, policy_
 from distrl.config import REINFORCEConfig
 from distrl.data.episodes import EpisodeBatch, merge_episode_batches
 from distrl.nets import ActorCritic
-from distrl.strategies.single import LocalSync
+from distrl.protocols import LocalSync
 
 
 def test_returns_to_go_restart_at_each_episode():

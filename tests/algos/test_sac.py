@@ -8,7 +8,7 @@ from distrl.algos.sac import critic_target, polyak
 from distrl.config import ConfigError, SACConfig
 from distrl.data.replay import ReplayBuffer, Transitions
 from distrl.nets.sac import SquashedGaussianActor, squashed_log_prob
-from distrl.strategies.single import LocalSync
+from distrl.protocols import LocalSync
 from reference import mlp, sac_algo
 
 

@@ -10,7 +10,7 @@ from distrl.algos.ppo import PackedBatch, PPOAlgo
 from distrl.config import ConfigError, PPOConfig, REINFORCEConfig, RunConfig, StrategyConfig, scaled
 from distrl.data.rollout import RolloutBatch
 from distrl.nets import ActorCritic
-from distrl.strategies.single import LocalSync
+from distrl.protocols import LocalSync
 from distrl.training import OnPolicyTrainer
 from distributed import run_ranks
 from reference import sac_algo

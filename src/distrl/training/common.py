@@ -25,9 +25,8 @@ from distrl.env_names import portable_env_name, resolve_env_id
 from distrl.evaluation import evaluate
 from distrl.logs import MONITOR_FILE, Console, RunLogger, write_json_atomic
 from distrl.nets.recurrent import StatefulPolicy
-from distrl.protocols import Sync
+from distrl.protocols import LocalSync, Sync
 from distrl.spaces import DictLayout, stored_layout
-from distrl.strategies.single import LocalSync
 
 EVAL_SEED_OFFSET = 1_000_000
 
