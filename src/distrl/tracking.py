@@ -6,7 +6,8 @@ Only the main process of a run has a logger, so every rank and worker logs throu
 
 Where the records go is each tracker's own setting, as its users know them: ``WANDB_MODE=offline``,
 ``WANDB_ENTITY`` for Weights & Biases (its files go in the run directory); ``MLFLOW_TRACKING_URI`` for MLflow (default
-``sqlite:///mlflow.db`` in the working directory, the store ``mlflow ui`` opens there). The runs'
+``sqlite:///mlflow.db`` in the working directory, the store ``mlflow ui`` opens there; a local database's
+artifacts go in ``mlartifacts/`` beside it). The runs'
 ids are kept in ``RUN/tracking.json``, so ``--resume`` and ``distrl eval`` go on logging to them.
 """
 
@@ -66,7 +67,12 @@ class MlflowTracker:
             self.client.update_run(run_id, status="RUNNING")
             return
         experiment = self.client.get_experiment_by_name(project)
-        experiment_id = experiment.experiment_id if experiment else self.client.create_experiment(project)
+        if experiment is not None:
+            experiment_id = experiment.experiment_id
+        else:  # a local database keeps its artifacts beside it (MLflow's default is ./mlruns of the working dir)
+            database = self.uri.removeprefix("sqlite:///") if self.uri.startswith("sqlite:///") else ""
+            location = (Path(database).parent / "mlartifacts").resolve().as_uri() if database else None
+            experiment_id = self.client.create_experiment(project, artifact_location=location)
         run = self.client.create_run(experiment_id, run_name=name, tags={"distrl.run_dir": str(run_dir)})
         self.id = run.info.run_id
         params = [Param(key, str(value)[:6000]) for key, value in _flat(config).items()]
