@@ -43,7 +43,7 @@ def test_ppo_on_two_torchrun_nodes_equals_single_process(tmp_path):
                         "--batch-size", "64", "--total-steps", "512", *shared, "--run-dir", str(run)])
     assert all(a.returncode == 0 for a in agents), [a.stderr[-2000:] for a in agents]
     summary = json.loads((run / "summary.json").read_text())
-    assert summary["workers"] == 2 and summary["total_steps"] == 512 and summary["iterations"] == 2  # two updates
+    assert summary["workers"] == 2 and summary["total_steps"] == 512 and summary["iterations"] == 4  # 4 updates of 2 x 64 steps
     assert len(set(summary["param_checksums"])) == 1  # both nodes' replicas end identical
     single = tmp_path / "single"
     done = subprocess.run([sys.executable, "-m", "distrl", "train", "ppo", "CartPole-v1", "--n-envs", "8",
