@@ -154,16 +154,15 @@ def read_mapping(path: Path, field: str) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"{field}={str(path)!r} is not a file")
     text = path.read_text()
+    is_yaml = path.suffix.lower() in (".yaml", ".yml")
+    if is_yaml:
+        try:
+            import yaml
+        except ImportError:
+            raise ConfigError(f"{field}={str(path)!r}: YAML files need PyYAML (pip install pyyaml, or "
+                              "'distrl[tune]'); JSON needs nothing") from None
     try:
-        if path.suffix.lower() in (".yaml", ".yml"):
-            try:
-                import yaml
-            except ImportError:
-                raise ConfigError(f"{field}={str(path)!r}: YAML files need PyYAML (pip install pyyaml, or "
-                                  "'distrl[tune]'); JSON needs nothing") from None
-            data = yaml.safe_load(text)
-        else:
-            data = json.loads(text)
+        data = yaml.safe_load(text) if is_yaml else json.loads(text)
     except Exception as exc:  # noqa: BLE001 - any parse error is the user's file: one line
         raise ConfigError(f"{field}={str(path)!r} cannot be read: {str(exc).splitlines()[0]}") from None
     if not isinstance(data, dict):
