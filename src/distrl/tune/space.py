@@ -77,7 +77,6 @@ class Space:
     """The parameters a study samples (Optuna distributions by parameter name), the ones tied to another,
     and the fixed values every trial gets."""
 
-    algo: str
     distributions: dict[str, Any]
     tied: dict[str, str]
     fixed: dict[str, Any]
@@ -106,13 +105,13 @@ def build_space(algo: str, path: str = "", defaults: bool = True) -> Space:
     entries = dict(DEFAULT_SPACES[algo]) if defaults else {}
     if path:
         for name, spec in read_mapping(Path(path), "space").items():
-            for taken in (name, f"{ONE_MINUS}{name}", name.removeprefix(ONE_MINUS)):
-                if taken != name:
-                    entries.pop(taken, None)  # gamma in the file replaces the default one_minus_gamma
+            field = name.removeprefix(ONE_MINUS)  # gamma in the file replaces the default one_minus_gamma
+            entries.pop(field, None)
+            entries.pop(ONE_MINUS + field, None)
             entries[name] = spec
     if not entries:
         raise ConfigError(f"space={path!r} has no parameters: give at least one, or keep the default space")
-    fields = {f.name: f for f in dataclasses.fields(ALGO_CONFIGS[algo])}
+    fields = {f.name for f in dataclasses.fields(ALGO_CONFIGS[algo])}
     distributions: dict[str, Any] = {}
     tied: dict[str, str] = {}
     fixed: dict[str, Any] = {}
@@ -131,7 +130,7 @@ def build_space(algo: str, path: str = "", defaults: bool = True) -> Space:
         else:
             check_types(ALGO_CONFIGS[algo], {name: spec})
             fixed[name] = tuple(spec) if isinstance(spec, list) else spec
-    return Space(algo, distributions, tied, fixed)
+    return Space(distributions, tied, fixed)
 
 
 def _distribution(optuna: Any, name: str, spec: Any, where: str) -> Any:

@@ -24,7 +24,7 @@ import tyro
 from distrl.config import ConfigError, require
 from distrl.env_names import resolve_env_id
 from distrl.presets import algo_configs, resolve_preset
-from distrl.tune.space import DEFAULT_SPACES, Space, build_space
+from distrl.tune.space import Space, build_space
 from distrl.tune.trial import LOG_FILE, PRESET_FILE, RESULT_FILE, SPEC_FILE, make_pruner, run_trial
 
 
@@ -114,8 +114,6 @@ def tune_command(argv: list[str]) -> int:
         raise ConfigError("ALGO and ENV are missing: distrl tune ALGO ENV [flags], e.g. distrl tune ppo CartPole-v1 "
                           "--trials 20 --budget-steps 50000")
     algo, env = argv[0], argv[1]
-    if algo not in DEFAULT_SPACES:
-        raise ConfigError(f"algo={algo!r} cannot be tuned: must be one of {', '.join(DEFAULT_SPACES)}")
     args = tyro.cli(TuneArgs, args=argv[2:], prog=f"distrl tune {algo} {env}")
     return Tuner(algo, env, args).run()
 

@@ -1,8 +1,8 @@
 """One trial of a tuning study: an ordinary training run that reports its evaluations to the study.
 
-The tune command writes ``TRIAL_DIR/trial.json`` and runs ``python -m distrl.tune.trial TRIAL_DIR PID``
-(or hands TRIAL_DIR to a spare process that has already imported torch)
-(or, on Ray, :func:`run_trial` in a task). The run trains from ``TRIAL_DIR/preset.json`` into
+The tune command writes ``TRIAL_DIR/trial.json`` and runs ``python -m distrl.tune.trial TRIAL_DIR PID``,
+hands TRIAL_DIR to a spare such process that has already imported torch, or, on Ray, runs :func:`run_trial`
+in a task. The run trains from ``TRIAL_DIR/preset.json`` into
 ``TRIAL_DIR`` itself; after each periodic evaluation it reports the mean return to the study and
 stops there when the study's pruner says so. ``TRIAL_DIR/result.json`` holds the outcome.
 """
