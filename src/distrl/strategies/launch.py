@@ -20,6 +20,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -83,7 +84,8 @@ class _Worker:
             sys.stderr.flush()
 
 
-def _describe_exit(code: int) -> str:
+def describe_exit(code: int) -> str:
+    """A process's end as a person reads it: its exit status, or the signal that killed it."""
     if code < 0:
         try:
             return f"killed by {signal.Signals(-code).name}"
@@ -92,7 +94,8 @@ def _describe_exit(code: int) -> str:
     return f"exit status {code}"
 
 
-def _error_line(tail: collections.deque[str]) -> str:
+def error_line(tail: Iterable[str]) -> str:
+    """The line of a process's last output that says what went wrong (else its last line)."""
     lines = [line for line in tail if line.strip()]
     for line in reversed(lines):
         if line.startswith("distrl: error:") or "Error" in line or "Exception" in line:
@@ -145,7 +148,7 @@ def _root_cause(procs: list[_Worker]) -> str:
     _stop_all(procs)
     for worker in failed:
         worker.reader.join(timeout=2.0)
-    return blame({w.rank: f"failed ({_describe_exit(w.process.returncode)}): {_error_line(w.tail)}" for w in failed})
+    return blame({w.rank: f"failed ({describe_exit(w.process.returncode)}): {error_line(w.tail)}" for w in failed})
 
 
 def blame(errors: dict[int, str]) -> str:

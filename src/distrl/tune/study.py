@@ -24,6 +24,7 @@ import tyro
 from distrl.config import ConfigError, require
 from distrl.env_names import resolve_env_id
 from distrl.presets import algo_configs, resolve_preset
+from distrl.strategies.launch import describe_exit, error_line
 from distrl.tune.space import Space, build_space
 from distrl.tune.trial import LOG_FILE, PRESET_FILE, RESULT_FILE, SPEC_FILE, make_pruner, run_trial
 
@@ -264,12 +265,10 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _failure(trial_dir: Path, status: str) -> str:
-    """What a trial process that wrote no result said last: its one-line error, or its last line."""
-    lines = [line.strip() for line in _tail(trial_dir / LOG_FILE).splitlines() if line.strip()]
-    errors = [line.removeprefix("distrl: error: ") for line in lines if line.startswith("distrl: error:")]
-    last = errors[-1] if errors else (lines[-1] if lines else "no output")
-    return f"{status}: {last} (log: {trial_dir / LOG_FILE})"
+def _failure(trial_dir: Path, code: int) -> str:
+    """How a trial process that wrote no result ended, and the line of its log that says why."""
+    said = error_line(_tail(trial_dir / LOG_FILE).splitlines()[-30:]).removeprefix("distrl: error: ")
+    return f"{describe_exit(code)}: {said} (log: {trial_dir / LOG_FILE})"
 
 
 def _tail(path: Path, size: int = 8192) -> str:
@@ -325,7 +324,7 @@ class ProcessTrials:
             elif code is not None:
                 result = trial_dir / RESULT_FILE
                 done.append((number, json.loads(result.read_text()) if code == 0 and result.exists()
-                             else {"error": _failure(trial_dir, f"exit status {code}")}))
+                             else {"error": _failure(trial_dir, code)}))
             else:
                 continue
             del self.procs[number]
