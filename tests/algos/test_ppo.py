@@ -3,8 +3,8 @@ import pytest
 import torch
 from gymnasium import spaces
 
-from distrl.algos.optim import ClippedAdam
-from distrl.algos.ppo import PackedBatch, PPOAlgo, clipped_surrogate, linear, value_loss
+from distrl.algos.optim import ClippedAdam, linear
+from distrl.algos.ppo import PackedBatch, PPOAlgo, clipped_surrogate, value_loss
 from distrl.config import PPOConfig
 from distrl.data.rollout import RolloutBatch
 from distrl.nets import ActorCritic, ParamBuffer

@@ -13,6 +13,11 @@ from distrl.nets import ParamBuffer
 _FUSED_ADAM = getattr(torch, "_fused_adam_", None)
 
 
+def linear(start: float, progress_remaining: float, schedule: str) -> float:
+    """``start`` for a constant schedule; ``start * progress_remaining`` for a linear one."""
+    return start * progress_remaining if schedule == "linear" else start
+
+
 class ClippedAdam:
     """Adam (Kingma & Ba 2014, arXiv:1412.6980) on a :class:`ParamBuffer`.
 

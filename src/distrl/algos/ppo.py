@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from distrl.algos.optim import ClippedAdam
+from distrl.algos.optim import ClippedAdam, linear
 from distrl.config import PPOConfig
 from distrl.data.rollout import Rollout, RolloutBatch, Sequences, gae
 from distrl.nets import Agent
@@ -62,11 +62,6 @@ def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Te
     loss = torch.where(takes_clipped, clipped_error, error).square()
     d_values = 2.0 * torch.where(takes_clipped, clipped_error * inside, error)
     return loss, d_values
-
-
-def linear(start: float, progress_remaining: float, schedule: str) -> float:
-    """``start`` for a constant schedule; ``start * progress_remaining`` for a linear one."""
-    return start * progress_remaining if schedule == "linear" else start
 
 
 # Per-sample statistics summed over valid samples and workers with every minibatch gradient.

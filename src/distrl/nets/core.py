@@ -22,7 +22,8 @@ import torch
 class ParamBuffer:
     """Named parameters laid out in one flat tensor, gradients in another of equal size."""
 
-    def __init__(self, shapes: dict[str, tuple[int, ...]], device: torch.device | str = "cpu"):
+    def __init__(self, shapes: dict[str, tuple[int, ...]], device: torch.device | str = "cpu", with_grad: bool = True):
+        """``with_grad=False``: no gradient buffer (a copy that only acts, such as a generator's)."""
         self.shapes = dict(shapes)
         self.offsets: dict[str, tuple[int, int]] = {}
         start = 0
@@ -31,8 +32,9 @@ class ParamBuffer:
             self.offsets[name] = (start, start + size)
             start += size
         self.size = start
-        self.param = torch.nn.Parameter(torch.zeros(start, device=device))
-        self.param.grad = torch.zeros(start, device=device)
+        self.param = torch.nn.Parameter(torch.zeros(start, device=device), requires_grad=with_grad)
+        if with_grad:
+            self.param.grad = torch.zeros(start, device=device)
 
     @property
     def data(self) -> torch.Tensor:
@@ -54,6 +56,19 @@ class ParamBuffer:
     def state_dict(self) -> dict[str, torch.Tensor]:
         return {name: self.view(name).detach().cpu().clone() for name in self.shapes}
 
+    def flat(self) -> np.ndarray:
+        """A float32 copy of every parameter, the form weights travel in."""
+        return self.data.detach().cpu().numpy().copy()
+
+    def load_flat(self, flat: np.ndarray) -> None:
+        """Overwrite every parameter from :meth:`flat`'s form (read-only arrays, as Ray hands them over, too)."""
+        if flat.shape != (self.size,):
+            raise ValueError(f"flat weights of shape {flat.shape} for a buffer of {self.size} parameters")
+        if self.data.device.type == "cpu":
+            self.data.numpy()[:] = flat
+        else:
+            self.data.copy_(torch.tensor(flat))
+
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         missing = set(self.shapes) - set(state)
         unexpected = set(state) - set(self.shapes)
@@ -63,6 +78,31 @@ class ParamBuffer:
             if tuple(tensor.shape) != self.shapes[name]:
                 raise ValueError(f"{name}: shape {tuple(tensor.shape)} != {self.shapes[name]}")
             self.view(name).copy_(tensor)
+
+
+def bind_module(module: torch.nn.Module, device: torch.device | str = "cpu", with_grad: bool = True) -> ParamBuffer:
+    """Move a module's parameters into one :class:`ParamBuffer`, in place.
+
+    Each parameter's data becomes a view of the buffer and its ``.grad`` a view of the buffer's
+    gradient, so the module runs as it is (``model.generate``, ``save_pretrained``), Adam's step
+    on the buffer updates it, and a backward pass accumulates into the flat gradient in place
+    (autograd adds into an existing ``.grad`` rather than replacing it; torch's DDP relies on
+    the same with ``gradient_as_bucket_view``). Tied parameters are one parameter, bound once.
+    Weights become float32: the buffer is the master copy (autocast runs bf16 arithmetic on it).
+    ``with_grad=False`` binds the weights only, for a copy that never learns.
+    """
+    module.to(device)
+    named = dict(module.named_parameters())
+    params = ParamBuffer({name: tuple(p.shape) for name, p in named.items()}, device, with_grad)
+    with torch.no_grad():
+        for name, p in named.items():
+            params.view(name).copy_(p)
+            p.data = params.view(name)
+            if with_grad:
+                p.grad = params.grad_view(name)
+            else:
+                p.requires_grad_(False)
+    return params
 
 
 def write_grad(params: ParamBuffer, grad: torch.Tensor | None) -> None:

@@ -112,3 +112,33 @@ def inverse_cdf_sample(logits: np.ndarray, uniform: np.ndarray | None) -> np.nda
     probs = np.exp(logits - logits.max(-1, keepdims=True))
     cdf = np.cumsum(probs, -1)
     return np.minimum((uniform[:, None] * cdf[:, -1:] > cdf).sum(-1), logits.shape[-1] - 1)
+
+
+def sample_tokens(logits: torch.Tensor, uniforms: torch.Tensor | None, temperature: float = 1.0,
+                  top_p: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token per row of ``logits [n, V]`` and its log-probability under ``softmax(logits / temperature)``.
+
+    Drawn by inverse CDF with ``uniforms [n]`` (the caller's randomness, so that a draw does not depend
+    on which process makes it); ``None`` or ``temperature == 0`` takes the most likely token. With
+    ``top_p < 1`` only the smallest set of most likely tokens whose probability reaches ``top_p`` can be
+    drawn (nucleus sampling, Holtzman et al. 2019, arXiv:1904.09751); the log-probability is still the
+    one of the whole tempered distribution, which is the policy a learner recomputes.
+    """
+    logits = logits.float()
+    if uniforms is None or temperature == 0:
+        tokens = logits.argmax(-1)
+        log_probs = torch.log_softmax(logits, -1).gather(1, tokens.unsqueeze(1)).squeeze(1)
+        return tokens, log_probs
+    log_p = torch.log_softmax(logits / temperature, -1)
+    probs = log_p.exp()
+    if top_p < 1.0:
+        sorted_p, order = probs.sort(dim=-1, descending=True)
+        sorted_p = sorted_p * ((sorted_p.cumsum(-1) - sorted_p) < top_p)  # the most likely token always stays
+        cdf = sorted_p.cumsum(-1)
+        chosen = (cdf < uniforms.unsqueeze(1) * cdf[:, -1:]).sum(-1).clamp(max=probs.shape[1] - 1)
+        tokens = order.gather(1, chosen.unsqueeze(1)).squeeze(1)
+    else:
+        cdf = probs.cumsum(-1)
+        tokens = (cdf < uniforms.unsqueeze(1) * cdf[:, -1:]).sum(-1).clamp(max=probs.shape[1] - 1)
+    return tokens, log_p.gather(1, tokens.unsqueeze(1)).squeeze(1)
+
