@@ -102,7 +102,7 @@ def portable_env_name(name: str) -> str:
     return _CUSTOM.get(env_id, env_id)
 
 
-def _import_attr(field: str, entry_point: str) -> Any:
+def import_attr(field: str, entry_point: str) -> Any:
     """The object 'package.module:Name' (Name may be dotted, Outer.Inner) names; a ConfigError naming ``field``."""
     module_name, _, attr = entry_point.partition(":")
     try:
@@ -118,7 +118,7 @@ def _import_attr(field: str, entry_point: str) -> Any:
 
 def _register_custom(entry_point: str) -> str:
     """Register a class or factory under ``custom/<Name>-v0`` (checked: an Env subclass or a Python function)."""
-    obj = _import_attr("env", entry_point)
+    obj = import_attr("env", entry_point)
     if isinstance(obj, type):
         if not issubclass(obj, gym.Env):
             raise ConfigError(f"env={entry_point!r} is a class that does not subclass gymnasium.Env: {ENTRY_POINT_RULE}")
@@ -138,7 +138,7 @@ def _register_custom(entry_point: str) -> str:
 
 
 def _call_factory(entry_point: str, **kwargs: Any) -> gym.Env:
-    env = _import_attr("env", entry_point)(**kwargs)
+    env = import_attr("env", entry_point)(**kwargs)
     if not isinstance(env, gym.Env):
         raise ConfigError(f"env={entry_point!r} returned a {type(env).__name__}, not a gymnasium.Env: {ENTRY_POINT_RULE}")
     return env
@@ -150,7 +150,7 @@ def _load_wrapper(name: str) -> Callable[[gym.Env], gym.Env]:
             raise ConfigError(f"wrappers: {name!r} was a Python function given to the API in the process that "
                               "trained this run; pass it again, e.g. PPO.load(path, wrappers=[...])")
         return _OBJECTS[name]
-    wrapper = _import_attr("wrappers", name)
+    wrapper = import_attr("wrappers", name)
     if not callable(wrapper):
         raise ConfigError(f"wrappers: {name!r} is a {type(wrapper).__name__}: a wrapper must be a function fn(env) -> env")
     return wrapper
@@ -214,10 +214,11 @@ def is_user_code(env_id: str) -> bool:
 TRUST_FLAG = "--trust-code (trust_code=True in Python)"
 
 
-def named_code(run: RunConfig) -> list[tuple[str, str]]:
+def named_code(run: RunConfig, cfg: Any = None) -> list[tuple[str, str]]:
     """``(field, 'package.module:Name')`` for each piece of code a run's config names: a custom env entry
-    point, its wrappers, its policy factory. Registered Gymnasium ids and short names are not code, nor
-    are ``memory:`` names (objects that exist only in the process that was given them)."""
+    point, its wrappers, its policy factory, and (``cfg``, GRPO's) its reward functions. Registered
+    Gymnasium ids, short names and built-in rewards are not code, nor are ``memory:`` names (objects that
+    exist only in the process that was given them)."""
     def code(name: str) -> bool:
         return ":" in name and not name.startswith(MEMORY)
 
@@ -225,20 +226,21 @@ def named_code(run: RunConfig) -> list[tuple[str, str]]:
     found += [("wrapper", name) for name in run.wrappers if code(name)]
     if code(run.policy):
         found.append(("policy", run.policy))
+    found += [("reward", name) for name in getattr(cfg, "rewards", ()) if code(name)]
     return found
 
 
-def refuse_named_code(run: RunConfig, source: str, trust_code: bool, own: Iterable[str] = ()) -> None:
+def refuse_named_code(run: RunConfig, source: str, trust_code: bool, own: Iterable[str] = (), cfg: Any = None) -> None:
     """Stop, before anything is imported, when a loaded run's config (read from ``source``) names code the
     user did not name themselves (``own``: what they passed again on the command line or to ``load``) and
     did not allow with ``trust_code``: importing 'package.module:Name' runs that module, calling it runs more."""
     own = set(own)
-    foreign = [(field, name) for field, name in named_code(run) if name not in own]
+    foreign = [(field, name) for field, name in named_code(run, cfg) if name not in own]
     if foreign and not trust_code:
         listed = ", ".join(f"{field}={name!r}" for field, name in foreign)
         raise ConfigError(f"{source} names code that loading it would import and run: {listed}; nothing was "
                           f"imported: allow it with {TRUST_FLAG} if you trust where the run came from, or name "
-                          "your own (--env, --wrapper, --policy; env=, wrappers=, policy=)")
+                          "your own (--env, --wrapper, --policy, --reward; env=, wrappers=, policy=)")
 
 
 def remembered(name: str) -> Any | None:
