@@ -88,7 +88,10 @@ class Console:
     """Progress on a terminal (a rich bar), or plain lines at most every few seconds otherwise, counted in
     what bounds the run: ``unit`` is "steps", or "iterations" for a run stopped by --iterations."""
 
-    def __init__(self, total: int, unit: str, quiet: bool, every_s: float = 5.0):
+    def __init__(self, total: int, unit: str, quiet: bool, every_s: float = 5.0, rate: str = "SPS",
+                 value: str = "return"):
+        """``rate`` and ``value`` label the two figures each update shows (steps per second, mean return)."""
+        self.rate, self.value = rate, value
         self.quiet = quiet
         self.total = total
         self.unit = unit
@@ -106,8 +109,8 @@ class Console:
     def update(self, done: int, sps: float, mean_return: float | None, extra: str = "") -> None:
         if self.quiet:
             return
-        ret = "n/a" if mean_return is None else f"{mean_return:.1f}"
-        info = f"SPS {sps:,.0f}  return {ret}{extra}"
+        ret = "n/a" if mean_return is None else f"{mean_return:.{1 if self.value == 'return' else 3}f}"
+        info = f"{self.rate} {sps:,.0f}  {self.value} {ret}{extra}"
         if self._progress is not None:  # a run may pass its total by part of an iteration: the bar shows it
             self._progress.update(self._task, total=max(self.total, done), completed=done, info=info)
             return
@@ -136,11 +139,12 @@ class Console:
 class RunLogger:
     """Everything a run writes besides checkpoints. Only the main worker has one."""
 
-    def __init__(self, run_dir: Path, env_id: str):
+    def __init__(self, run_dir: Path, env_id: str, monitor: bool = True):
+        """``monitor=False``: a run without episodes (GRPO) writes no monitor.csv."""
         self.run_dir = run_dir
         run_dir.mkdir(parents=True, exist_ok=True)
         self.env_id = env_id
-        self.monitor = MonitorWriter(run_dir / MONITOR_FILE, env_id)
+        self.monitor = MonitorWriter(run_dir / MONITOR_FILE, env_id) if monitor else None
         self.rank_monitors: dict[int, MonitorWriter] = {}
         self.recent_returns: deque[float] = deque(maxlen=100)
         self._tb: Any = None
@@ -220,7 +224,8 @@ class RunLogger:
         return float(np.mean(self.recent_returns)) if self.recent_returns else None
 
     def close(self) -> None:
-        self.monitor.close()
+        if self.monitor is not None:
+            self.monitor.close()
         for monitor in self.rank_monitors.values():
             monitor.close()
         if self._tb is not None:

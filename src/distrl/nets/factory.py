@@ -23,7 +23,9 @@ from torch import nn
 from distrl.config import ConfigError
 from distrl.env_names import MEMORY, remembered, shown_name
 from distrl.nets.actor_critic import ActorCritic
+from distrl.nets.causal_lm import CausalLMPolicy
 from distrl.nets.encoders import ActorCriticModule, make_encoder
+from distrl.nets.group_policy import CategoricalPolicy
 from distrl.nets.module import ModuleAgent
 from distrl.nets.recurrent import RecurrentActorCritic, RecurrentAgent, RecurrentCore, is_recurrent
 from distrl.nets.sac import SquashedGaussianActor, TwinQ
@@ -191,3 +193,18 @@ def make_sac_networks(observation_space: spaces.Space, action_space: spaces.Spac
     critic = ModuleTwinQ(critic_module, device, extra)
     return SACNetworks(ModuleSquashedActor(actor_module, action_dim, device), critic,
                        ModuleTwinQ(critic_module, device, extra))
+
+
+def make_group_policy(task: Any, run: Any, cfg: Any, device: torch.device, role: str = "learner") -> Any:
+    """The policy of a GRPO run: the model at ``cfg.model`` for a text task, an MLP over states otherwise.
+
+    ``role``: the learner's (trains), a generator's (only acts) or the frozen reference (the starting
+    weights: reloaded from the model directory, or rebuilt from the seed).
+    """
+    if cfg.model:
+        return CausalLMPolicy(cfg.model, device, role=role, bf16=run.precision == "bf16",  # type: ignore[arg-type]
+                              chat_template=cfg.chat_template, max_prompt_tokens=cfg.max_prompt_tokens,
+                              temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens,
+                              stop=cfg.stop)
+    return CategoricalPolicy(task.obs_dim, task.n_actions, cfg.net_arch, run.seed, device)
+
