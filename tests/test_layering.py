@@ -105,14 +105,12 @@ def test_no_two_modules_import_each_other_even_through_function_level_imports():
     assert cycles(graph) == []
 
 
-def test_training_imports_no_strategy_but_the_group_task_pieces():
-    # Layers import downward: strategies build trainers, never the reverse. training/group.py still runs
-    # the group task's generator and scorer, which live in strategies/pipeline.py.
+def test_training_imports_no_strategy():
+    # Layers import downward: strategies build trainers (and hand them their sources), never the reverse.
     graph = import_graph(PACKAGE)
     upward = {(m, d) for m, deps in graph.items() if m.startswith("distrl.training") for d in deps
               if d.startswith("distrl.strategies")}
-    assert upward <= {("distrl.training.group", "distrl.strategies"),
-                      ("distrl.training.group", "distrl.strategies.pipeline")}, upward
+    assert upward == set(), upward
 
 
 def test_the_cycle_check_finds_a_cycle_through_a_function_level_import(tmp_path):

@@ -24,6 +24,7 @@ from distrl.config import (ConfigError, Device, GRPOConfig, PPOConfig, REINFORCE
                            StrategyConfig, Tracker)
 from distrl.env_names import SHORT_NAMES, portable_env_name, refuse_named_code, resolve_env_id
 from distrl.presets import algo_configs, preset_names
+from distrl.tasks import TEXT_TASK
 from distrl.training import configs_from_checkpoint, default_run_dir, make_trainer
 
 ALGOS = ("ppo", "sac", "reinforce", "grpo")
@@ -67,8 +68,9 @@ ALGO: {algos}
 ENV:  a Gymnasium id (CartPole-v1, Hopper-v5, ALE/Breakout-v5, ...), a short name
 {short_names},
       package.module:ClassName (a gymnasium.Env subclass) or package.module:function
-      (returning a gymnasium.Env); for grpo a group task: toy or bandit
-      (distrl train grpo bandit --strategy pipeline)
+      (returning a gymnasium.Env); for grpo a language model, which needs no ENV:
+      distrl train grpo --model DIR --dataset FILE.jsonl --reward NAME [--strategy pipeline],
+      or a numeric group task: toy or bandit (distrl train grpo bandit --strategy pipeline)
 """
 
 
@@ -253,22 +255,33 @@ def train_command(argv: list[str]) -> int:
     if algo not in ALGOS:
         raise ConfigError(f"algo={algo!r} is not known: must be one of {', '.join(ALGOS)}")
     if len(argv) < 2 or argv[1].startswith("-"):
-        if any(a in ("-h", "--help") for a in argv):
-            argv = [algo, "CartPole-v1", *argv[1:]]
+        resume = _flag_value(argv, "--resume")
+        if algo == "grpo" and any(a == "--model" or a.startswith("--model=") for a in argv):
+            argv = [algo, TEXT_TASK, *argv[1:]]  # a language model's run needs no ENV
+        elif algo == "grpo" and resume:
+            argv = [algo, configs_from_checkpoint(checkpoint.find_latest(Path(resume)))[0].env, *argv[1:]]
+        elif any(a in ("-h", "--help") for a in argv):
+            argv = [algo, TEXT_TASK if algo == "grpo" else "CartPole-v1", *argv[1:]]
         else:
             raise ConfigError(f"ENV is missing: distrl train {algo} ENV [flags], e.g. distrl train {algo} CartPole-v1")
-    env, rest = argv[1], _merge_repeated(_merge_repeated(argv[2:], "--wrapper", "--wrappers"), "--track", "--track")
+    env, rest = argv[1], _merge_repeated(argv[2:], "--wrapper", "--wrappers")
+    rest = _merge_repeated(_merge_repeated(rest, "--reward", "--rewards"), "--track", "--track")
     resume_arg = _flag_value(rest, "--resume")
     resume_path = None
     strategy = StrategyConfig()
     if resume_arg:
         resume_path = checkpoint.find_latest(Path(resume_arg))
         run_cfg, strategy, cfg, _ = configs_from_checkpoint(resume_path)
-        refuse_named_code(run_cfg, f"checkpoint={str(resume_path)!r}", "--trust-code" in rest, own=(env, *rest))
-        env_id = resolve_env_id(env)  # a run saved with a custom/ id takes its entry point from ENV
-        if env_id != run_cfg.env and (run_cfg.env.startswith("custom/") or env_id != resolve_env_id(run_cfg.env)):
-            raise ConfigError(f"env={env!r} differs from the resumed run's env {run_cfg.env!r}")
-        run_cfg = run_cfg.replace(env=portable_env_name(env))
+        refuse_named_code(run_cfg, f"checkpoint={str(resume_path)!r}", "--trust-code" in rest, own=(env, *rest),
+                          cfg=cfg)
+        if algo == "grpo" or run_cfg.algo == "grpo":  # group tasks are names, not Gymnasium ids
+            if env != run_cfg.env:
+                raise ConfigError(f"env={env!r} differs from the resumed run's env {run_cfg.env!r}")
+        else:
+            env_id = resolve_env_id(env)  # a run saved with a custom/ id takes its entry point from ENV
+            if env_id != run_cfg.env and (run_cfg.env.startswith("custom/") or env_id != resolve_env_id(run_cfg.env)):
+                raise ConfigError(f"env={env!r} differs from the resumed run's env {run_cfg.env!r}")
+            run_cfg = run_cfg.replace(env=portable_env_name(env))
         home = checkpoint.run_dir_of(resume_path)  # a checkpoint from elsewhere starts a new run directory
         run_cfg = run_cfg.replace(resume=resume_arg, run_dir=str(home) if home is not None else "")
         if run_cfg.algo != algo:
@@ -287,7 +300,7 @@ def train_command(argv: list[str]) -> int:
 
         check_trackers(run.track)
     if algo == "grpo":
-        return _train_grpo(run, args.strategy, algo_cfg)
+        return _train_grpo(run, args.strategy, algo_cfg, resume_path, ["train", algo, env, *rest])
     if args.strategy.strategy == "pipeline" and algo != "ppo":
         raise ConfigError(f"strategy='pipeline' is not available for {algo}: it runs ppo on Gymnasium envs "
                           "and grpo on group tasks (distrl train grpo bandit --strategy pipeline)")
@@ -312,14 +325,35 @@ def train_command(argv: list[str]) -> int:
     return 0
 
 
-def _train_grpo(run: RunConfig, strategy: StrategyConfig, cfg: GRPOConfig) -> int:
-    from distrl.training.group import train_grpo
+def _train_grpo(run: RunConfig, strategy: StrategyConfig, cfg: GRPOConfig, resume_path: Path | None,
+                argv: list[str]) -> int:
+    from distrl.rewards import RewardError
+    from distrl.strategies.pool import GeneratorFailed, PipelineStalled
+    from distrl.training.group import GroupTrainer, train_grpo
 
-    if strategy.strategy not in ("single", "pipeline"):
-        raise ConfigError(f"strategy={strategy.strategy!r} is not available for grpo: must be single or pipeline")
-    if not run.run_dir:
+    if strategy.strategy not in ("single", "ddp", "pipeline"):
+        raise ConfigError(f"strategy={strategy.strategy!r} is not available for grpo: must be single, ddp or pipeline")
+    if not run.run_dir:  # every worker must agree on the run directory: fix it before launching
         run = run.replace(run_dir=str(default_run_dir(run, run.env)))
-    train_grpo(run, strategy, cfg, Path(run.run_dir))
+    run_dir = Path(run.run_dir)
+    if strategy.strategy == "ddp":
+        run_ddp(run, strategy, cfg, resume_path, [*argv, "--run-dir", run.run_dir])
+        return 0
+    checkpoint.check_new_run_dir(run_dir, resume_path)
+    GroupTrainer.check_env(run, cfg)  # the dataset, rewards and prompts, before any process starts
+    try:
+        if strategy.strategy == "pipeline":
+            from distrl.strategies.pipeline import RewardFailed, run_pipeline
+
+            try:
+                run_pipeline(run, strategy, cfg, run_dir, resume_path)
+            except RewardFailed as exc:
+                raise RewardError(str(exc)) from None
+        else:
+            train_grpo(run, cfg, run_dir, resume_path)
+    except (RewardError, GeneratorFailed, PipelineStalled) as exc:
+        print(f"distrl: error: {exc}", file=sys.stderr)
+        raise SystemExit(1) from None
     return 0
 
 

@@ -44,7 +44,13 @@ _ATARI_PPO = dict(total_steps=10_000_000, n_envs=8, n_steps=128, n_epochs=4, bat
 # MuJoCo SAC settings follow rl-baselines3-zoo: library defaults, 10k random steps first.
 _MUJOCO_SAC = dict(total_steps=1_000_000, learning_starts=10_000)
 
+# GRPO on the numeric group tasks: one-token answers from a small MLP, which learns far faster than a
+# language model (the GRPOConfig defaults are TRL's, for language models).
+_GROUP_TASK_GRPO = dict(prompts_per_slice=16, slices_per_step=4, slices_per_call=4, group_size=8, learner_steps=600,
+                        learning_rate=3e-3, beta=0.01, max_new_tokens=1)
+
 PRESETS: dict[str, dict[str, dict[str, Any]]] = {
+    "grpo": {"toy": dict(_GROUP_TASK_GRPO), "bandit": dict(_GROUP_TASK_GRPO)},
     "reinforce": {
         "CartPole-v1": dict(total_steps=300_000, n_envs=8, episodes_per_iter=16, learning_rate=5e-3, gamma=0.99,
                             baseline=True),
@@ -178,13 +184,16 @@ def algo_configs(algo: str, env: str, preset: str = "auto", run: dict[str, Any] 
     if algo not in ALGO_CONFIGS:
         raise ConfigError(f"algo={algo!r} is not known: must be one of {', '.join(ALGO_CONFIGS)}")
     cls = ALGO_CONFIGS[algo]
-    if algo == "grpo":  # GRPO trains on group tasks, not Gymnasium envs
-        from distrl.tasks import make_task
+    if algo == "grpo":  # GRPO trains on group tasks and language models, not Gymnasium envs
+        from distrl.tasks import TEXT_TASK, make_state_task
 
-        make_task(env)
-        _check_names(cls, params or {})
+        if env != TEXT_TASK:
+            make_state_task(env)
+        name, values = resolve_preset(algo, env, preset)
+        values.pop("total_steps", None)
+        _check_names(cls, {**values, **(params or {})})
         _check_names(RunConfig, run or {})
-        return RunConfig(algo=algo, env=env, preset="none", **(run or {})), cls(**(params or {})), "none"
+        return RunConfig(algo=algo, env=env, preset=preset, **(run or {})), cls(**{**values, **(params or {})}), name
     env_id = resolve_env_id(env)
     name, values = resolve_preset(algo, env_id, preset)
     run_values = {"total_steps": values.pop("total_steps")} if "total_steps" in values else {}

@@ -13,12 +13,8 @@ pytestmark = pytest.mark.multiprocess
 monarch = pytest.importorskip("monarch", reason="Monarch is optional: pip install 'distrl[monarch]'")
 
 from distrl.strategies.monarch_engine import monarch_session  # noqa: E402
-from distrl.strategies.pipeline import Pipeline  # noqa: E402
 from distrl.strategies.pipeline_ppo import AsyncCollector  # noqa: E402
 from distrl.training import OnPolicyTrainer  # noqa: E402
-
-RUN = RunConfig(algo="grpo", env="bandit", quiet=True)
-
 
 def alive(pid):
     import psutil
@@ -41,26 +37,28 @@ def test_published_weights_are_one_version_each_and_never_rewritten():
 
 
 def test_grpo_pipeline_on_monarch_restarts_a_killed_generator_and_leaves_no_process():
-    cfg = GRPOConfig(learner_steps=60)
+    from grpo_hooks import train_bandit
+
+    seen = {}
+
+    def kill_and_watch(source, version):
+        if version == 20:
+            seen["killed"] = source.engine.result(source.engine.call(source.pool.actors[0], "pid"), 60)
+            os.kill(seen["killed"], signal.SIGKILL)
+        if version is None:  # the end, generations drained: the actors now (one generator replaced)
+            seen["pids"] = [source.engine.result(source.engine.call(a, "pid"), 60)
+                            for a in [*source.pool.actors, source.scorer]]
+
     with monarch_session() as engine:
-        pipeline = Pipeline(engine, "bandit", cfg, RUN, StrategyConfig(strategy="pipeline", workers=2, engine="monarch"))
-        pid = engine.result(engine.call(pipeline.pool.actors[0], "pid"), 60)
-
-        def kill_at_step(version, metrics):
-            if version == 20:
-                os.kill(pid, signal.SIGKILL)
-
-        try:
-            summary = pipeline.train(kill_at_step)
-            pids = [engine.result(engine.call(a, "pid"), 60) for a in [*pipeline.pool.actors, pipeline.scorer]]
-        finally:
-            pipeline.close()
+        summary = train_bandit(engine, StrategyConfig(strategy="pipeline", workers=2, engine="monarch"),
+                               kill_and_watch, learner_steps=60)
         assert engine.faults  # the driver got the failure through the hook instead of exiting
     assert summary["learner_steps"] == 60 and summary["generator_restarts"] == 1
     assert summary["events"][0].startswith("generator 0 died")
     assert summary["slices_generated"] == summary["slices_added"] == (
         summary["slices_retired"] + summary["slices_evicted"] + summary["slices_dropped_for_lag"]
         + summary["slices_left_in_buffer"])
+    pid, pids = seen["killed"], seen["pids"]
     assert len(set(pids)) == 3 and pid not in pids  # 2 generators (one replaced) and the scorer
     assert not any(alive(p) for p in [pid, *pids])  # and after the close, none of them is left
 

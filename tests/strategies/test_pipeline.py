@@ -1,4 +1,4 @@
-"""pipeline: generators → scorer → versioned replay → learner on Ray; the synchronous GRPO loop."""
+"""pipeline: generators → scorer → versioned replay → learner on Ray; GRPO on the numeric bandit task."""
 
 import json
 import os
@@ -8,14 +8,14 @@ import sys
 import time
 
 import pytest
+from grpo_hooks import train_bandit
 
-from distrl.config import GRPOConfig, RunConfig, StrategyConfig
+from distrl.config import StrategyConfig
+from distrl.presets import algo_configs
 from distrl.strategies.actors import RayActors
-from distrl.training.group import run_synchronous
+from distrl.training.group import train_grpo
 
 pytestmark = pytest.mark.multiprocess
-
-RUN = RunConfig(algo="grpo", env="bandit", quiet=True)
 
 
 def adds_up(summary, unit="slice"):
@@ -27,52 +27,33 @@ def adds_up(summary, unit="slice"):
 
 
 def test_synchronous_grpo_learns_the_bandit_to_90_percent_of_optimal():
-    from distrl.training.group import greedy_reward_fraction
-
-    _, algo = run_synchronous("bandit", GRPOConfig(), RUN)
-    assert greedy_reward_fraction("bandit", algo.policy, seed=0)["eval_reward"] >= 0.9  # random: 0.125
+    run, cfg, _ = algo_configs("grpo", "bandit", run={"quiet": True})
+    assert train_grpo(run, cfg, None)["eval_reward"] >= 0.9  # random: 0.125
 
 
 @pytest.mark.slow
 def test_pipeline_learns_the_bandit_and_accounts_for_every_slice(ray_local):
-    from distrl.strategies.pipeline import run_pipeline
-    from distrl.training.group import greedy_reward_fraction
-
-    summary, algo = run_pipeline("bandit", GRPOConfig(), RUN, StrategyConfig(strategy="pipeline", workers=2))
-    assert greedy_reward_fraction("bandit", algo.policy, seed=0)["eval_reward"] >= 0.9
+    summary = train_bandit(RayActors(ray_local), StrategyConfig(strategy="pipeline", workers=2))
+    assert summary["eval_reward"] >= 0.9
     assert summary["learner_steps"] == 600 and adds_up(summary)
     assert 0 <= summary["policy_lag_min"] <= summary["policy_lag_mean"] <= summary["policy_lag_max"] <= 4
 
 
 def test_a_killed_generator_is_restarted_and_the_run_completes(ray_local):
-    from distrl.strategies.pipeline import Pipeline
-
-    cfg = GRPOConfig(learner_steps=80)
-    pipeline = Pipeline(RayActors(ray_local), "bandit", cfg, RUN, StrategyConfig(strategy="pipeline", workers=2))
-    pid = ray_local.get(pipeline.pool.actors[0].pid.remote(), timeout=60)
-
-    def kill_at_step(version, metrics):
+    def kill_at_step(source, version):
         if version == 20:
-            os.kill(pid, signal.SIGKILL)
+            os.kill(ray_local.get(source.pool.actors[0].pid.remote(), timeout=60), signal.SIGKILL)
 
-    try:
-        summary = pipeline.train(kill_at_step)
-    finally:
-        pipeline.close()
+    summary = train_bandit(RayActors(ray_local), StrategyConfig(strategy="pipeline", workers=2), kill_at_step,
+                           learner_steps=80)
     assert summary["learner_steps"] == 80 and summary["generator_restarts"] == 1
     assert summary["events"][0].startswith("generator 0 died") and adds_up(summary)
 
 
 def test_a_slow_learner_keeps_queue_and_buffer_bounded(ray_local):
-    from distrl.strategies.pipeline import Pipeline
-
-    cfg = GRPOConfig(learner_steps=25, slices_per_step=2, slices_per_call=1)
     strategy = StrategyConfig(strategy="pipeline", workers=2, queue_size=3, buffer_capacity=6)
-    pipeline = Pipeline(RayActors(ray_local), "bandit", cfg, RUN, strategy)
-    try:
-        summary = pipeline.train(lambda version, metrics: time.sleep(0.1))
-    finally:
-        pipeline.close()
+    summary = train_bandit(RayActors(ray_local), strategy, lambda source, version: time.sleep(0.1),
+                           learner_steps=25, slices_per_step=2, slices_per_call=1)
     assert summary["queue_depth_max"] <= 3 and summary["buffer_max"] <= 6
     # the generators run at the learner's pace: never more than queue_size slices ahead of it
     assert summary["slices_generated"] <= 25 * 2 + 3 and adds_up(summary)
@@ -93,24 +74,20 @@ def test_command_line_pipeline_writes_the_run_dir(tmp_path):
 
 
 def test_a_stalled_scorer_ends_the_run_naming_the_starved_stage(ray_local):
-    from distrl.strategies.pipeline import Pipeline
     from distrl.strategies.pool import PipelineStalled
 
-    strategy = StrategyConfig(strategy="pipeline", workers=2, starve_timeout_s=3)
-    pipeline = Pipeline(RayActors(ray_local), "bandit", GRPOConfig(learner_steps=100_000), RUN, strategy)
-    pid = ray_local.get(pipeline.scorer.pid.remote(), timeout=60)
-    stopped_at = []
+    stopped = []
 
-    def stop_scorer(version, metrics):
+    def stop_scorer(source, version):
         if version == 5:
-            os.kill(pid, signal.SIGSTOP)  # alive but silent: generators wait on it, nothing is scored
-            stopped_at.append(time.monotonic())
+            stopped.append((ray_local.get(source.scorer.pid.remote(), timeout=60), time.monotonic()))
+            os.kill(stopped[0][0], signal.SIGSTOP)  # alive but silent: generators wait on it, nothing is scored
 
+    strategy = StrategyConfig(strategy="pipeline", workers=2, starve_timeout_s=3)
     try:
         with pytest.raises(PipelineStalled, match=r"no data for 3 s: the generators and scorer did not answer"):
-            pipeline.train(stop_scorer)
-        waited = time.monotonic() - stopped_at[0]
+            train_bandit(RayActors(ray_local), strategy, stop_scorer, learner_steps=100_000)
+        waited = time.monotonic() - stopped[0][1]
     finally:
-        os.kill(pid, signal.SIGCONT)
-        pipeline.close()
+        os.kill(stopped[0][0], signal.SIGCONT)
     assert 3 <= waited < 30  # the starve timeout, not the 120 s call timeout

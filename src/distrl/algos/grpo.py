@@ -1,120 +1,202 @@
-"""Group-relative PPO (GRPO-style): advantages relative to the other samples drawn for the same input.
+"""Group Relative Policy Optimization (Shao et al. 2024, DeepSeekMath, arXiv:2402.03300).
 
-For every input state the generator draws a group of G actions; each action's advantage is
-its reward minus the group's mean reward, divided by the group's standard deviation. The
-loss is PPO's clipped surrogate against the behaviour log-probabilities (the generator's
-policy may be a few versions old) plus a KL penalty to a frozen reference policy, estimated
-per sample as ``exp(ref - new) - (ref - new) - 1`` (non-negative, unbiased; Schulman's k3).
+For every prompt the policy draws a group of G completions; a completion's advantage is its reward
+relative to the group's: ``A = r - mean(r_group)``, divided by the group's standard deviation unless
+``scale_rewards='none'`` (Dr. GRPO, Liu et al. 2025, arXiv:2503.20783), or by the whole batch's with
+``'batch'``. Every token of a completion carries its completion's advantage in PPO's clipped surrogate
+against the behaviour log-probabilities (the generator's policy may be a few versions old), with the
+clip range ``[1 - clip_range, 1 + clip_range_high]`` (DAPO's clip-higher, Yu et al. 2025,
+arXiv:2503.14476), plus ``beta`` times the KL to a frozen reference model, estimated per token as
+``exp(ref - new) - (ref - new) - 1`` (non-negative, unbiased; Schulman's k3).
+
+Per-token losses become one number in one of three ways (``loss_type``):
+
+- ``grpo``: each completion's mean over its tokens, then the mean over completions;
+- ``dr_grpo``: the sum over all tokens divided by completions × ``max_new_tokens`` (no length bias);
+- ``dapo``: the sum over all tokens divided by the number of tokens (token-level mean).
+
+Each is a weighted sum of per-token losses divided by a count: weights ``1 / length`` and the number
+of completions, weights 1 and completions × ``max_new_tokens``, weights 1 and the number of tokens.
+So, as for every algorithm here, the learner sums weighted per-token gradients over its microbatches
+(gradient accumulation) and over workers (``Sync``), divides by the global count, clips, and steps:
+the gradient is the one of the whole global batch, however it is split.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import torch
-from torch import nn
 
+from distrl.algos.optim import ClippedAdam, linear
 from distrl.config import GRPOConfig
+from distrl.data.groups import GroupSamples
+from distrl.nets.group_policy import GroupPolicy
+from distrl.protocols import Sync
+
+ADVANTAGE_EPS = 1e-4
 
 
-def group_advantages(rewards: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    """``[B, G]`` rewards → advantages normalised within each group of G (a row); a flat group gives 0."""
-    mean = rewards.mean(dim=1, keepdim=True)
-    std = rewards.std(dim=1, keepdim=True, unbiased=False)
-    return (rewards - mean) / (std + eps)
+def group_advantages(rewards: torch.Tensor, scale: str = "group", batch_std: float | None = None) -> torch.Tensor:
+    """``[B, G]`` rewards → advantages relative to each group's mean (a row).
+
+    ``scale``: ``group`` divides by each group's standard deviation (Bessel-corrected, as TRL computes
+    it), ``batch`` by ``batch_std`` (the whole global batch's), ``none`` not at all. A group whose
+    rewards are all equal teaches nothing: its advantages are 0.
+    """
+    centred = rewards - rewards.mean(dim=1, keepdim=True)
+    if scale == "none":
+        return centred
+    if scale == "batch":
+        assert batch_std is not None
+        return centred / (batch_std + ADVANTAGE_EPS)
+    return centred / (rewards.std(dim=1, keepdim=True) + ADVANTAGE_EPS)
 
 
-def grpo_loss(log_probs: torch.Tensor, behaviour_log_probs: torch.Tensor, ref_log_probs: torch.Tensor,
-              advantages: torch.Tensor, clip_range: float, kl_coef: float) -> tuple[torch.Tensor, dict[str, float]]:
-    """Clipped surrogate against the behaviour policy plus ``kl_coef`` × KL(new ‖ reference), all means."""
+def token_loss(log_probs: torch.Tensor, behaviour_log_probs: torch.Tensor, advantages: torch.Tensor,
+               clip_low: float, clip_high: float, ref_log_probs: torch.Tensor | None = None,
+               beta: float = 0.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-token GRPO loss and its derivative in the token log-probability.
+
+    ``l = -min(r A, clip(r, 1 - clip_low, 1 + clip_high) A) + beta * kl`` with ``r = exp(log_prob -
+    behaviour)`` and ``kl = exp(ref - log_prob) - (ref - log_prob) - 1``. ``advantages`` broadcast
+    (``[n, 1]`` for one per completion).
+
+    Returns:
+        loss [n, T]; dl/d(log_prob) [n, T], which is ``-A r`` where the unclipped term is the minimum
+        (0 where the clipped one is: it does not depend on the policy there) plus
+        ``beta * (1 - exp(ref - log_prob))``; whether the clipped term was taken [n, T]; kl [n, T]
+        (zeros without a reference).
+    """
     ratio = torch.exp(log_probs - behaviour_log_probs)
-    surrogate = torch.minimum(ratio * advantages, ratio.clamp(1 - clip_range, 1 + clip_range) * advantages)
-    log_ref_ratio = ref_log_probs - log_probs
-    kl = (torch.exp(log_ref_ratio) - log_ref_ratio - 1).mean()
-    policy_loss = -surrogate.mean()
-    loss = policy_loss + kl_coef * kl
-    clipped = ((ratio - 1).abs() > clip_range).float().mean()
-    return loss, {"policy_loss": policy_loss.item(), "kl_ref": kl.item(), "clip_fraction": clipped.item()}
+    unclipped = ratio * advantages
+    clipped = ratio.clamp(1.0 - clip_low, 1.0 + clip_high) * advantages
+    takes_unclipped = unclipped <= clipped
+    loss = -torch.where(takes_unclipped, unclipped, clipped)
+    d_log_prob = (-unclipped).masked_fill(~takes_unclipped, 0.0)
+    if ref_log_probs is None or beta == 0.0:
+        kl = torch.zeros_like(loss)
+    else:
+        ref_ratio = torch.exp(ref_log_probs - log_probs)
+        kl = ref_ratio - (ref_log_probs - log_probs) - 1.0
+        loss = loss + beta * kl
+        d_log_prob = d_log_prob + beta * (1.0 - ref_ratio)
+    return loss, d_log_prob, ~takes_unclipped, kl
 
 
-class GroupPolicy(nn.Module):
-    """A categorical policy over ``n_actions`` for a flat observation: an MLP to logits."""
+def token_weights(mask: torch.Tensor, loss_type: str, max_new_tokens: int) -> tuple[torch.Tensor, float]:
+    """Per-token weights ``[n, T]`` and the count the weighted sum is divided by, for ``loss_type``.
 
-    def __init__(self, obs_dim: int, n_actions: int, hidden: tuple[int, ...], seed: int):
-        super().__init__()
-        torch.manual_seed(seed)
-        layers: list[nn.Module] = []
-        sizes = (obs_dim, *hidden)
-        for fan_in, fan_out in zip(sizes[:-1], sizes[1:]):
-            layers += [nn.Linear(fan_in, fan_out), nn.Tanh()]
-        layers.append(nn.Linear(sizes[-1], n_actions))
-        self.net = nn.Sequential(*layers)
-
-    def logits(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.net(obs)
-
-    def flat_weights(self) -> np.ndarray:
-        return nn.utils.parameters_to_vector(self.parameters()).detach().numpy().copy()
-
-    def load_flat_weights(self, flat: np.ndarray) -> None:
-        nn.utils.vector_to_parameters(torch.from_numpy(flat), self.parameters())
-
-    def log_probs(self, obs: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
-        """``obs [B, D]``, ``actions [B, G]`` → log-probabilities ``[B, G]``."""
-        return torch.log_softmax(self.logits(obs), dim=-1).gather(1, actions)
-
-    @torch.inference_mode()
-    def sample(self, obs: torch.Tensor, group_size: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-        """G actions per row of ``obs`` and their log-probabilities, both ``[B, G]``."""
-        log_p = torch.log_softmax(self.logits(obs), dim=-1)
-        actions = torch.multinomial(log_p.exp(), group_size, replacement=True, generator=generator)
-        return actions, log_p.gather(1, actions)
+    The count is this batch's share: counts add up over microbatches and workers, so the global
+    division is the one a single process holding the whole batch makes.
+    """
+    mask = mask.float()
+    if loss_type == "grpo":
+        return mask / mask.sum(1, keepdim=True).clamp(min=1.0), float(mask.shape[0])
+    if loss_type == "dr_grpo":
+        return mask, float(mask.shape[0] * max_new_tokens)
+    return mask, float(mask.sum())
 
 
-@dataclass(frozen=True)
-class GroupBatch:
-    """Scored groups: ``obs [B, D]``, ``actions``/``behaviour_log_probs``/``rewards`` ``[B, G]``; the version
-    of the policy that drew each row."""
-
-    obs: torch.Tensor
-    actions: torch.Tensor
-    behaviour_log_probs: torch.Tensor
-    rewards: torch.Tensor
-    versions: torch.Tensor
+STATS = ("count", "loss", "policy_loss", "kl", "clipped_tokens", "tokens", "completions", "reward", "reward_sq",
+         "flat_groups", "groups", "lag")
+"""Sums that travel with the gradient (then per-reward-function sums follow)."""
 
 
 class GRPOAlgo:
-    """One learner: policy, frozen reference copy and Adam; ``update`` is one gradient step."""
+    """The GRPO learning rule over a group policy; ``update`` is one optimizer step on one global batch."""
 
-    def __init__(self, obs_dim: int, n_actions: int, cfg: GRPOConfig, seed: int):
+    def __init__(self, cfg: GRPOConfig, policy: GroupPolicy, reference: GroupPolicy | None = None):
+        if cfg.beta > 0 and reference is None:
+            raise ValueError("beta > 0 needs a reference policy")
         self.cfg = cfg
-        self.policy = GroupPolicy(obs_dim, n_actions, cfg.net_arch, seed)
-        self.reference = GroupPolicy(obs_dim, n_actions, cfg.net_arch, seed)
-        self.reference.load_state_dict(self.policy.state_dict())
-        self.reference.requires_grad_(False)
-        self.optimizer = torch.optim.Adam(self.policy.parameters(), lr=cfg.learning_rate)
-        self.version = 0
+        self.policy = policy
+        self.reference = reference if cfg.beta > 0 else None
+        # Adam as transformers and TRL set it up for language models (eps 1e-8, no weight decay)
+        self.optimizer = ClippedAdam(policy.params, cfg.learning_rate, eps=1e-8, max_grad_norm=cfg.max_grad_norm)
 
-    def update(self, batch: GroupBatch) -> dict[str, float]:
-        advantages = group_advantages(batch.rewards)
-        log_probs = self.policy.log_probs(batch.obs, batch.actions)
-        with torch.no_grad():
-            ref_log_probs = self.reference.log_probs(batch.obs, batch.actions)
-        loss, stats = grpo_loss(log_probs, batch.behaviour_log_probs, ref_log_probs, advantages,
-                                self.cfg.clip_range, self.cfg.kl_coef)
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        grad_norm = nn.utils.clip_grad_norm_(self.policy.parameters(), self.cfg.max_grad_norm)
-        self.optimizer.step()
-        self.version += 1
-        lag = self.version - 1 - batch.versions
-        return {**stats, "loss": loss.item(), "grad_norm": float(grad_norm), "mean_reward": float(batch.rewards.mean()),
-                "lag_mean": float(lag.float().mean()), "lag_max": float(lag.max())}
+    def advantages(self, batch: GroupSamples, sync: Sync) -> torch.Tensor:
+        """``[n]`` advantages of a scored batch (whole groups); ``batch`` scaling uses every worker's rewards."""
+        assert batch.reward is not None
+        rewards = torch.from_numpy(batch.reward).double().reshape(-1, batch.group_size)
+        batch_std = None
+        if self.cfg.scale_rewards == "batch":
+            n, total, total_sq = sync.all_sum(np.array([rewards.numel(), float(rewards.sum()),
+                                                        float(rewards.square().sum())]))
+            mean = total / max(n, 1.0)
+            batch_std = float(np.sqrt(max(total_sq / max(n, 1.0) - mean * mean, 0.0) * n / max(n - 1.0, 1.0)))
+        return group_advantages(rewards, self.cfg.scale_rewards, batch_std).reshape(-1).float()
 
-    def weights(self) -> dict[str, torch.Tensor]:
-        return {k: v.detach().clone() for k, v in self.policy.state_dict().items()}
+    def update(self, batch: GroupSamples, sync: Sync, policy_version: int = 0,
+               progress_remaining: float = 1.0) -> dict[str, float]:
+        """Gradient of the batch's loss (in microbatches) → ``sync.gradients`` → divide by the global count →
+        clip → Adam step. ``policy_version`` is the learner's, for the staleness statistics."""
+        cfg = self.cfg
+        policy, device = self.policy, self.policy.device
+        advantages = self.advantages(batch, sync).to(device)
+        assert batch.rewards is not None and batch.reward is not None
+        grad = policy.params.grad
+        grad.zero_()
+        stats = torch.zeros(len(STATS) + batch.rewards.shape[1], dtype=torch.float64)
+        per = cfg.microbatch_size or batch.size
+        for start in range(0, batch.size, per):
+            rows = slice(start, min(start + per, batch.size))
+            part = batch.rows(rows)
+            tensors = part.to_torch(device)
+            log_probs = policy.token_log_probs(tensors["prompt"], tensors["prompt_mask"], tensors["tokens"],
+                                               tensors["mask"])
+            ref = None
+            if self.reference is not None:
+                with torch.no_grad():
+                    ref = self.reference.token_log_probs(tensors["prompt"], tensors["prompt_mask"], tensors["tokens"],
+                                                         tensors["mask"])
+            behaviour = torch.from_numpy(part.log_probs).to(device)
+            loss, d_log_prob, clipped, kl = token_loss(log_probs.detach(), behaviour, advantages[rows].unsqueeze(1),
+                                                       cfg.clip_range, cfg.clip_high, ref, cfg.beta)
+            weights, count = token_weights(tensors["mask"], cfg.loss_type, cfg.max_new_tokens)
+            torch.autograd.backward(log_probs, d_log_prob * weights)  # accumulates into the flat gradient
+            valid = tensors["mask"].float()
+            policy_part = loss - cfg.beta * kl
+            stats[:6] += torch.stack([torch.tensor(count, dtype=torch.float64), (loss * weights).sum().double(),
+                                      (policy_part * weights).sum().double(), (kl * weights).sum().double(),
+                                      (clipped.float() * valid).sum().double(), valid.sum().double()])
+        groups = batch.reward.reshape(-1, batch.group_size)
+        stats[6:len(STATS)] += torch.tensor([
+            batch.size, float(batch.reward.sum()), float(np.square(batch.reward).sum()),
+            float((groups.std(axis=1) == 0).sum()), groups.shape[0], float((policy_version - batch.version).sum())],
+            dtype=torch.float64)
+        stats[len(STATS):] += torch.from_numpy(batch.rewards.sum(axis=0)).double()
+        sync.gradients(grad, stats)
+        count = float(stats[0])
+        grad.div_(max(count, 1e-12))
+        lr = linear(cfg.learning_rate, progress_remaining, cfg.lr_schedule)
+        grad_norm = self.optimizer.step(lr)
+        return self.metrics(stats, grad_norm, lr)
 
-    def flat_weights(self) -> np.ndarray:
-        """The policy's parameters as one float32 vector: the cheapest form to send to a generator."""
-        return self.policy.flat_weights()
+    def metrics(self, stats: torch.Tensor, grad_norm: float, lr: float) -> dict[str, float]:
+        s = dict(zip(STATS, stats.tolist()))
+        n = max(s["completions"], 1.0)
+        mean = s["reward"] / n
+        out = {
+            "losses/loss": s["loss"] / max(s["count"], 1e-12),
+            "losses/policy_loss": s["policy_loss"] / max(s["count"], 1e-12),
+            "losses/kl": s["kl"] / max(s["count"], 1e-12),
+            "losses/clip_fraction": s["clipped_tokens"] / max(s["tokens"], 1.0),
+            "losses/grad_norm": grad_norm,
+            "charts/learning_rate": lr,
+            "rewards/mean": mean,
+            "rewards/std": float(np.sqrt(max(s["reward_sq"] / n - mean * mean, 0.0))),
+            "rewards/flat_group_fraction": s["flat_groups"] / max(s["groups"], 1.0),
+            "completions/mean_length": s["tokens"] / n,
+            "completions/count": s["completions"],
+            "completions/tokens": s["tokens"],
+            "pipeline/policy_lag_mean": s["lag"] / n,
+        }
+        for k, total in enumerate(stats[len(STATS):].tolist()):
+            out[f"rewards/{k}"] = total / n
+        return out
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, tensors: dict[str, torch.Tensor]) -> None:
+        self.optimizer.load_state_dict(tensors)

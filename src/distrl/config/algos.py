@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from distrl.config.base import Activation, Core, Encoder, Schedule, require_fraction, nearest_divisor, require_positive, require
+from distrl.config.base import (Activation, Core, Encoder, GRPOLoss, RewardScaling, Schedule, nearest_divisor, require,
+                                require_fraction, require_positive)
 
 @dataclass(frozen=True)
 class PPOConfig:
@@ -220,36 +221,96 @@ class REINFORCEConfig:
 
 @dataclass(frozen=True)
 class GRPOConfig:
-    """Group-relative PPO for group tasks: G samples per input, advantages relative to the group."""
+    """Group Relative Policy Optimization (Shao et al. 2024, arXiv:2402.03300): G completions per prompt,
+    advantages relative to the group. On a transformers causal LM (--model, --dataset, --reward) or on a
+    numeric group task (toy, bandit). Names follow TRL's GRPOConfig where they mean the same."""
 
+    model: str = ""
+    """A local directory holding a transformers causal LM and its tokenizer (save_pretrained's output);
+    nothing is downloaded."""
+    dataset: str = ""
+    """A JSONL file of prompts: one object per line with a 'prompt' (a string, or chat messages) and the
+    fields the rewards need, e.g. {"prompt": "12+7=", "answer": "19"}."""
+    rewards: tuple[str, ...] = ()
+    """Reward functions: built-ins (exact_match, format) or 'package.module:function', called as
+    fn(prompts, completions, **fields) -> list[float]; several as --reward A --reward B."""
+    reward_weights: tuple[float, ...] = ()
+    """One weight per reward function (default 1 each); the reward is their weighted sum."""
+    reward_timeout_s: float = 60.0
+    """Longest a reward function may take on one batch before the run ends naming it."""
+    chat_template: bool = False
+    """Render plain-string prompts with the tokenizer's chat template (chat-message prompts always are)."""
+    max_prompt_tokens: int = 512
+    """Longest prompt allowed, in tokens (checked on every dataset line before the run starts)."""
+    max_new_tokens: int = 256
+    """Longest completion, in tokens (TRL: max_completion_length)."""
+    temperature: float = 1.0
+    """Sampling temperature; log-probabilities are those of softmax(logits / temperature)."""
+    top_p: float = 1.0
+    """Nucleus sampling: draw only among the most likely tokens whose probability reaches top_p."""
+    stop: tuple[str, ...] = ()
+    """Strings that end a completion (kept in it), besides the EOS token."""
     group_size: int = 8
-    """Samples drawn per input state (G)."""
-    states_per_slice: int = 16
-    """Input states per generation; their groups travel together as one slice."""
+    """Completions drawn per prompt (G; TRL: num_generations)."""
+    prompts_per_slice: int = 4
+    """Prompts whose groups are drawn and buffered together: the unit of generation and replay."""
     slices_per_step: int = 4
-    """Slices sampled from the replay buffer for one learner step."""
+    """Slices per learner step, per worker: a step trains on prompts_per_slice * slices_per_step * group_size
+    completions on each worker."""
+    slices_per_call: int = 4
+    """pipeline: slices a generator draws per request (with one policy version); more amortise the round trip."""
+    microbatch_size: int = 0
+    """Completions per forward and backward pass; their gradients accumulate to the step's (0: all at once)."""
     learner_steps: int = 600
     """Learner steps (policy versions) in the run."""
-    learning_rate: float = 3e-3
-    """Adam step size."""
+    learning_rate: float = 1e-6
+    """Adam step size (TRL's default for language models)."""
+    lr_schedule: Schedule = "constant"
+    """'linear' anneals the learning rate to 0 over learner_steps."""
+    loss_type: GRPOLoss = "dapo"
+    """How per-token losses become one: grpo (mean per completion, then over completions), dr_grpo (sum over
+    tokens / (completions * max_new_tokens)), dapo (mean over all tokens of the global batch)."""
+    scale_rewards: RewardScaling = "group"
+    """Divide advantages by the group's reward std (group), the global batch's (batch), or not (none, as
+    Dr. GRPO does)."""
     clip_range: float = 0.2
-    """PPO clip of the ratio to the behaviour policy."""
-    kl_coef: float = 0.01
-    """Weight of the KL penalty to the frozen reference policy (0 turns it off)."""
+    """PPO clip of the ratio to the behaviour policy: [1 - clip_range, 1 + clip_range_high]."""
+    clip_range_high: float | None = None
+    """Upper clip (DAPO's clip-higher, e.g. 0.28); None: clip_range."""
+    beta: float = 0.0
+    """Weight of the KL penalty to the frozen starting model (k3 estimator); 0 skips the reference model."""
     max_grad_norm: float = 1.0
-    """Clip the global gradient norm to this value."""
+    """Clip the global gradient norm (after summing over workers) to this value."""
+    sample_every: int = 10
+    """Write a few prompts, completions and rewards to samples.log every this many learner steps (0: never)."""
     net_arch: tuple[int, ...] = (64, 64)
-    """Hidden layers of the policy."""
-    slices_per_call: int = 4
-    """Slices a generator draws per request (with one policy version); more amortise the round trip."""
+    """Numeric group tasks: hidden layers of the policy MLP."""
 
     def __post_init__(self) -> None:
-        require_positive(self, "group_size", "states_per_slice", "slices_per_step", "learner_steps", "learning_rate",
-                  "clip_range", "max_grad_norm", "slices_per_call")
+        require_positive(self, "group_size", "prompts_per_slice", "slices_per_step", "learner_steps", "learning_rate",
+                         "clip_range", "max_grad_norm", "slices_per_call", "max_prompt_tokens", "max_new_tokens",
+                         "temperature", "reward_timeout_s")
         require(self.group_size >= 2, "group_size", self.group_size, ">= 2 (a group needs a mean to compare with)")
-        require(self.kl_coef >= 0, "kl_coef", self.kl_coef, ">= 0")
+        require(self.beta >= 0, "beta", self.beta, ">= 0 (0 turns the KL penalty off)")
+        require(0 < self.top_p <= 1, "top_p", self.top_p, "in (0, 1]")
+        require(self.microbatch_size >= 0, "microbatch_size", self.microbatch_size, ">= 0 (0: the whole batch)")
+        require(self.sample_every >= 0, "sample_every", self.sample_every, ">= 0 (0: never)")
+        if self.clip_range_high is not None:
+            require(self.clip_range_high > 0, "clip_range_high", self.clip_range_high, "> 0 or None")
+        require(not self.reward_weights or len(self.reward_weights) == len(self.rewards), "reward_weights",
+                self.reward_weights, f"one weight per reward ({len(self.rewards)}), or none for 1 each")
+        require(all(s for s in self.stop), "stop", self.stop, "non-empty strings")
         require(len(self.net_arch) > 0 and all(h > 0 for h in self.net_arch),
                 "net_arch", self.net_arch, "one or more positive layer sizes")
+
+    @property
+    def clip_high(self) -> float:
+        return self.clip_range if self.clip_range_high is None else self.clip_range_high
+
+    @property
+    def prompts_per_step(self) -> int:
+        """Prompts each worker draws per learner step."""
+        return self.prompts_per_slice * self.slices_per_step
 
 
 ALGO_CONFIGS: dict[str, type] = {"ppo": PPOConfig, "sac": SACConfig, "reinforce": REINFORCEConfig, "grpo": GRPOConfig}

@@ -21,6 +21,8 @@ Encoder = Literal["auto", "mlp", "nature", "small", "impala"]
 Core = Literal["none", "lstm", "gru"]
 Precision = Literal["fp32", "bf16"]
 Tracker = Literal["wandb", "mlflow"]
+GRPOLoss = Literal["grpo", "dr_grpo", "dapo"]
+RewardScaling = Literal["group", "batch", "none"]
 
 
 class ConfigError(Exception):

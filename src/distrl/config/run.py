@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 import tyro
 
-from distrl.config.algos import REINFORCEConfig, SACConfig
+from distrl.config.algos import GRPOConfig, REINFORCEConfig, SACConfig
 from distrl.config.base import (Device, Engine, Launcher, OnWorkerError, Precision, ReplaySampling, Scaling, Strategy,
                                 Tracker, VecMode, require_fraction, require_positive, require)
 
@@ -237,11 +237,15 @@ def scaled(cfg: Any, strategy: StrategyConfig, world_size: int) -> Any:
 
     PPO: n_steps / N and learning_rate * N. SAC: buffer_size / N, learning_starts / N and
     learning_rate * N (the recipes of Horovod's distributed PPO and SAC). REINFORCE: episodes_per_iter / N;
-    its one gradient step per iteration is already the mean over every worker's episodes, so the
-    learning rate stays.
+    GRPO: slices_per_step / N; their one gradient step per iteration is already the mean over every
+    worker's samples, so the learning rate stays.
     """
     if strategy.scaling == "per-worker" or world_size == 1:
         return cfg
+    if isinstance(cfg, GRPOConfig):
+        require(cfg.slices_per_step % world_size == 0, "slices_per_step", cfg.slices_per_step,
+                f"divisible by the {world_size} workers with --scaling equivalent")
+        return dataclasses.replace(cfg, slices_per_step=cfg.slices_per_step // world_size)
     if isinstance(cfg, REINFORCEConfig):
         require(cfg.episodes_per_iter % world_size == 0, "episodes_per_iter", cfg.episodes_per_iter,
                 f"divisible by the {world_size} workers with --scaling equivalent")

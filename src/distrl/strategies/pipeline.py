@@ -3,9 +3,11 @@
 N generator actors draw data with their copy of the policy while the learner (this process)
 trains on what has already arrived. Two workloads share the machinery:
 
-- group tasks (``grpo``): a generator draws ``slices_per_call`` slices of groups per request;
-  a scorer actor rewards the queued slices in batches; the learner takes ``slices_per_step``
-  scored slices per step (:class:`Pipeline`).
+- GRPO (``grpo``): a generator draws the groups of ``slices_per_call`` slices of prompts per
+  request (a language model's completions, or a numeric task's actions) and hands them to the
+  scorer actor, which runs the reward functions, so that a reward that hangs or crashes ends the run
+  with its name instead of stalling the learner; the learner takes ``slices_per_step`` scored slices
+  per step (:class:`PipelineGroups`, the GRPO trainer's source).
 - Gymnasium envs (``ppo``): a generator is a rollout worker that collects one fragment of
   ``n_steps`` × ``n_envs`` steps per request, with the behaviour log-probabilities; rewards
   come from the env, so there is no scorer; the learner runs a PPO update on one fragment per
@@ -18,14 +20,18 @@ Nobody waits longer than the data demands:
   before it starts (ready-to-update, then ready-to-generate), so one request's data never
   mixes versions; weights travel by value as one float vector, only to a generator whose copy
   is out of date;
-- at most ``queue_size`` slices wait for the scorer: past that, finished generators idle
-  (back-pressure) instead of filling memory;
+- at most ``queue_size`` slices are requested, being scored, or buffered and not trained on yet:
+  past that, generators idle (back-pressure) instead of filling memory, and data older than
+  ``max_policy_lag`` versions is dropped;
 - the learner steps whenever the buffer holds a batch, and otherwise waits on whichever stage
   can feed it, failing after ``starve_timeout_s`` with the name of that stage.
 
-Every generated slice or fragment is trained on, evicted, dropped for lag, or left in the
-buffer at the end (generations under way at the end are drained into it), and summary.json's
-counters add up. A generator that dies is restarted; its lost request was never counted.
+Request ``k`` covers prompt positions ``k * P .. (k + 1) * P - 1`` (``P`` prompts per request) and draws
+them with the same position-keyed randomness as every strategy, so one generator one request ahead of
+the learner reproduces ``single`` exactly. Every generated slice or fragment is trained on, evicted,
+dropped for lag, or left in the buffer at the end (generations under way at the end are drained into
+it), and summary.json's counters add up. A generator that dies is restarted; its lost request was
+never counted.
 """
 
 from __future__ import annotations
@@ -41,90 +47,99 @@ from typing import Any
 import numpy as np
 import torch
 
-from distrl.algos.grpo import GroupBatch, GroupPolicy, GRPOAlgo
 from distrl.config import ConfigError, GRPOConfig, RunConfig, StrategyConfig
+from distrl.data.groups import GroupSamples, draw_groups, score_groups
 from distrl.data.replay import VersionedReplay
+from distrl.nets.factory import make_group_policy
+from distrl.rewards import RewardError
 from distrl.strategies.actors import ActorEngine, RayActors, as_array
-from distrl.strategies.pool import Feeder, GeneratorPool
-from distrl.tasks import make_task
+from distrl.strategies.pool import GeneratorPool
+from distrl.tasks import make_group_task
+from distrl.training.common import resolve_device
+from distrl.training.group import train_grpo
+
+
+@dataclass(frozen=True)
+class ScoringFailed:
+    """What a generator returns when scoring its groups failed: the run ends with ``message``."""
+
+    message: str
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One request's scored groups and what making them cost."""
+
+    samples: GroupSamples
+    generator: int
+    generate_s: float
+    score_s: float
+    load_s: float
+    """Loading the weights the request carried."""
+
+
+def request_positions(request: int, cfg: GRPOConfig) -> np.ndarray:
+    """The prompt positions of request ``request``: ``slices_per_call`` slices' worth, consecutive."""
+    per = cfg.prompts_per_slice * cfg.slices_per_call
+    return np.arange(request * per, (request + 1) * per, dtype=np.int64)
 
 
 class Generator:
-    """Actor: draws slices of ``states_per_slice`` groups of ``group_size`` samples, one version per request."""
+    """Actor: draws one request's groups with one policy version, then has the scorer score them."""
 
-    def __init__(self, task: str, cfg: GRPOConfig, seed: int, generator_id: int, restarts: int = 0,
-                 scorer: Any = None):
-        self.task = make_task(task, seed)
-        self.cfg = cfg
-        self.scorer = scorer
-        self.id = generator_id
-        self.policy = GroupPolicy(self.task.obs_dim, self.task.n_actions, cfg.net_arch, seed)
+    def __init__(self, run: RunConfig, cfg: GRPOConfig, generator_id: int, scorer: Any = None):
+        torch.set_num_threads(run.threads)
+        self.run, self.cfg, self.id, self.scorer = run, cfg, generator_id, scorer
+        self.task = make_group_task(run.env, cfg, run.seed)
+        self.policy = make_group_policy(self.task, run, cfg, resolve_device(run.device), "generator")
         self.version = -1
-        stream = (seed, generator_id, restarts)
-        self.rng = np.random.default_rng(stream)
-        self.torch_rng = torch.Generator().manual_seed(int(np.random.SeedSequence(stream).generate_state(1)[0]))
-        torch.set_num_threads(1)
 
-    def generate(self, version: int, weights: Any, slices: int = 1) -> dict[str, Any]:
-        """``slices`` slices drawn with policy ``version``; ``weights`` (flat, see ``as_array``) is None when
-        this generator already holds that version."""
+    def generate(self, version: int, weights: Any, request: int) -> tuple[GroupSamples, float, float]:
+        """(groups, seconds drawing, seconds loading weights); ``weights`` (flat, see ``as_array``) is None
+        when this generator already holds ``version``."""
         start = time.perf_counter()
         if weights is not None:  # ready-to-update: load, then ready-to-generate
-            self.policy.load_flat_weights(as_array(weights))
+            self.policy.params.load_flat(as_array(weights))
             self.version = version
         if self.version != version:
             raise RuntimeError(f"generator {self.id} holds version {self.version}, asked for {version} without weights")
-        n, S = slices, self.cfg.states_per_slice
-        states = self.task.states(n * S, self.rng)
-        actions, log_probs = self.policy.sample(torch.from_numpy(states), self.cfg.group_size, self.torch_rng)
-        G = self.cfg.group_size
-        return {"obs": states.reshape(n, S, -1), "actions": actions.numpy().reshape(n, S, G),
-                "log_probs": log_probs.numpy().reshape(n, S, G), "version": self.version, "generator": self.id,
-                "generate_s": time.perf_counter() - start}
+        loaded = time.perf_counter()
+        samples = draw_groups(self.task, self.policy, request_positions(request, self.cfg), self.cfg.group_size,
+                              self.run.seed, version)
+        return samples, time.perf_counter() - loaded, loaded - start
 
-    def generate_scored(self, version: int, weights: Any, slices: int) -> dict[str, Any]:
-        """:meth:`generate`, then hand the slices to the scorer (a client of the scorer actor) and return them scored."""
-        return self.scorer.score(self.generate(version, weights, slices))[0]
+    def generate_scored(self, version: int, weights: Any, request: int) -> Generation | ScoringFailed:
+        """:meth:`generate`, then the scorer's rewards (a client of the scorer actor)."""
+        samples, generate_s, load_s = self.generate(version, weights, request)
+        start = time.perf_counter()
+        try:
+            scored = self.scorer.score(samples)
+        except Exception as exc:  # noqa: BLE001 - the scorer's process died or stopped answering
+            return ScoringFailed(f"the scorer failed while scoring (rewards {', '.join(self.task.reward_names)}): "
+                                 f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}")
+        if isinstance(scored, ScoringFailed):
+            return scored
+        return Generation(scored, self.id, generate_s, time.perf_counter() - start, load_s)
 
     def pid(self) -> int:
         return os.getpid()
 
 
 class Scorer:
-    """Actor: rewards a batch of generations with one call of the task's reward function."""
+    """Actor: runs the task's reward functions on the groups generators hand it."""
 
-    def __init__(self, task: str, seed: int):
-        self.task = make_task(task, seed)
-        torch.set_num_threads(1)
+    def __init__(self, run: RunConfig, cfg: GRPOConfig):
+        torch.set_num_threads(run.threads)
+        self.task = make_group_task(run.env, cfg, run.seed)
 
-    def score(self, *generations: dict[str, Any]) -> list[dict[str, Any]]:
-        obs_dim = generations[0]["obs"].shape[-1]
-        states = np.concatenate([g["obs"].reshape(-1, obs_dim) for g in generations])
-        actions = np.concatenate([g["actions"].reshape(-1, g["actions"].shape[-1]) for g in generations])
-        rewards = self.task.rewards(states, actions)
-        out, at = [], 0
-        for g in generations:
-            n = g["actions"].shape[0] * g["actions"].shape[1]
-            out.append({**g, "rewards": rewards[at:at + n].reshape(g["actions"].shape)})
-            at += n
-        return out
+    def score(self, samples: GroupSamples) -> GroupSamples | ScoringFailed:
+        try:
+            return score_groups(self.task, samples)
+        except RewardError as exc:
+            return ScoringFailed(str(exc))
 
     def pid(self) -> int:
         return os.getpid()
-
-
-def split_slices(scored: dict[str, Any]) -> list[dict[str, Any]]:
-    """One scored generation → its slices (each one version, ``states_per_slice`` groups)."""
-    return [{"obs": scored["obs"][j], "actions": scored["actions"][j], "log_probs": scored["log_probs"][j],
-             "rewards": scored["rewards"][j]} for j in range(len(scored["obs"]))]
-
-
-def stack(slices: list[tuple[int, dict[str, Any]]]) -> GroupBatch:
-    items = [s for _, s in slices]
-    cat = lambda name: torch.from_numpy(np.concatenate([s[name] for s in items]))  # noqa: E731
-    versions = torch.cat([torch.full((len(s["obs"]),), v, dtype=torch.long) for v, s in slices])
-    return GroupBatch(obs=cat("obs"), actions=cat("actions"), behaviour_log_probs=cat("log_probs"),
-                      rewards=cat("rewards"), versions=versions)
 
 
 @dataclass
@@ -188,90 +203,117 @@ def check_pipeline(cfg: GRPOConfig, strategy: StrategyConfig) -> None:
                           f"({cfg.slices_per_call}), or no generation would ever be queued")
 
 
-class Pipeline:
-    """GRPO's learner side: owns the generators, the scorer, the queue, the replay buffer and the learner step."""
+class RewardFailed(RuntimeError):
+    """A reward function raised, returned the wrong thing or hung, or the scorer died; the message names it."""
 
-    def __init__(self, engine: ActorEngine, task: str, cfg: GRPOConfig, run: RunConfig, strategy: StrategyConfig):
+
+class PipelineGroups:
+    """GRPO's pipeline as the trainer's source of groups: generators → scorer → versioned replay.
+
+    ``next_batch`` tops the generators up (at most ``queue_size`` slices ahead of the learner), then
+    returns ``slices_per_step`` scored slices from the buffer, waiting only while it holds too few.
+    """
+
+    def __init__(self, trainer: Any, strategy: StrategyConfig, engine: ActorEngine):
+        run, cfg = trainer.run, trainer.cfg
         check_pipeline(cfg, strategy)
-        self.engine, self.task_name, self.cfg, self.run, self.strategy = engine, task, cfg, run, strategy
-        task_obj = make_task(task, run.seed)
-        self.algo = GRPOAlgo(task_obj.obs_dim, task_obj.n_actions, cfg, run.seed)
+        self.trainer, self.cfg, self.strategy, self.engine = trainer, cfg, strategy, engine
         self.replay = VersionedReplay(strategy.buffer_capacity, strategy.max_policy_lag, strategy.replay_sampling,
                                       seed=run.seed, max_reuse=strategy.max_reuse)
         self.stats = PipelineStats()
-        self.scorer = engine.spawn(Scorer, task, run.seed)
-        scorer = engine.client(self.scorer, strategy.timeout_s)
+        self.events = self.stats.events
+        self.scorer = engine.spawn(Scorer, run, cfg)
+        scorer = engine.client(self.scorer, strategy.timeout_s + cfg.reward_timeout_s * max(1, len(cfg.rewards)))
+        self.requests = 0
+        self.per_call = cfg.slices_per_call
+        self.queue_size = strategy.queue_size or DEFAULT_QUEUE_SLICES
+        self.score_s = self.wait_s = self.load_s = self.weights_s = 0.0
+        self.last_metrics: dict[str, float] = {}
 
         def request(actor: Any, version: int, weights: Any) -> Any:
-            # the generator hands its slices to the scorer itself: the learner sends one request
-            # and hears of the slices once, scored
-            return engine.call(actor, "generate_scored", version, weights, cfg.slices_per_call)
+            self.requests += 1
+            return engine.call(actor, "generate_scored", version, weights, self.requests - 1)
 
         self.pool = GeneratorPool(engine, strategy.workers,
-                                  lambda i, restarts: engine.spawn(Generator, task, cfg, run.seed, i, restarts, scorer),
-                                  request, strategy, self.stats.events, depth=2)
+                                  lambda i, restarts: engine.spawn(Generator, run, cfg, i, scorer),
+                                  request, strategy, self.events, depth=2)
+        self.startup_s = self.pool.ready(self.scorer)
 
-    def train(self, on_step: Any = None) -> dict[str, Any]:
-        cfg, pool = self.cfg, self.pool
-        per_call = cfg.slices_per_call
-        queue_size = self.strategy.queue_size or DEFAULT_QUEUE_SLICES
+    def resume(self, version: int) -> None:
+        """Go on with the prompts after those the first ``version`` steps trained on."""
+        per_step = self.cfg.prompts_per_step
+        self.requests = -(-version * per_step // (self.cfg.prompts_per_slice * self.per_call))
 
-        def room() -> int:
-            # generators go again while the queue has room: slices requested, being scored, or
-            # buffered but not trained on yet; the learner's pace sets the generators' pace
-            ahead = len(pool.in_flight) * per_call + self.replay.untrained()
-            self.stats.record_queue(ahead)
-            return (queue_size - ahead) // per_call
-
-        startup = pool.ready(self.scorer)  # the clock starts once every actor is up
+    def _weights(self) -> Any:
         start = time.perf_counter()
-        # the feeder thread stores scored slices and sends requests; this loop only samples and steps
-        feeder = Feeder(pool, lambda scored: self._store([scored]), room, self.algo.version,
-                        self.algo.flat_weights(), self.engine.weights, "generators and scorer").start()
-        try:
-            while self.algo.version < cfg.learner_steps:
-                batch = feeder.take(lambda: self.replay.sample(cfg.slices_per_step, self.algo.version),
-                                    self.strategy.starve_timeout_s,
-                                    lambda: f"learner version {self.algo.version}, buffer {len(self.replay)}")
-                step_start = time.perf_counter()
-                metrics = self.algo.update(stack(batch))
-                feeder.publish(self.algo.version, self.algo.flat_weights())
-                self.stats.learner_busy_s += time.perf_counter() - step_start
-                self.stats.record_lag(metrics["lag_mean"])
-                if on_step is not None:
-                    on_step(self.algo.version, metrics)
-        finally:
-            feeder.stop()
-        wall = time.perf_counter() - start
-        # drain: requests under way are scored into the buffer, so that every generated slice is
-        # accounted for (trained, evicted, dropped for lag, or left at the end)
-        for _, scored in pool.drain():
-            self._store([scored])
-        summary = self.stats.summary(wall, self.algo.version, len(pool.actors), self.replay, pool.restarted(), "slice")
-        return {**summary, "wall_s": wall, "startup_s": startup}
+        flat = self.engine.weights(self.trainer.version, self.trainer.policy.params.flat())
+        self.weights_s += time.perf_counter() - start
+        return flat
 
-    def _store(self, scored: list[dict[str, Any]]) -> None:
-        for generation in scored:
-            self.stats.generated += len(generation["obs"])
-            self.stats.generate_s += generation["generate_s"]
-            for piece in split_slices(generation):
-                self.replay.add(generation["version"], piece)
+    def _harvest(self, timeout: float = 0) -> None:
+        for _, result in self.pool.finished(timeout):
+            if isinstance(result, ScoringFailed):
+                raise RewardFailed(result.message)
+            self.stats.generated += result.samples.prompts // self.cfg.prompts_per_slice
+            self.stats.generate_s += result.generate_s
+            self.score_s += result.score_s
+            self.load_s += result.load_s
+            for piece in result.samples.split(self.cfg.prompts_per_slice):
+                self.replay.add(int(piece.version[0]), piece)
+
+    def _submit(self, version: int) -> None:
+        ahead = len(self.pool.in_flight) * self.per_call + self.replay.untrained()
+        self.stats.record_queue(ahead)
+        room = (self.queue_size - ahead) // self.per_call
+        if room > 0:
+            self.pool.submit(version, self._weights, limit=room)
+
+    def next_batch(self, version: int) -> GroupSamples:
+        start = time.perf_counter()
+        self._harvest()
+        self._submit(version)
+        while (taken := self.replay.sample(self.cfg.slices_per_step, version)) is None:
+            self.pool.wait_any("generators and scorer", version, len(self.replay))
+            self._harvest()
+            self._submit(version)
+        batch = GroupSamples.concat([piece for _, piece in taken])
+        lags = version - batch.version
+        self.stats.record_lag(float(lags.mean()))
+        self.wait_s += time.perf_counter() - start
+        self.last_metrics = {"pipeline/policy_lag_max": float(lags.max()),
+                             "pipeline/queue_depth": float(self.stats.queue_depth),
+                             "pipeline/buffer_size": float(len(self.replay)),
+                             "pipeline/generator_restarts": float(self.pool.restarted())}
+        return batch
+
+    def timing(self) -> dict[str, float]:
+        return {"generate_s": self.stats.generate_s, "score_s": self.score_s, "learner_wait_s": self.wait_s,
+                "weight_sync_s": self.weights_s + self.load_s}
+
+    def finish(self) -> dict[str, Any]:
+        """Drain the generations under way into the buffer; the pipeline's counters for summary.json."""
+        for _, result in self.pool.drain():
+            if isinstance(result, Generation):
+                self.stats.generated += result.samples.prompts // self.cfg.prompts_per_slice
+                for piece in result.samples.split(self.cfg.prompts_per_slice):
+                    self.replay.add(int(piece.version[0]), piece)
+        self.stats.learner_busy_s = self.trainer.update_s
+        summary = self.stats.summary(self.trainer.train_s, self.trainer.version, len(self.pool.actors), self.replay,
+                                     self.pool.restarted(), "slice")
+        return {**summary, "startup_s": self.startup_s}
 
     def close(self) -> None:
         self.pool.close()
         self.engine.kill(self.scorer)
 
 
-def run_pipeline(task: str, cfg: GRPOConfig, run: RunConfig, strategy: StrategyConfig,
-                 run_dir: Path | None = None, on_step: Any = None) -> tuple[dict[str, Any], GRPOAlgo]:
-    """Train GRPO on a group task with ``strategy.workers`` generators; returns (summary, learner)."""
+def run_pipeline(run: RunConfig, strategy: StrategyConfig, cfg: GRPOConfig, run_dir: Path,
+                 resume_path: Path | None = None) -> dict[str, Any]:
+    """Train GRPO with ``strategy.workers`` generators and a scorer feeding this process's learner."""
     check_pipeline(cfg, strategy)
     with actor_engine(strategy, run_dir, debug=run.debug) as engine:
-        pipeline = Pipeline(engine, task, cfg, run, strategy)
-        try:
-            return pipeline.train(on_step), pipeline.algo
-        finally:
-            pipeline.close()
+        return train_grpo(run, cfg, run_dir, resume_path, strategy=strategy,
+                          source_factory=lambda trainer: PipelineGroups(trainer, strategy, engine))
 
 
 @contextmanager

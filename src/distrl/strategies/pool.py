@@ -1,14 +1,12 @@
-"""Keeping a set of generator actors busy: requests, failures and restarts, and a feeder thread.
+"""Keeping a set of generator actors busy: requests, failures and restarts.
 
 :class:`GeneratorPool` sends requests to N actors on any :class:`~distrl.strategies.actors.ActorEngine`
-and replaces an actor that dies or raises. :class:`Feeder` runs a pool from a thread of its
-own, storing results as they arrive and sending new requests with the newest weights, so that
-the learner's loop only samples and steps.
+and replaces an actor that dies or raises; the pipeline's sources (GRPO's groups, PPO's fragments)
+top it up from the learner's loop between steps.
 """
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -137,82 +135,3 @@ class GeneratorPool:
     def close(self) -> None:
         for actor in self.actors:
             self.engine.kill(actor)
-
-
-class Feeder:
-    """Runs a :class:`GeneratorPool` from a thread of its own while the learner steps.
-
-    The thread stores every finished request (``store``, called under :attr:`lock`), then tops
-    the generators up with the newest published weights, at most ``room()`` more requests
-    (also under the lock). The learner takes batches under the same lock with :meth:`take`;
-    when there is none it sleeps until a result arrives, and fails after ``starve_timeout_s``
-    naming ``stage``. An error in the thread (a generator past its restarts) is raised in the
-    learner at its next :meth:`take`. Only the thread talks to the engine until :meth:`stop`.
-    """
-
-    POLL_S = 0.005
-    """How long the thread waits for a result before it looks at the published weights again."""
-
-    def __init__(self, pool: GeneratorPool, store: Callable[[Any], None], room: Callable[[], int],
-                 version: int, weights: Any, publish: Callable[[int, Any], Any], stage: str):
-        self.pool, self.store, self.room, self.publish_as, self.stage = pool, store, room, publish, stage
-        self.lock = threading.Condition()
-        self.latest = (version, weights)
-        self.error: BaseException | None = None
-        self.stopping = False
-        self.thread = threading.Thread(target=self._run, name="distrl-feeder", daemon=True)
-
-    def start(self) -> Feeder:
-        self.thread.start()
-        return self
-
-    def publish(self, version: int, weights: Any) -> None:
-        """Make ``weights`` (which must not change afterwards) the ones new requests carry."""
-        with self.lock:
-            self.latest = (version, weights)
-
-    def take(self, sample: Callable[[], Any], timeout: float, describe: Callable[[], str]) -> Any:
-        """``sample()`` under the lock, waiting for results while it returns None."""
-        deadline = time.monotonic() + timeout
-        with self.lock:
-            while True:
-                if self.error is not None:
-                    raise self.error
-                batch = sample()
-                if batch is not None:
-                    self.lock.notify_all()  # room for more requests
-                    return batch
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise PipelineStalled(f"the learner received no data for {timeout:.0f} s: the {self.stage} "
-                                          f"did not answer ({describe()}, {len(self.pool.in_flight)} in flight)")
-                self.lock.wait(left)
-
-    def _run(self) -> None:
-        try:
-            while not self.stopping:
-                results = self.pool.finished(timeout=self.POLL_S)
-                with self.lock:
-                    for _, result in results:
-                        self.store(result)
-                    if results:
-                        self.lock.notify_all()
-                    version, flat = self.latest
-                    room = self.room()
-                    if room <= 0 and not results and not self.pool.in_flight:
-                        self.lock.wait(self.POLL_S)  # queue full and nothing under way: until the learner takes
-                if room > 0:
-                    self.pool.submit(version, lambda: self.publish_as(version, flat), limit=room)
-        except BaseException as exc:  # noqa: BLE001 - handed to the learner, which raises it
-            with self.lock:
-                self.error = exc
-                self.lock.notify_all()
-
-    def stop(self) -> None:
-        """End the thread (after its current round); the pool is the caller's again."""
-        self.stopping = True
-        with self.lock:
-            self.lock.notify_all()
-        self.thread.join(timeout=10.0)
-        if self.thread.is_alive():
-            raise PipelineStalled(f"the feeder thread did not stop: a call to the {self.stage} hangs")

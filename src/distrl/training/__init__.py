@@ -1,4 +1,4 @@
-"""Training loops: on-policy (PPO) and off-policy (SAC), sharing TrainerBase."""
+"""Training loops: on-policy (PPO), off-policy (SAC) and episodic (REINFORCE) sharing TrainerBase; GRPO's."""
 
 from __future__ import annotations
 
@@ -7,15 +7,17 @@ from typing import Any
 from distrl.training.common import (EVAL_SEED_OFFSET, TrainerBase, configs_from_checkpoint, default_run_dir,
                                     resolve_device)
 from distrl.training.episodic import EpisodicTrainer
+from distrl.training.group import GroupTrainer
 from distrl.training.off_policy import OffPolicyTrainer
 from distrl.training.on_policy import OnPolicyTrainer
 
-TRAINERS: dict[str, type[TrainerBase]] = {"ppo": OnPolicyTrainer, "sac": OffPolicyTrainer, "reinforce": EpisodicTrainer}
+TRAINERS: dict[str, Any] = {"ppo": OnPolicyTrainer, "sac": OffPolicyTrainer, "reinforce": EpisodicTrainer,
+                            "grpo": GroupTrainer}
 
 
 def make_trainer(algo: str, *args: Any, **kwargs: Any) -> TrainerBase:
     return TRAINERS[algo](*args, **kwargs)
 
 
-__all__ = ["EVAL_SEED_OFFSET", "EpisodicTrainer", "OffPolicyTrainer", "OnPolicyTrainer", "TRAINERS", "TrainerBase",
+__all__ = ["EVAL_SEED_OFFSET", "EpisodicTrainer", "GroupTrainer", "OffPolicyTrainer", "OnPolicyTrainer", "TRAINERS", "TrainerBase",
            "configs_from_checkpoint", "default_run_dir", "make_trainer", "resolve_device"]

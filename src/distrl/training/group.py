@@ -1,126 +1,372 @@
-"""GRPO on group tasks: the synchronous loop (``single``) and the run directory of every GRPO run.
+"""GRPO's trainer: draw groups → score → one learner step, with the logs, checkpoints and resume of every run.
 
-``single`` generates a slice, scores it and learns from it in turn, in this process, with the
-same Generator, Scorer and learner step as ``pipeline`` — the baseline the pipeline's
-throughput is measured against.
+Where the groups come from is the trainer's *source*: :class:`LocalGroups` draws and scores them in this
+process (``single``, and every rank of ``ddp``: each draws its own share of the step's prompts), the
+pipeline's generators and scorer feed it otherwise (``distrl.strategies.pipeline``). The learner step is
+:class:`~distrl.algos.grpo.GRPOAlgo`'s in every case, with this worker's ``Sync``.
+
+A step's prompts and the randomness of every token are keyed by prompt position (see
+:mod:`distrl.data.groups`), so ``ddp`` draws exactly the completions one process with the global batch
+draws, and a run resumed from a checkpoint goes on as the uninterrupted one would have.
 """
 
 from __future__ import annotations
 
+import hashlib
 import time
+from collections import deque
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 
 import distrl
 from distrl import checkpoint
-from distrl.config import GRPOConfig, RunConfig, StrategyConfig, to_dict
-from distrl.logs import Console, write_json_atomic
-from distrl.training.common import set_cpu_options
-from distrl.tasks import make_task
+from distrl.algos.grpo import GRPOAlgo
+from distrl.config import ConfigError, RunConfig, StrategyConfig, to_dict
+from distrl.data.groups import GroupSamples, draw_groups, score_groups, step_positions
+from distrl.logs import Console, RunLogger, write_json_atomic
+from distrl.nets.causal_lm import PromptEncoder, load_tokenizer
+from distrl.nets.factory import make_group_policy
+from distrl.protocols import LocalSync, Sync
+from distrl.tasks import TEXT_TASK, GroupTask, StateTask, make_group_task
+from distrl.training.common import resolve_device, set_cpu_options
 
 EVAL_STATES = 1024
+"""Fresh states of a numeric task's greedy evaluation."""
+EVAL_PROMPTS = 64
+"""Dataset prompts (the first of the run's order) of a text task's greedy evaluation."""
+SAMPLES_LOG = "samples.log"
+PRETRAINED_DIR = "pretrained"
+"""RUN/pretrained: the trained language model as a transformers directory (``from_pretrained`` loads it)."""
+RECENT = 10
+"""Learner steps the first and last reward figures of summary.json average over."""
 
 
-def run_synchronous(task: str, cfg: GRPOConfig, run: RunConfig, on_step: Any = None) -> tuple[dict[str, Any], Any]:
-    """Generate → score → learn, one after the other; returns (summary, learner)."""
-    from distrl.algos.grpo import GRPOAlgo
-    from distrl.strategies.pipeline import Generator, Scorer, split_slices, stack
+class GroupSource(Protocol):
+    """Where a GRPO trainer's scored groups come from."""
 
-    task_obj = make_task(task, run.seed)
-    algo = GRPOAlgo(task_obj.obs_dim, task_obj.n_actions, cfg, run.seed)
-    generator, scorer = Generator(task, cfg, run.seed, 0), Scorer(task, run.seed)
-    start, busy, slices = time.perf_counter(), 0.0, 0
-    while algo.version < cfg.learner_steps:
-        scored, = scorer.score(generator.generate(algo.version, algo.flat_weights(), cfg.slices_per_step))
-        slices += cfg.slices_per_step
-        step_start = time.perf_counter()
-        metrics = algo.update(stack([(algo.version, s) for s in split_slices(scored)]))
-        busy += time.perf_counter() - step_start
-        if on_step is not None:
-            on_step(algo.version, metrics)
-    wall = time.perf_counter() - start
-    return {"learner_steps": algo.version, "wall_s": wall, "learner_steps_per_s": algo.version / wall,
-            "learner_busy_fraction": busy / wall, "slices_generated": slices, "slices_per_s": slices / wall,
-            "slices_trained": slices}, algo
+    def next_batch(self, version: int) -> GroupSamples:
+        """This worker's scored groups for the learner step that makes ``version + 1``."""
+        ...
+
+    def timing(self) -> dict[str, float]:
+        """Seconds spent so far by stage (generate, score, wait, weight_sync, ...)."""
+        ...
+
+    def finish(self) -> dict[str, Any]:
+        """Figures for summary.json at the end (a pipeline drains its generators first)."""
+        ...
+
+    def close(self) -> None:
+        ...
 
 
-def greedy_reward_fraction(task: str, policy: Any, seed: int) -> dict[str, float]:
-    """Mean reward of the most likely action on fresh states, and its share of the optimum over random."""
-    task_obj = make_task(task, seed)
-    states = task_obj.states(EVAL_STATES, np.random.default_rng(seed + 1_000_000))
+class LocalGroups:
+    """Draw and score this worker's share of each step's prompts, in this process."""
+
+    def __init__(self, trainer: GroupTrainer):
+        self.trainer = trainer
+        self.generate_s = self.score_s = 0.0
+        self.last_metrics: dict[str, float] = {}
+
+    def next_batch(self, version: int) -> GroupSamples:
+        t = self.trainer
+        positions = step_positions(version, t.cfg.prompts_per_step, t.sync.rank, t.sync.world_size)
+        start = time.perf_counter()
+        samples = draw_groups(t.task, t.policy, positions, t.cfg.group_size, t.run.seed, version)
+        drawn = time.perf_counter()
+        scored = score_groups(t.task, samples)
+        self.generate_s += drawn - start
+        self.score_s += time.perf_counter() - drawn
+        return scored
+
+    def timing(self) -> dict[str, float]:
+        return {"generate_s": self.generate_s, "score_s": self.score_s}
+
+    def finish(self) -> dict[str, Any]:
+        return {}
+
+    def close(self) -> None:
+        pass
+
+
+def check_prompts(task: GroupTask, encoder: PromptEncoder | None) -> None:
+    """Every dataset prompt must fit ``max_prompt_tokens`` (checked once, before anything is drawn)."""
+    dataset = getattr(task, "dataset", None)
+    if dataset is None or encoder is None:
+        return
+    for start in range(0, len(dataset), 1024):
+        rows = dataset.rows[start:start + 1024]
+        found = encoder.too_long([row["prompt"] for row in rows])
+        if found is not None:
+            index, length = found
+            raise ConfigError(f"dataset={dataset.path!r} line {dataset.lines[start + index]}: the prompt has "
+                              f"{length} tokens, over max_prompt_tokens={encoder.max_prompt_tokens} (prompts are "
+                              "never cut)")
+
+
+def params_checksum(params: torch.Tensor) -> str:
+    return hashlib.sha1(params.detach().cpu().contiguous().numpy().tobytes()).hexdigest()[:16]
+
+
+class GroupTrainer:
+    """GRPO on one worker: a task, a policy (and a frozen reference), the learner step, logs and checkpoints.
+
+    Offers what a strategy asks of every trainer (``train``, ``finish``, ``load_checkpoint``,
+    ``broadcast_state``, ``broadcast_tensors``, ``close``, ``extra_summary``).
+    """
+
+    algo_name = "grpo"
+
+    def __init__(self, run: RunConfig, cfg: Any, sync: Sync | None = None, run_dir: Path | None = None,
+                 log: bool = True, strategy: StrategyConfig | None = None, requested: Any = None,
+                 device: torch.device | None = None,
+                 source_factory: Callable[[GroupTrainer], GroupSource] | None = None):
+        self.run, self.cfg = run, cfg
+        self.sync = sync if sync is not None else LocalSync()
+        self.strategy = strategy if strategy is not None else StrategyConfig()
+        self.requested = requested if requested is not None else cfg
+        self.is_main = self.sync.rank == 0
+        self.device = device if device is not None else resolve_device(run.device)
+        if self.device.type == "cpu":
+            set_cpu_options(run)
+        self.task = make_group_task(run.env, cfg, run.seed)
+        self.policy = make_group_policy(self.task, run, cfg, self.device)
+        check_prompts(self.task, getattr(self.policy, "prompts", None))
+        self.start_checksum = params_checksum(self.policy.params.data)
+        self.reference = make_group_policy(self.task, run, cfg, self.device, "reference") if cfg.beta > 0 else None
+        self.algo = GRPOAlgo(cfg, self.policy, self.reference)
+        self.version = 0
+        self.completions = self.tokens = 0
+        self.train_s = self.update_s = 0.0
+        self.wall_before = 0.0
+        self._created = time.perf_counter()
+        self.first_rewards: list[float] = []
+        self.recent_rewards: deque[float] = deque(maxlen=RECENT)
+        self.extra_summary: dict[str, Any] = {}
+        self.events: list[str] = []
+        self.run_dir = run_dir
+        self.logger: RunLogger | None = None
+        self.console: Console | None = None
+        self.source: GroupSource = (source_factory or LocalGroups)(self)
+        if self.is_main and log and run_dir is not None:
+            self.logger = RunLogger(run_dir, run.env, monitor=False)
+            self.console = Console(cfg.learner_steps, "learner steps", run.quiet, rate="completions/s", value="reward")
+            write_json_atomic(run_dir / "config.json", self.config_dict())
+            try:
+                self.logger.track(run.track, run.track_project, self.config_dict())
+            except BaseException:
+                self.close()
+                raise
+
+    @classmethod
+    def check_env(cls, run: RunConfig, cfg: Any) -> None:
+        """What can fail before any worker starts: the task, its dataset and rewards, the prompts' lengths."""
+        task = make_group_task(run.env, cfg, run.seed)
+        if run.env == TEXT_TASK:
+            check_prompts(task, PromptEncoder(cfg.model, load_tokenizer(cfg.model), cfg.chat_template,
+                                              cfg.max_prompt_tokens))
+
+    # ---- the loop ----
+
+    def train(self) -> None:
+        cfg = self.cfg
+        while self.version < cfg.learner_steps:
+            start = time.perf_counter()
+            batch = self.source.next_batch(self.version)
+            update_start = time.perf_counter()
+            metrics = self.algo.update(batch, self.sync, self.version, 1.0 - self.version / cfg.learner_steps)
+            self.version += 1
+            if hasattr(self.source, "published"):
+                self.source.published(self.version)  # type: ignore[attr-defined]
+            now = time.perf_counter()
+            self.update_s += now - update_start
+            self.train_s += now - start
+            self._log(batch, metrics)
+            if self.run.checkpoint_every and self.version % self.run.checkpoint_every == 0 \
+                    and self.version < cfg.learner_steps:
+                self.save_checkpoint()
+
+    def _log(self, batch: GroupSamples, metrics: dict[str, float]) -> None:
+        self.completions += int(metrics["completions/count"])
+        self.tokens += int(metrics["completions/tokens"])
+        reward = metrics["rewards/mean"]
+        if len(self.first_rewards) < RECENT:
+            self.first_rewards.append(reward)
+        self.recent_rewards.append(reward)
+        named = {f"rewards/{name}": metrics.pop(f"rewards/{k}") for k, name in enumerate(self.task.reward_names)}
+        rate = self.completions / max(self.train_s, 1e-9)
+        extra = getattr(self.source, "last_metrics", {})
+        values = {**metrics, **named, **extra, "charts/completions_per_s": rate,
+                  "charts/tokens_per_s": self.tokens / max(self.train_s, 1e-9)}
+        if self.logger is not None:
+            self.logger.scalars(values, self.version, every_s=0.2)
+            if self.cfg.sample_every and self.version % self.cfg.sample_every == 0 and batch.texts:
+                self._log_samples(batch)
+        if self.console is not None:
+            self.console.update(self.version, rate, reward)
+
+    def _log_samples(self, batch: GroupSamples) -> None:
+        """Two completions of each of the batch's first two prompts, with their rewards, in samples.log."""
+        assert self.logger is not None and batch.rewards is not None and batch.reward is not None
+        prompts = self.task.prompts(batch.positions[:2])
+        lines = [f"=== learner step {self.version}"]
+        for i, prompt in enumerate(prompts):
+            lines.append(f"--- prompt: {prompt!r}")
+            for j in range(min(2, batch.group_size)):
+                row = i * batch.group_size + j
+                scores = ", ".join(f"{name}={batch.rewards[row, k]:.3g}" for k, name in enumerate(self.task.reward_names))
+                lines.append(f"completion: {batch.texts[row]!r}  reward {batch.reward[row]:.3g} ({scores})")
+        with (self.logger.run_dir / SAMPLES_LOG).open("a", encoding="utf-8") as f:
+            f.write("\n".join(lines) + "\n")
+
+    # ---- the end ----
+
+    def evaluate(self) -> dict[str, float]:
+        """Greedy answers: a numeric task's on fresh states, a text task's on its first dataset prompts."""
+        if isinstance(self.task, StateTask):
+            return greedy_reward_fraction(self.task, self.policy, self.run.seed)
+        dataset = self.task.dataset  # type: ignore[attr-defined]
+        positions = np.arange(min(EVAL_PROMPTS, len(dataset)), dtype=np.int64)
+        greedy = score_groups(self.task, draw_groups(self.task, self.policy, positions, 1, self.run.seed,
+                                                     self.version, greedy=True))
+        assert greedy.rewards is not None and greedy.reward is not None
+        out = {"eval_reward": float(greedy.reward.mean()), "eval_prompts": float(len(positions))}
+        out.update({f"eval_reward/{name}": float(greedy.rewards[:, k].mean())
+                    for k, name in enumerate(self.task.reward_names)})
+        return out
+
+    def summary(self) -> dict[str, Any]:
+        timing = self.source.timing()
+        busy = self.update_s / max(self.train_s, 1e-9)
+        return {
+            "algo": "grpo", "env": self.run.env, "model": self.cfg.model or None, "strategy": self.strategy.strategy,
+            "workers": self.strategy.workers if self.strategy.strategy != "single" else 1,
+            "learner_steps": self.version, "completions": self.completions, "tokens": self.tokens,
+            "train_s": self.train_s, "update_s": self.update_s, "learn_s": self.update_s,
+            "sync_s": getattr(self.sync, "sync_s", 0.0), **timing,
+            "learner_busy_fraction": busy, "learner_steps_per_s": self.version / max(self.train_s, 1e-9),
+            "policy_lag_mean": 0.0, "completions_per_s": self.completions / max(self.train_s, 1e-9),
+            "tokens_per_s": self.tokens / max(self.train_s, 1e-9),
+            "reward_first": float(np.mean(self.first_rewards)) if self.first_rewards else None,
+            "reward_last": float(np.mean(self.recent_rewards)) if self.recent_rewards else None,
+            "events": self.events, "distrl_version": distrl.__version__, **self.extra_summary,
+        }
+
+    def finish(self, wall_s: float) -> dict[str, Any]:
+        """Drain the source, evaluate, write the model and summary.json (main worker), then close."""
+        self.extra_summary.update(self.source.finish())
+        evaluation = self.evaluate() if self.is_main else {}
+        summary = {**self.summary(), **evaluation, "wall_s": self.wall_before + wall_s}
+        if self.is_main and self.run_dir is not None:
+            self.save_checkpoint(self.run_dir / checkpoint.MODEL_DIR)
+            if hasattr(self.policy, "save_pretrained"):
+                self.policy.save_pretrained(self.run_dir / PRETRAINED_DIR)
+            if self.logger is not None:
+                self.logger.summary(summary)
+            if self.console is not None:
+                self.console.close(self.version)
+                self.console.line(self.end_line(summary))
+        self.close()
+        return summary
+
+    def end_line(self, summary: dict[str, Any]) -> str:
+        ev = summary.get("eval_reward")
+        ev_text = f"greedy reward {ev:.3f}" if ev is not None else "no evaluation"
+        return (f"done: {self.version:,} learner steps, {self.completions:,} completions in {self.train_s:.1f}s training "
+                f"({summary['completions_per_s']:,.1f} completions/s), {summary['wall_s']:.1f}s total; reward "
+                f"{summary['reward_first'] or 0:.3f} -> {summary['reward_last'] or 0:.3f}, {ev_text}; "
+                f"run dir {self.run_dir}")
+
+    def close(self) -> None:
+        if self.console is not None:
+            self.console.close()
+        self.source.close()
+        if self.logger is not None:
+            self.logger.close()
+            self.logger = None
+
+    # ---- checkpoints ----
+
+    def config_dict(self) -> dict[str, Any]:
+        return {"run": to_dict(self.run), "strategy": to_dict(self.strategy), "grpo": to_dict(self.requested),
+                "grpo_effective": to_dict(self.cfg)}
+
+    def save_checkpoint(self, path: Path | None = None) -> Path | None:
+        if not self.is_main or (path is None and self.run_dir is None):
+            return None
+        target = path or self.run_dir / checkpoint.CHECKPOINTS_DIR / f"step-{self.version:012d}"  # type: ignore[operator]
+        tensors = {f"policy.{name}": tensor for name, tensor in self.policy.params.state_dict().items()}
+        tensors.update({f"adam.{name}": tensor for name, tensor in self.algo.state_dict().items()})
+        state = {"algo": "grpo", "env_id": self.run.env, "config": self.config_dict(), "steps": self.version,
+                 "iteration": self.version, "policy_version": self.version, "episodes": 0,
+                 "completions": self.completions, "tokens": self.tokens, "train_s": self.train_s,
+                 "wall_s": self.wall_before + time.perf_counter() - self._created,
+                 "start_checksum": self.start_checksum, "distrl_version": distrl.__version__}
+        return checkpoint.save(target, tensors, state)
+
+    def load_checkpoint(self, path: Path) -> None:
+        tensors, state = checkpoint.load(path)
+        if state.get("algo") != "grpo":
+            raise ConfigError(f"checkpoint={str(path)!r} holds a {state.get('algo')!r} model, not grpo")
+        if state.get("start_checksum") not in (None, self.start_checksum):
+            raise ConfigError(f"checkpoint={str(path)!r} started from other weights than "
+                              f"{self.cfg.model or 'this seed'!r} holds now: the reference model and the resumed run "
+                              "would differ")
+        try:
+            self.policy.params.load_state_dict({k[7:]: v for k, v in tensors.items() if k.startswith("policy.")})
+            self.algo.load_state_dict({k[5:]: v for k, v in tensors.items() if k.startswith("adam.")})
+        except (KeyError, ValueError, RuntimeError) as exc:
+            raise ConfigError(f"checkpoint={str(path)!r} does not fit this model: {exc}") from None
+        self.version = int(state["steps"])
+        self.completions, self.tokens = int(state.get("completions", 0)), int(state.get("tokens", 0))
+        self.train_s = float(state.get("train_s", 0.0))
+        self.wall_before = float(state.get("wall_s", 0.0))
+        if hasattr(self.source, "resume"):
+            self.source.resume(self.version)  # type: ignore[attr-defined]
+
+    def broadcast_tensors(self) -> list[torch.Tensor]:
+        return [self.policy.params.data, self.algo.optimizer.exp_avg, self.algo.optimizer.exp_avg_sq]
+
+    def broadcast_state(self) -> None:
+        """Make every worker hold the main worker's parameters, Adam state and counters."""
+        for tensor in self.broadcast_tensors():
+            self.sync.broadcast_(tensor)
+        counters = torch.tensor([self.version, self.completions, self.tokens, self.train_s,
+                                 self.algo.optimizer.steps], dtype=torch.float64)
+        self.sync.broadcast_(counters)
+        version, completions, tokens, train_s, adam_steps = counters.tolist()
+        self.version, self.completions, self.tokens = int(version), int(completions), int(tokens)
+        self.train_s, self.algo.optimizer.steps = float(train_s), int(adam_steps)
+
+
+def greedy_reward_fraction(task: StateTask, policy: Any, seed: int) -> dict[str, float]:
+    """Mean reward of the most likely action on fresh states, and its share of the way from random to optimal."""
+    states = task.states(EVAL_STATES, np.random.default_rng(seed + 1_000_000))
     with torch.inference_mode():
-        greedy = policy.logits(torch.from_numpy(states)).argmax(dim=1, keepdim=True).numpy()
-    reward = float(task_obj.rewards(states, greedy).mean())
-    every = np.tile(np.arange(task_obj.n_actions), (len(states), 1))
-    random_reward = float(task_obj.rewards(states, every).mean())
-    optimal = task_obj.optimal_reward(states)
+        greedy = policy.logits(torch.from_numpy(states).to(policy.device)).argmax(dim=1, keepdim=True).cpu().numpy()
+    reward = float(task.action_rewards(states, greedy).mean())
+    every = np.tile(np.arange(task.n_actions), (len(states), 1))
+    random_reward = float(task.action_rewards(states, every).mean())
+    optimal = task.optimal_reward(states)
     return {"eval_reward": reward, "optimal_reward": optimal, "random_reward": random_reward,
             "eval_fraction_of_optimal": (reward - random_reward) / (optimal - random_reward)}
 
 
-def train_grpo(run: RunConfig, strategy: StrategyConfig, cfg: GRPOConfig, run_dir: Path) -> dict[str, Any]:
-    """Train GRPO on the group task ``run.env`` and write the run directory."""
-    task = run.env
-    make_task(task)  # an unknown task fails before anything starts
-    if strategy.strategy == "pipeline":
-        from distrl.strategies.pipeline import check_pipeline
-
-        check_pipeline(cfg, strategy)
-    checkpoint.check_new_run_dir(run_dir, None)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    config = {"run": to_dict(run), "strategy": to_dict(strategy), "grpo": to_dict(cfg)}
-    write_json_atomic(run_dir / "config.json", config)
-    from torch.utils.tensorboard import SummaryWriter
-
-    from distrl.tracking import close_trackers, open_trackers
-
-    trackers = open_trackers(run.track, run_dir, run.track_project, config)
-    tb = SummaryWriter(str(run_dir))
-    console = Console(cfg.learner_steps, "learner steps", run.quiet)
-    every = max(1, cfg.learner_steps // 20)
-
-    def on_step(version: int, metrics: dict[str, float]) -> None:
-        if version % 10 == 0 or version == cfg.learner_steps:
-            for key, value in metrics.items():
-                tb.add_scalar(f"train/{key}", value, version)
-            for tracker in trackers:
-                tracker.scalars({f"train/{key}": value for key, value in metrics.items()}, version)
-        if version % every == 0 or version == cfg.learner_steps:
-            console.line(f"step {version}/{cfg.learner_steps}: mean reward {metrics['mean_reward']:.3f}, "
-                         f"lag {metrics['lag_mean']:.2f}, kl_ref {metrics['kl_ref']:.4f}")
-
-    set_cpu_options(run)
+def train_grpo(run: RunConfig, cfg: Any, run_dir: Path, resume_path: Path | None = None,
+               source_factory: Callable[[GroupTrainer], GroupSource] | None = None,
+               strategy: StrategyConfig | None = None) -> dict[str, Any]:
+    """GRPO in this process (``single``, or the pipeline's learner with its ``source_factory``)."""
     start = time.perf_counter()
+    trainer = GroupTrainer(run, cfg, run_dir=run_dir, strategy=strategy, source_factory=source_factory)
     try:
-        if strategy.strategy == "pipeline":
-            from distrl.strategies.pipeline import run_pipeline
-
-            summary, algo = run_pipeline(task, cfg, run, strategy, run_dir, on_step)
-        else:
-            summary, algo = run_synchronous(task, cfg, run, on_step)
-        evaluation = greedy_reward_fraction(task, algo.policy, run.seed)
-        for key, value in summary.items():
-            if isinstance(value, (int, float)):
-                tb.add_scalar(f"pipeline/{key}", value, algo.version)
+        if resume_path is not None:
+            trainer.load_checkpoint(resume_path)
+        trainer.train()
     except BaseException:
-        close_trackers(trackers)
+        trainer.close()
         raise
-    finally:
-        tb.close()
-    summary = {"algo": "grpo", "env": task, "strategy": strategy.strategy,
-               "workers": strategy.workers if strategy.strategy == "pipeline" else 1,
-               **summary, **evaluation, "total_wall_s": time.perf_counter() - start,
-               "distrl_version": distrl.__version__}
-    checkpoint.save(run_dir / checkpoint.MODEL_DIR, algo.weights(),
-                    {"algo": "grpo", "task": task, "policy_version": algo.version, "grpo": to_dict(cfg)})
-    write_json_atomic(run_dir / "summary.json", summary)
-    for tracker in trackers:
-        tracker.summary(summary)
-    close_trackers(trackers)
-    console.line(f"done: {algo.version} learner steps in {summary['wall_s']:.1f}s, greedy reward "
-                 f"{evaluation['eval_reward']:.3f} ({evaluation['eval_fraction_of_optimal']:.0%} of the way from "
-                 f"random to optimal), run dir {run_dir}")
-    return summary
+    return trainer.finish(time.perf_counter() - start)

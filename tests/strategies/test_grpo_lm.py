@@ -1,0 +1,175 @@
+"""GRPO on a causal language model from the command line: it learns; single = pipeline = ddp; resume; failures.
+
+Every run loads a tiny random model and its character tokenizer from a directory through ``--model PATH``,
+as a real model is loaded.
+"""
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from distrl.cli import main
+from distrl.config import GRPOConfig, RunConfig, StrategyConfig
+from distrl.rewards import RewardError
+from distrl.strategies.actors import RayActors
+from distrl.strategies.pipeline import PipelineGroups, RewardFailed
+from distrl.training.group import train_grpo
+
+transformers = pytest.importorskip("transformers")
+from distrl_lm import DIGITS, make_model, write_reversal  # noqa: E402
+
+pytestmark = pytest.mark.multiprocess
+
+
+@pytest.fixture(scope="module")
+def lm(tmp_path_factory):
+    root = tmp_path_factory.mktemp("lm")
+    return {"model": make_model(root / "model", chars=DIGITS), "data": write_reversal(root / "reverse.jsonl")}
+
+
+def grpo_args(lm, run_dir, *flags, reward="distrl_lm:reversal"):
+    return ["train", "grpo", "--model", lm["model"], "--dataset", lm["data"], "--reward", reward,
+            "--max-new-tokens", "5", "--learning-rate", "1e-3", "--prompts-per-slice", "4", "--quiet",
+            "--run-dir", str(run_dir), *flags]
+
+
+def train(lm, run_dir, *flags, reward="distrl_lm:reversal", timeout=600):
+    return subprocess.run([sys.executable, "-m", "distrl", *grpo_args(lm, run_dir, *flags, reward=reward)],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def policy(run_dir, checkpoint="model"):
+    from safetensors.torch import load_file
+
+    return {k: v for k, v in load_file(str(Path(run_dir) / checkpoint / "tensors.safetensors")).items()
+            if k.startswith("policy.")}
+
+
+def largest_difference(a, b):
+    assert a.keys() == b.keys()
+    return max(float((a[k] - b[k]).abs().max()) for k in a)
+
+
+def summary(run_dir):
+    return json.loads((Path(run_dir) / "summary.json").read_text())
+
+
+@pytest.mark.slow
+def test_a_tiny_model_learns_to_reverse_digit_strings(lm, tmp_path):
+    run_dir = tmp_path / "run"
+    result = train(lm, run_dir, "--group-size", "16", "--slices-per-step", "4", "--learner-steps", "600",
+                   "--sample-every", "100")
+    assert result.returncode == 0, result.stderr[-3000:]
+    s = summary(run_dir)
+    # chance: a random digit in each place, about 1 in 15 tokens; the test's reward gives partial credit
+    assert s["reward_first"] < 0.2 and s["reward_last"] >= 0.9, (s["reward_first"], s["reward_last"])
+    assert s["eval_reward"] >= 0.8 and s["completions"] == 600 * 16 * 16 and s["tokens_per_s"] > 0
+    log = (run_dir / "samples.log").read_text()
+    assert log.count("=== learner step") == 6 and "completion: " in log and "distrl_lm:reversal=" in log
+    # the trained model is a transformers directory again: it answers greedily as the run evaluated it
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(run_dir / "pretrained"), local_files_only=True)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(run_dir / "pretrained"), local_files_only=True)
+    out = model.generate(**tokenizer(["123=", "907="], return_tensors="pt"), max_new_tokens=5, do_sample=False)
+    assert [t[4:] for t in tokenizer.batch_decode(out, skip_special_tokens=True)] == ["321", "709"]
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    tags = set(EventAccumulator(str(run_dir)).Reload().Tags()["scalars"])
+    assert {"rewards/mean", "rewards/distrl_lm:reversal", "losses/clip_fraction", "losses/kl",
+            "completions/mean_length", "charts/tokens_per_s", "pipeline/policy_lag_mean"} <= tags
+
+
+def test_one_generator_one_request_ahead_reproduces_single(lm, tmp_path):
+    flags = ("--group-size", "4", "--slices-per-step", "2", "--slices-per-call", "2", "--learner-steps", "5")
+    assert main(grpo_args(lm, tmp_path / "single", *flags)) == 0
+    pipeline = train(lm, tmp_path / "pipeline", *flags, "--strategy", "pipeline", "--workers", "1",
+                     "--queue-size", "2")
+    assert pipeline.returncode == 0, pipeline.stderr[-3000:]
+    assert largest_difference(policy(tmp_path / "single"), policy(tmp_path / "pipeline")) < 1e-5
+    s = summary(tmp_path / "pipeline")
+    assert s["policy_lag_max"] == 0 and s["slices_trained"] == s["slices_generated"] == 10
+    assert s["completions"] == summary(tmp_path / "single")["completions"] == 5 * 8 * 4
+    assert {"generate_s", "score_s", "learn_s", "weight_sync_s", "learner_busy_fraction"} <= s.keys()
+
+
+def test_ddp_on_two_ranks_equals_single_on_the_same_global_batch(lm, tmp_path):
+    # every rank draws its share of each step's prompts; the dapo loss divides by the global token count
+    flags = ("--group-size", "4", "--learner-steps", "4", "--beta", "0.05", "--microbatch-size", "6")
+    assert main(grpo_args(lm, tmp_path / "single", *flags, "--slices-per-step", "2")) == 0
+    ddp = train(lm, tmp_path / "ddp", *flags, "--slices-per-step", "1", "--strategy", "ddp", "--workers", "2")
+    assert ddp.returncode == 0, ddp.stderr[-3000:]
+    assert largest_difference(policy(tmp_path / "single"), policy(tmp_path / "ddp")) < 2e-5
+    s = summary(tmp_path / "ddp")
+    assert len(set(s["param_checksums"])) == 1 and s["completions"] == summary(tmp_path / "single")["completions"]
+
+
+def test_a_resumed_run_goes_on_exactly_as_the_uninterrupted_one(lm, tmp_path):
+    run_dir = tmp_path / "run"
+    flags = ("--group-size", "4", "--slices-per-step", "2", "--learner-steps", "6", "--checkpoint-every", "3",
+             "--beta", "0.05")
+    assert main(grpo_args(lm, run_dir, *flags)) == 0
+    whole = policy(run_dir)
+    shutil.rmtree(run_dir / "model")
+    assert main(["train", "grpo", "--resume", str(run_dir / "checkpoints" / "step-000000000003"),
+                 "--reward", "distrl_lm:reversal", "--quiet"]) == 0
+    assert largest_difference(whole, policy(run_dir)) == 0.0
+    assert summary(run_dir)["learner_steps"] == 6
+    # a resumed run's config names its reward's code: without --reward again (or --trust-code), nothing runs
+    refused = subprocess.run([sys.executable, "-m", "distrl", "train", "grpo", "--resume", str(run_dir)],
+                             capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and "reward='distrl_lm:reversal'" in refused.stderr
+
+
+def test_a_reward_that_raises_ends_the_run_with_one_line_naming_it(lm, tmp_path):
+    result = train(lm, tmp_path / "run", "--group-size", "4", "--slices-per-step", "1", "--learner-steps", "3",
+                   reward="distrl_lm:raises")
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1] == (
+        "distrl: error: reward 'distrl_lm:raises' raised ZeroDivisionError: a reward that divides by zero")
+    assert "Traceback" not in result.stderr and not (tmp_path / "run" / "model").exists()
+
+
+@pytest.mark.parametrize("reward, message", [
+    ("distrl_lm:raises", "reward 'distrl_lm:raises' raised ZeroDivisionError: a reward that divides by zero"),
+    ("distrl_lm:hangs", "reward 'distrl_lm:hangs' did not return within reward_timeout_s=2 s"),
+    ("distrl_lm:dies", "the scorer failed while scoring (rewards distrl_lm:dies)"),
+    ("distrl_lm:wrong_length", "reward 'distrl_lm:wrong_length' returned 15 values for 16 completions"),
+])
+def test_a_reward_that_raises_hangs_kills_the_scorer_or_miscounts_cannot_stall_the_pipeline(lm, tmp_path, ray_local,
+                                                                                            reward, message):
+    cfg = GRPOConfig(model=lm["model"], dataset=lm["data"], rewards=(reward,), group_size=4, prompts_per_slice=4,
+                     slices_per_step=1, slices_per_call=1, learner_steps=3, max_new_tokens=5, reward_timeout_s=2)
+    run, strategy = RunConfig(algo="grpo", env="lm", quiet=True), StrategyConfig(strategy="pipeline", workers=1)
+    start = time.monotonic()
+    with pytest.raises(RewardFailed) as failed:
+        train_grpo(run, cfg, tmp_path / "run", strategy=strategy,
+                   source_factory=lambda trainer: PipelineGroups(trainer, strategy, RayActors(ray_local)))
+    assert message in str(failed.value) and time.monotonic() - start < 60
+    assert not (tmp_path / "run" / "model").exists()
+    if reward == "distrl_lm:raises":  # the same reward in one process: the same message
+        with pytest.raises(RewardError, match="reward 'distrl_lm:raises' raised ZeroDivisionError"):
+            train_grpo(run, cfg, tmp_path / "single")
+
+
+def test_bad_inputs_are_one_line_errors_before_anything_starts(lm, tmp_path, capsys):
+    no_answer = tmp_path / "no_answer.jsonl"
+    no_answer.write_text('{"prompt": "12="}\n')
+    cases = [
+        (["--model", str(tmp_path / "nowhere")], "is not a directory: must be a local directory"),
+        (["--dataset", str(no_answer)], "line 1 has no field 'answer', which reward 'distrl_lm:reversal' needs"),
+        (["--reward", "nosuch"], "rewards='nosuch' is not known: must be a built-in"),
+        (["--strategy", "actor-learner"], "strategy='actor-learner' is not available for grpo"),
+        (["--strategy", "ddp", "--workers", "2", "--dataset", str(no_answer)], "line 1 has no field 'answer'"),
+    ]
+    for flags, message in cases:
+        run_dir = tmp_path / "run"
+        assert main(grpo_args(lm, run_dir) + flags) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("distrl: error: ") and message in err and "\n" not in err, err
+        assert not run_dir.exists()
+    assert main(["train", "grpo", "toy", "--model", lm["model"]]) == 2
+    assert "is not allowed with env='toy'" in capsys.readouterr().err
