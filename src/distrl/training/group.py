@@ -186,9 +186,22 @@ class GroupTrainer:
             self.update_s += now - update_start
             self.train_s += now - start
             self._log(batch, metrics)
+            if self._reached_target():
+                break
             if self.run.checkpoint_every and self.version % self.run.checkpoint_every == 0 \
                     and self.version < cfg.learner_steps:
                 self.save_checkpoint()
+
+    def _reached_target(self) -> bool:
+        """--target-return for GRPO: the mean reward of the last :data:`RECENT` steps (every worker's: all stop)."""
+        target = self.run.target_return
+        if target is None or len(self.recent_rewards) < RECENT or float(np.mean(self.recent_rewards)) < target:
+            return False
+        self.extra_summary.update({"target_reached_step": self.version, "target_reached_train_s": self.train_s})
+        self.events.append(f"mean reward of the last {RECENT} steps reached {target:g} at learner step {self.version}")
+        if self.console is not None:
+            self.console.line(self.events[-1])
+        return True
 
     def _log(self, batch: GroupSamples, metrics: dict[str, float]) -> None:
         self.completions += int(metrics["completions/count"])
