@@ -124,3 +124,19 @@ def test_prompts_over_max_prompt_tokens_are_refused_before_the_run(models, tmp_p
     cfg = GRPOConfig(model=models["llama"], dataset=data, rewards=("exact_match",), max_prompt_tokens=3)
     with pytest.raises(ConfigError, match=r"d.jsonl' line 1: the prompt has 4 tokens, over max_prompt_tokens=3"):
         GroupTrainer.check_env(RunConfig(algo="grpo", env="lm"), cfg)
+
+
+def test_bf16_runs_the_model_in_bfloat16_and_keeps_float32_weights_and_gradients(models, prompts_file):
+    cfg = GRPOConfig(model=models["llama"], dataset=prompts_file, rewards=("exact_match",))
+    task = make_group_task("lm", cfg)
+    policy = CausalLMPolicy(models["llama"], bf16=True, max_new_tokens=6)
+    seen = []
+    policy.model.lm_head.register_forward_hook(lambda module, args, out: seen.append(out.dtype))
+    samples = draw_groups(task, policy, np.arange(4), 2, seed=0, version=0)
+    learner = policy.token_log_probs(*[torch.from_numpy(a) for a in (samples.prompt, samples.prompt_mask,
+                                                                      samples.tokens, samples.mask)])
+    assert set(seen) == {torch.bfloat16} and learner.dtype == torch.float32
+    mask = torch.from_numpy(samples.mask)
+    assert torch.allclose(learner.detach()[mask], torch.from_numpy(samples.log_probs)[mask], atol=0.1)
+    learner[mask].sum().backward()
+    assert policy.params.data.dtype == policy.params.grad.dtype == torch.float32 and policy.params.grad.abs().sum() > 0

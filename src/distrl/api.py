@@ -152,6 +152,12 @@ class Model:
         """
         path = checkpoint.find_latest(Path(path))
         run_cfg, _, cfg, state = configs_from_checkpoint(path)
+        if state["algo"] == "grpo":
+            home = checkpoint.run_dir_of(path)
+            raise ConfigError(f"checkpoint={str(path)!r} holds a grpo run, which acts on prompts, not in an env: its "
+                              "greedy reward is in summary.json, and a language model's weights are a transformers "
+                              f"directory in {str(home / 'pretrained') if home else 'RUN/pretrained'} "
+                              "(from_pretrained loads it)")
         own: list[str] = []
         if env is not None:
             name, spec_kwargs = env_source(env)

@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from distrl.config import ConfigError
+from distrl.streams import KeyedStreams
 
 
 class GroupTask(Protocol):
@@ -53,12 +54,13 @@ class StateTask:
 
     def __init__(self, seed: int = 0):
         self.seed = seed
+        self.streams = KeyedStreams(seed, tag=0x57A7E)
 
     def prompts(self, positions: np.ndarray) -> np.ndarray:
         """``[B, obs_dim]`` float32: position ``j``'s state comes from a stream keyed by (seed, j)."""
         out = np.empty((len(positions), self.obs_dim), dtype=np.float32)
         for i, position in enumerate(positions):
-            out[i] = np.random.default_rng([self.seed, int(position), 0x57A7E]).standard_normal(self.obs_dim)
+            out[i] = self.streams.at(int(position)).standard_normal(self.obs_dim)
         return out
 
     def states(self, n: int, rng: np.random.Generator) -> np.ndarray:

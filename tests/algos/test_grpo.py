@@ -13,6 +13,7 @@ from distrl.data.replay import VersionedReplay
 from distrl.nets.distributions import sample_tokens
 from distrl.nets.group_policy import CategoricalPolicy
 from distrl.protocols import LocalSync
+from distrl.streams import KeyedStreams
 from distrl.strategies.pipeline import Generator, check_pipeline, request_positions
 from distrl.tasks import BanditTask, ToyTask, make_group_task
 
@@ -90,6 +91,16 @@ def test_uniforms_depend_on_the_prompt_position_not_on_the_split():
     assert not np.array_equal(whole, sampling_uniforms(8, np.arange(4), 3, 5))
     # a step's prompts, split over 2 workers, are the prompts one process with the global batch draws
     assert np.array_equal(np.concatenate([step_positions(3, 4, rank, 2) for rank in (0, 1)]), step_positions(3, 8))
+
+
+def test_keyed_streams_are_one_stream_per_seed_tag_and_key():
+    streams = KeyedStreams(seed=3, tag=7)
+    first = streams.at(5).random(6)
+    assert not np.array_equal(streams.at(6).random(6), first)
+    assert np.array_equal(streams.at(5).random(6), first)  # re-keying starts the stream over
+    assert not np.array_equal(KeyedStreams(3, 8).at(5).random(6), first)
+    assert not np.array_equal(KeyedStreams(4, 7).at(5).random(6), first)
+    assert 0.4 < np.mean([streams.at(k).random() for k in range(2000)]) < 0.6
 
 
 def _plain_grpo_loss(policy, batch, adv, cfg, ref_policy=None):

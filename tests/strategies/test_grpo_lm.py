@@ -96,15 +96,23 @@ def test_one_generator_one_request_ahead_reproduces_single(lm, tmp_path):
     assert {"generate_s", "score_s", "learn_s", "weight_sync_s", "learner_busy_fraction"} <= s.keys()
 
 
-def test_ddp_on_two_ranks_equals_single_on_the_same_global_batch(lm, tmp_path):
+def test_ddp_on_two_ranks_equals_single_on_the_same_global_batch_and_resumes(lm, tmp_path):
     # every rank draws its share of each step's prompts; the dapo loss divides by the global token count
     flags = ("--group-size", "4", "--learner-steps", "4", "--beta", "0.05", "--microbatch-size", "6")
     assert main(grpo_args(lm, tmp_path / "single", *flags, "--slices-per-step", "2")) == 0
-    ddp = train(lm, tmp_path / "ddp", *flags, "--slices-per-step", "1", "--strategy", "ddp", "--workers", "2")
+    ddp = train(lm, tmp_path / "ddp", *flags, "--slices-per-step", "1", "--strategy", "ddp", "--workers", "2",
+                "--checkpoint-every", "2")
     assert ddp.returncode == 0, ddp.stderr[-3000:]
     assert largest_difference(policy(tmp_path / "single"), policy(tmp_path / "ddp")) < 2e-5
     s = summary(tmp_path / "ddp")
     assert len(set(s["param_checksums"])) == 1 and s["completions"] == summary(tmp_path / "single")["completions"]
+    # both ranks go on from step 2's checkpoint (rank 0 reads it and sends it) exactly as they first went
+    whole = policy(tmp_path / "ddp")
+    resumed = subprocess.run([sys.executable, "-m", "distrl", "train", "grpo", "--resume",
+                              str(tmp_path / "ddp" / "checkpoints" / "step-000000000002"), "--reward",
+                              "distrl_lm:reversal", "--quiet"], capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert largest_difference(whole, policy(tmp_path / "ddp")) == 0.0
 
 
 def test_a_resumed_run_goes_on_exactly_as_the_uninterrupted_one(lm, tmp_path):
@@ -173,3 +181,7 @@ def test_bad_inputs_are_one_line_errors_before_anything_starts(lm, tmp_path, cap
         assert not run_dir.exists()
     assert main(["train", "grpo", "toy", "--model", lm["model"]]) == 2
     assert "is not allowed with env='toy'" in capsys.readouterr().err
+    assert main(grpo_args(lm, tmp_path / "done", "--group-size", "2", "--slices-per-step", "1",
+                          "--learner-steps", "1")) == 0
+    assert main(["eval", str(tmp_path / "done")]) == 2  # it acts on prompts: eval says where its results are
+    assert "holds a grpo run" in capsys.readouterr().err

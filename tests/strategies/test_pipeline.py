@@ -31,6 +31,13 @@ def test_synchronous_grpo_learns_the_bandit_to_90_percent_of_optimal():
     assert train_grpo(run, cfg, None)["eval_reward"] >= 0.9  # random: 0.125
 
 
+def test_a_grpo_run_stops_once_the_recent_mean_reward_reaches_the_target():
+    run, cfg, _ = algo_configs("grpo", "bandit", run={"quiet": True, "target_return": 0.6})
+    s = train_grpo(run, cfg, None)
+    assert s["learner_steps"] == s["target_reached_step"] < cfg.learner_steps
+    assert s["reward_last"] >= 0.6 and s["target_reached_train_s"] == s["train_s"]
+
+
 @pytest.mark.slow
 def test_pipeline_learns_the_bandit_and_accounts_for_every_slice(ray_local):
     summary = train_bandit(RayActors(ray_local), StrategyConfig(strategy="pipeline", workers=2))

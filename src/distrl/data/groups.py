@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from distrl.nets.group_policy import GroupPolicy
+from distrl.streams import KeyedStreams
 from distrl.tasks import GroupTask
 
 
@@ -149,16 +150,19 @@ def step_positions(step: int, prompts_per_step: int, rank: int = 0, world_size: 
     return np.arange(start, start + prompts_per_step, dtype=np.int64)
 
 
+UNIFORMS_TAG = 0x6E0
+
+
 def sampling_uniforms(seed: int, positions: np.ndarray, group_size: int, max_new_tokens: int) -> np.ndarray:
     """``[B * G, max_new_tokens]`` uniforms in [0, 1): the draw of every token of every completion.
 
     Prompt position ``j`` has its own stream, keyed by ``(seed, j)``, so the uniforms of a completion
     do not depend on how prompts are split over workers, generators or requests.
     """
+    streams = KeyedStreams(seed, UNIFORMS_TAG)
     out = np.empty((len(positions) * group_size, max_new_tokens), dtype=np.float64)
     for i, position in enumerate(positions):
-        stream = np.random.Generator(np.random.Philox(np.random.SeedSequence([seed, int(position), 0x6E0])))
-        out[i * group_size:(i + 1) * group_size] = stream.random((group_size, max_new_tokens))
+        out[i * group_size:(i + 1) * group_size] = streams.at(int(position)).random((group_size, max_new_tokens))
     return out
 
 
