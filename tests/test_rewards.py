@@ -8,7 +8,7 @@ import pytest
 
 from distrl.config import ConfigError
 from distrl.prompts import PromptDataset, TextTask
-from distrl.rewards import RewardError, RewardSet, exact_match, extract_answer, format_reward, load_reward
+from distrl.rewards import RewardError, RewardSet, exact_match, extract_answer, format_reward
 
 
 def test_the_built_in_rewards_by_hand():

@@ -151,6 +151,19 @@ class RunLogger:
         self._last_scalars = float("-inf")
         self.trackers: list[Any] = []
 
+    @classmethod
+    def start(cls, run_dir: Path, env_id: str, config: dict[str, Any], track: tuple[str, ...], project: str,
+              monitor: bool = True) -> RunLogger:
+        """A run directory's logger with config.json written and the trackers started (closed again if one fails)."""
+        logger = cls(run_dir, env_id, monitor)
+        write_json_atomic(run_dir / "config.json", config)
+        try:
+            logger.track(track, project, config)
+        except BaseException:
+            logger.close()
+            raise
+        return logger
+
     def track(self, names: tuple[str, ...], project: str, config: dict[str, Any]) -> None:
         """Send everything TensorBoard gets to these trackers too (see :mod:`distrl.tracking`)."""
         from distrl.tracking import open_trackers

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from distrl.config import ConfigError, GRPOConfig, PPOConfig, RunConfig, StrategyConfig
+from distrl.config import ConfigError, PPOConfig, RunConfig, StrategyConfig
 
 pytestmark = pytest.mark.multiprocess
 monarch = pytest.importorskip("monarch", reason="Monarch is optional: pip install 'distrl[monarch]'")

@@ -13,6 +13,7 @@ autograd.
 
 from __future__ import annotations
 
+import hashlib
 import math
 
 import numpy as np
@@ -103,6 +104,11 @@ def bind_module(module: torch.nn.Module, device: torch.device | str = "cpu", wit
             else:
                 p.requires_grad_(False)
     return params
+
+
+def checksum(tensor: torch.Tensor) -> str:
+    """A short hex digest of a tensor's bytes, for logs, tests and comparing replicas."""
+    return hashlib.sha256(tensor.detach().cpu().contiguous().numpy().tobytes()).hexdigest()[:16]
 
 
 def write_grad(params: ParamBuffer, grad: torch.Tensor | None) -> None:

@@ -21,7 +21,8 @@ import torch
 import torch.distributed as dist
 
 from distrl.config import ConfigError, RunConfig, StrategyConfig, scaled
-from distrl.strategies.dist_sync import DistributedSync, checksum
+from distrl.nets.core import checksum
+from distrl.strategies.dist_sync import DistributedSync
 from distrl.training import make_trainer, resolve_device
 
 ENV_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")

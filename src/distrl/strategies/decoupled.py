@@ -187,7 +187,8 @@ def run_trainer(run: RunConfig, strategy: StrategyConfig, cfg: PPOConfig, device
     from distrl.envs import make_run_env
     from distrl.nets import make_agent
     from distrl.spaces import stored_layout
-    from distrl.strategies.dist_sync import DistributedSync, checksum
+    from distrl.nets.core import checksum
+    from distrl.strategies.dist_sync import DistributedSync
 
     world, rank = dist.get_world_size(), dist.get_rank()
     trainers = world - 1

@@ -130,10 +130,3 @@ class DistributedSync:
 
     def count_finished(self, tag: int) -> int:
         return int(self._get_store().add(f"distrl/finished/{tag}", 0))
-
-
-def checksum(tensor: torch.Tensor) -> str:
-    """A short hex digest of a tensor's bytes, for logs and tests."""
-    import hashlib
-
-    return hashlib.sha256(tensor.detach().cpu().contiguous().numpy().tobytes()).hexdigest()[:16]

@@ -134,11 +134,9 @@ class TrainerBase:
             raise ConfigError(f"iterations={run.iterations} is not allowed for {self.algo_name}: must be 0, "
                               f"{self.algo_name} trains for --total-steps (iterations bound REINFORCE's runs)")
         if self.is_main and log and run_dir is not None:
-            self.logger = RunLogger(run_dir, self.env_id)
             self.console = Console(*self.progress_bound(), quiet=run.quiet)
-            write_json_atomic(run_dir / "config.json", self.config_dict())
             try:
-                self.logger.track(run.track, run.track_project, self.config_dict())
+                self.logger = RunLogger.start(run_dir, self.env_id, self.config_dict(), run.track, run.track_project)
             except BaseException:
                 self.close()
                 raise

@@ -12,7 +12,6 @@ draws, and a run resumed from a checkpoint goes on as the uninterrupted one woul
 
 from __future__ import annotations
 
-import hashlib
 import time
 from collections import deque
 from collections.abc import Callable
@@ -27,8 +26,9 @@ from distrl import checkpoint
 from distrl.algos.grpo import GRPOAlgo
 from distrl.config import ConfigError, RunConfig, StrategyConfig, to_dict
 from distrl.data.groups import GroupSamples, draw_groups, score_groups, step_positions
-from distrl.logs import Console, RunLogger, write_json_atomic
+from distrl.logs import Console, RunLogger
 from distrl.nets.causal_lm import PromptEncoder, load_tokenizer
+from distrl.nets.core import checksum
 from distrl.nets.factory import make_group_policy
 from distrl.protocols import LocalSync, Sync
 from distrl.tasks import TEXT_TASK, GroupTask, StateTask, make_group_task
@@ -48,12 +48,19 @@ RECENT = 10
 class GroupSource(Protocol):
     """Where a GRPO trainer's scored groups come from."""
 
+    last_metrics: dict[str, float]
+    """Figures of the last batch the trainer logs with its own (policy lag, queue depth, ...)."""
+
     def next_batch(self, version: int) -> GroupSamples:
         """This worker's scored groups for the learner step that makes ``version + 1``."""
         ...
 
     def timing(self) -> dict[str, float]:
         """Seconds spent so far by stage (generate, score, wait, weight_sync, ...)."""
+        ...
+
+    def resume(self, version: int) -> None:
+        """Go on from a checkpoint taken after ``version`` learner steps."""
         ...
 
     def finish(self) -> dict[str, Any]:
@@ -86,6 +93,9 @@ class LocalGroups:
     def timing(self) -> dict[str, float]:
         return {"generate_s": self.generate_s, "score_s": self.score_s}
 
+    def resume(self, version: int) -> None:
+        """Nothing to do: a step's prompts and randomness follow from its number."""
+
     def finish(self) -> dict[str, Any]:
         return {}
 
@@ -106,10 +116,6 @@ def check_prompts(task: GroupTask, encoder: PromptEncoder | None) -> None:
             raise ConfigError(f"dataset={dataset.path!r} line {dataset.lines[start + index]}: the prompt has "
                               f"{length} tokens, over max_prompt_tokens={encoder.max_prompt_tokens} (prompts are "
                               "never cut)")
-
-
-def params_checksum(params: torch.Tensor) -> str:
-    return hashlib.sha1(params.detach().cpu().contiguous().numpy().tobytes()).hexdigest()[:16]
 
 
 class GroupTrainer:
@@ -136,7 +142,7 @@ class GroupTrainer:
         self.task = make_group_task(run.env, cfg, run.seed)
         self.policy = make_group_policy(self.task, run, cfg, self.device)
         check_prompts(self.task, getattr(self.policy, "prompts", None))
-        self.start_checksum = params_checksum(self.policy.params.data)
+        self.start_checksum = checksum(self.policy.params.data)
         self.reference = make_group_policy(self.task, run, cfg, self.device, "reference") if cfg.beta > 0 else None
         self.algo = GRPOAlgo(cfg, self.policy, self.reference)
         self.version = 0
@@ -153,11 +159,10 @@ class GroupTrainer:
         self.console: Console | None = None
         self.source: GroupSource = (source_factory or LocalGroups)(self)
         if self.is_main and log and run_dir is not None:
-            self.logger = RunLogger(run_dir, run.env, monitor=False)
             self.console = Console(cfg.learner_steps, "learner steps", run.quiet, rate="completions/s", value="reward")
-            write_json_atomic(run_dir / "config.json", self.config_dict())
             try:
-                self.logger.track(run.track, run.track_project, self.config_dict())
+                self.logger = RunLogger.start(run_dir, run.env, self.config_dict(), run.track, run.track_project,
+                                              monitor=False)
             except BaseException:
                 self.close()
                 raise
@@ -180,8 +185,6 @@ class GroupTrainer:
             update_start = time.perf_counter()
             metrics = self.algo.update(batch, self.sync, self.version, 1.0 - self.version / cfg.learner_steps)
             self.version += 1
-            if hasattr(self.source, "published"):
-                self.source.published(self.version)  # type: ignore[attr-defined]
             now = time.perf_counter()
             self.update_s += now - update_start
             self.train_s += now - start
@@ -212,8 +215,7 @@ class GroupTrainer:
         self.recent_rewards.append(reward)
         named = {f"rewards/{name}": metrics.pop(f"rewards/{k}") for k, name in enumerate(self.task.reward_names)}
         rate = self.completions / max(self.train_s, 1e-9)
-        extra = getattr(self.source, "last_metrics", {})
-        values = {**metrics, **named, **extra, "charts/completions_per_s": rate,
+        values = {**metrics, **named, **self.source.last_metrics, "charts/completions_per_s": rate,
                   "charts/tokens_per_s": self.tokens / max(self.train_s, 1e-9)}
         if self.logger is not None:
             self.logger.scalars(values, self.version, every_s=0.2)
@@ -338,8 +340,7 @@ class GroupTrainer:
         self.completions, self.tokens = int(state.get("completions", 0)), int(state.get("tokens", 0))
         self.train_s = float(state.get("train_s", 0.0))
         self.wall_before = float(state.get("wall_s", 0.0))
-        if hasattr(self.source, "resume"):
-            self.source.resume(self.version)  # type: ignore[attr-defined]
+        self.source.resume(self.version)
 
     def broadcast_tensors(self) -> list[torch.Tensor]:
         return [self.policy.params.data, self.algo.optimizer.exp_avg, self.algo.optimizer.exp_avg_sq]
