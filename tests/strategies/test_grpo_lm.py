@@ -62,20 +62,27 @@ def summary(run_dir):
 @pytest.mark.slow
 def test_a_tiny_model_learns_to_reverse_digit_strings(lm, tmp_path):
     run_dir = tmp_path / "run"
-    result = train(lm, run_dir, "--group-size", "16", "--slices-per-step", "4", "--learner-steps", "600",
-                   "--sample-every", "100")
+    # temperature 1.2 keeps groups exploring: over seeds 0-2 this reached 0.9 in 575-735 steps (at 1.0: 376-988)
+    result = train(lm, run_dir, "--group-size", "16", "--slices-per-step", "4", "--temperature", "1.2",
+                   "--learner-steps", "1000", "--target-return", "0.9", "--sample-every", "100")
     assert result.returncode == 0, result.stderr[-3000:]
     s = summary(run_dir)
     # chance: a random digit in each place, about 1 in 15 tokens; the test's reward gives partial credit
-    assert s["reward_first"] < 0.2 and s["reward_last"] >= 0.9, (s["reward_first"], s["reward_last"])
-    assert s["eval_reward"] >= 0.8 and s["completions"] == 600 * 16 * 16 and s["tokens_per_s"] > 0
+    assert s["reward_first"] < 0.2, s["reward_first"]
+    assert s.get("target_reached_step") is not None and s["reward_last"] >= 0.9, (s["learner_steps"], s["reward_last"])
+    assert s["eval_reward"] >= 0.8 and s["completions"] == s["learner_steps"] * 16 * 16 and s["tokens_per_s"] > 0
     log = (run_dir / "samples.log").read_text()
-    assert log.count("=== learner step") == 6 and "completion: " in log and "distrl_lm:reversal=" in log
-    # the trained model is a transformers directory again: it answers greedily as the run evaluated it
+    assert log.count("=== learner step") == s["learner_steps"] // 100 and "distrl_lm:reversal=" in log
+    # the trained model is a transformers directory again, and answers as the run's evaluation said
+    from distrl_lm import reversal
+
     model = transformers.AutoModelForCausalLM.from_pretrained(str(run_dir / "pretrained"), local_files_only=True)
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(run_dir / "pretrained"), local_files_only=True)
-    out = model.generate(**tokenizer(["123=", "907="], return_tensors="pt"), max_new_tokens=5, do_sample=False)
-    assert [t[4:] for t in tokenizer.batch_decode(out, skip_special_tokens=True)] == ["321", "709"]
+    rows = [json.loads(line) for line in Path(lm["data"]).read_text().splitlines()[:32]]
+    out = model.generate(**tokenizer([r["prompt"] for r in rows], return_tensors="pt"), max_new_tokens=5,
+                         do_sample=False, pad_token_id=tokenizer.pad_token_id)
+    answers = tokenizer.batch_decode(out[:, 4:], skip_special_tokens=True)
+    assert sum(reversal(None, answers, [r["answer"] for r in rows])) / len(rows) >= 0.8
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     tags = set(EventAccumulator(str(run_dir)).Reload().Tags()["scalars"])
@@ -171,6 +178,7 @@ def test_bad_inputs_are_one_line_errors_before_anything_starts(lm, tmp_path, cap
         (["--dataset", str(no_answer)], "line 1 has no field 'answer', which reward 'distrl_lm:reversal' needs"),
         (["--reward", "nosuch"], "rewards='nosuch' is not known: must be a built-in"),
         (["--strategy", "actor-learner"], "strategy='actor-learner' is not available for grpo"),
+        (["--total-steps", "5000"], "total_steps=5000 is not allowed for grpo: --learner-steps bounds a grpo run"),
         (["--strategy", "ddp", "--workers", "2", "--dataset", str(no_answer)], "line 1 has no field 'answer'"),
     ]
     for flags, message in cases:

@@ -98,9 +98,10 @@ class RunConfig:
     plot: bool = False
     """Write the run's reward curve (reward_curve.png) at the end."""
     precision: Precision = "fp32"
-    """Arithmetic of the module path's networks (images, Dict observations, --policy): bf16 runs their
-    forward and backward under bfloat16 autocast, with float32 weights, Adam and losses; on a CPU with
-    AVX-512 BF16 it trained the Nature CNN 1.9x faster. The closed-form MLPs always use float32."""
+    """Arithmetic of the module path's networks (images, Dict observations, --policy) and of GRPO's language
+    models: bf16 runs their forward and backward (and generation) under bfloat16 autocast, with float32
+    weights, Adam and losses; on a CPU with AVX-512 BF16 it trained the Nature CNN 1.9x faster. The
+    closed-form MLPs always use float32."""
     threads: int = 1
     """Intra-op torch threads per process. 1 suits small networks and several workers per machine;
     wide networks (256x256 MLPs, CNNs) gain from more when the process has the cores to itself."""

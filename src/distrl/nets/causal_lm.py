@@ -146,6 +146,9 @@ class CausalLMPolicy:
         without (it only receives weights), a reference model's stay where they are, frozen."""
         self.path = path
         self.device = torch.device(device)
+        if bf16 and self.device.type == "cuda" and not torch.cuda.is_bf16_supported():
+            raise ConfigError("precision='bf16' is not allowed on this GPU: it has no bfloat16 arithmetic; use "
+                              "--precision fp32")
         self.tokenizer = load_tokenizer(path)
         self.model = load_causal_lm(path, self.device)
         if role == "reference":

@@ -169,7 +169,16 @@ class GroupTrainer:
 
     @classmethod
     def check_env(cls, run: RunConfig, cfg: Any) -> None:
-        """What can fail before any worker starts: the task, its dataset and rewards, the prompts' lengths."""
+        """What can fail before any worker starts: the task, its dataset and rewards, the prompts' lengths, and
+        run flags that mean nothing to GRPO (a silently ignored flag is a trap)."""
+        unused = {"total_steps": "--learner-steps bounds a grpo run", "iterations": "--learner-steps bounds a grpo run",
+                  "eval_every": "a grpo run evaluates at its end", "policy": "--model names a grpo run's network",
+                  "wrappers": "grpo runs have no env", "env_kwargs": "grpo runs have no env",
+                  "vec": "grpo runs have no env"}
+        for name, why in unused.items():
+            value, default = getattr(run, name), getattr(RunConfig, name)
+            if value != default:
+                raise ConfigError(f"{name}={value!r} is not allowed for grpo: {why}")
         task = make_group_task(run.env, cfg, run.seed)
         if run.env == TEXT_TASK:
             check_prompts(task, PromptEncoder(cfg.model, load_tokenizer(cfg.model), cfg.chat_template,
