@@ -66,6 +66,10 @@ def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Te
 
 # Per-sample statistics summed over valid samples and workers with every minibatch gradient.
 _STATS = ("count", "approx_kl", "clip_fraction", "policy_loss", "value_loss", "entropy")
+UPDATE_METRICS = ("losses/policy_loss", "losses/value_loss", "losses/entropy", "losses/approx_kl",
+                  "losses/clip_fraction", "losses/grad_norm", "losses/explained_variance", "losses/gradient_steps",
+                  "losses/trained_samples", "losses/stopped_early", "charts/learning_rate", "charts/clip_range")
+"""What ``update`` returns, in this order (decoupled's trainers send them to the player as one tensor)."""
 
 
 class _Rows(NamedTuple):
@@ -246,20 +250,10 @@ class PPOAlgo:
                 break
         self.agent.refresh_acting_copy()
         means = {name: float(totals[i]) / max(float(totals[0]), 1.0) for i, name in enumerate(_STATS)}
-        return {
-            "losses/policy_loss": means["policy_loss"],
-            "losses/value_loss": means["value_loss"],
-            "losses/entropy": means["entropy"],
-            "losses/approx_kl": approx_kl,
-            "losses/clip_fraction": means["clip_fraction"],
-            "losses/grad_norm": float(np.mean(grad_norms)) if grad_norms else 0.0,
-            "losses/explained_variance": packed.explained_variance(),
-            "losses/gradient_steps": float(len(grad_norms)),
-            "losses/trained_samples": float(totals[0]),
-            "losses/stopped_early": float(stopped_early),
-            "charts/learning_rate": lr,
-            "charts/clip_range": clip_range,
-        }
+        return dict(zip(UPDATE_METRICS, (
+            means["policy_loss"], means["value_loss"], means["entropy"], approx_kl, means["clip_fraction"],
+            float(np.mean(grad_norms)) if grad_norms else 0.0, packed.explained_variance(), float(len(grad_norms)),
+            float(totals[0]), float(stopped_early), lr, clip_range)))
 
     def _minibatches(self, packed: PackedBatch, part: tuple[int, int] | None) -> Any:
         """One epoch's minibatches in a fresh shuffle, each with its ``Sequences`` (recurrent) or None.

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from distrl.algos.ppo import PackedBatch, PPOAlgo
+from distrl.algos.ppo import UPDATE_METRICS, PackedBatch, PPOAlgo
 from distrl.config import ConfigError, PPOConfig, RunConfig, StrategyConfig
 from distrl.data.normalize import ObsNormalizer
 from distrl.data.rollout import RolloutBatch, Sequences
@@ -35,9 +35,6 @@ from distrl.nets.recurrent import sequence_minibatch_rows
 from distrl.protocols import Sync
 
 STOP, UPDATE, SEND_STATE = 0, 1, 2
-METRICS = ("losses/policy_loss", "losses/value_loss", "losses/entropy", "losses/approx_kl", "losses/clip_fraction",
-           "losses/grad_norm", "losses/explained_variance", "losses/gradient_steps", "losses/trained_samples",
-           "losses/stopped_early", "charts/learning_rate", "charts/clip_range")
 TRAINER_ROOT = 1  # the trainer that broadcasts weights and hands over optimizer state
 
 
@@ -154,13 +151,13 @@ class PlayerAlgo:
         params = self.algo.agent.params.data
         staged = params.cpu() if params.device.type != "cpu" else params
         dist.broadcast(staged, TRAINER_ROOT)
-        metrics = torch.zeros(len(METRICS), dtype=torch.float64)
+        metrics = torch.zeros(len(UPDATE_METRICS), dtype=torch.float64)
         dist.broadcast(metrics, TRAINER_ROOT)
         self.wait_s += time.perf_counter() - start
         if staged is not params:
             params.copy_(staged)
         self.algo.agent.refresh_acting_copy()
-        out = dict(zip(METRICS, metrics.tolist()))
+        out = dict(zip(UPDATE_METRICS, metrics.tolist()))
         out["time/player_wait_s"] = self.wait_s
         return out
 
@@ -232,7 +229,7 @@ def run_trainer(run: RunConfig, strategy: StrategyConfig, cfg: PPOConfig, device
         dist.broadcast(staged, TRAINER_ROOT)
         if staged is not params and rank != TRAINER_ROOT:
             params.copy_(staged)
-        dist.broadcast(torch.tensor([metrics[k] for k in METRICS], dtype=torch.float64), TRAINER_ROOT)
+        dist.broadcast(torch.tensor([metrics[k] for k in UPDATE_METRICS], dtype=torch.float64), TRAINER_ROOT)
         history.append(checksum(agent.params.data))
 
 
@@ -241,9 +238,7 @@ def send_start_state(player: Any) -> None:
     for tensor in player.broadcast_tensors():
         staged = tensor.cpu() if tensor.device.type != "cpu" else tensor
         dist.broadcast(staged.contiguous(), 0)
-    counters = torch.tensor([player.steps, player.iteration, player.episodes, player.policy_version, player.train_s],
-                            dtype=torch.float64)
-    dist.broadcast(counters, 0)
+    dist.broadcast(player.counters_tensor(), 0)
 
 
 def _receive_start_state(agent: Any, algo: PPOAlgo, obs_normalizer: ObsNormalizer) -> None:
@@ -259,7 +254,7 @@ def _receive_start_state(agent: Any, algo: PPOAlgo, obs_normalizer: ObsNormalize
     stats = torch.zeros(stats_size, dtype=torch.float64)
     dist.broadcast(stats, 0)
     algo.optimizer.steps = int(stats[-1])
-    dist.broadcast(torch.zeros(5, dtype=torch.float64), 0)  # counters: only the player needs them
+    dist.broadcast(torch.zeros(len(OnPolicyTrainer.COUNTERS), dtype=torch.float64), 0)  # only the player needs them
     agent.refresh_acting_copy()
 
 

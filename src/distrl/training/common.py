@@ -425,17 +425,21 @@ class TrainerBase:
             self.logger.rewind(state.get("monitor_rows") or {MONITOR_FILE: self.episodes})
         self.start_segment()
 
+    COUNTERS = ("steps", "iteration", "episodes", "policy_version", "train_s")
+    """The counters a worker receives with the main worker's state (:meth:`counters_tensor`)."""
+
+    def counters_tensor(self) -> torch.Tensor:
+        return torch.tensor([getattr(self, name) for name in self.COUNTERS], dtype=torch.float64)
+
     def broadcast_state(self) -> None:
         """Make every worker hold the main worker's tensors, statistics and counters."""
         tensors = self.broadcast_tensors()
         for tensor in tensors:
             self.sync.broadcast_(tensor)
-        counters = torch.tensor([self.steps, self.iteration, self.episodes, self.policy_version, self.train_s],
-                                dtype=torch.float64)
+        counters = self.counters_tensor()
         self.sync.broadcast_(counters)
-        steps, iteration, episodes, version, train_s = counters.tolist()
-        self.steps, self.iteration, self.episodes = int(steps), int(iteration), int(episodes)
-        self.policy_version, self.train_s = int(version), float(train_s)
+        for name, value in zip(self.COUNTERS, counters.tolist()):
+            setattr(self, name, float(value) if name == "train_s" else int(value))
         self.after_broadcast(tensors)
         self.start_segment()
 
