@@ -91,8 +91,8 @@ class RunConfig:
     eval_episodes: int = 10
     """Episodes per evaluation."""
     target_return: float | None = None
-    """Stop training once an evaluation reaches this mean return (grpo: once the mean reward of the last
-    10 learner steps does)."""
+    """Stop training once an evaluation reaches this mean return (grpo: once the mean reward of its last
+    ten learner steps does)."""
     iterations: int = 0
     """Stop after this many updates instead of at total_steps (0: use total_steps)."""
     plot: bool = False
