@@ -17,11 +17,12 @@ from distrl.cli import main
 from distrl.config import GRPOConfig, RunConfig, StrategyConfig
 from distrl.rewards import RewardError
 from distrl.strategies.actors import RayActors
-from distrl.strategies.pipeline import PipelineGroups, RewardFailed
+from distrl.strategies.pipeline import RewardFailed
 from distrl.training.group import train_grpo
 
 transformers = pytest.importorskip("transformers")
 from distrl_lm import DIGITS, make_model, write_reversal  # noqa: E402
+from grpo_hooks import HookedGroups  # noqa: E402
 
 pytestmark = pytest.mark.multiprocess
 
@@ -159,11 +160,11 @@ def test_a_reward_that_raises_hangs_kills_the_scorer_or_miscounts_cannot_stall_t
     cfg = GRPOConfig(model=lm["model"], dataset=lm["data"], rewards=(reward,), group_size=4, prompts_per_slice=4,
                      slices_per_step=1, slices_per_call=1, learner_steps=3, max_new_tokens=5, reward_timeout_s=2)
     run, strategy = RunConfig(algo="grpo", env="lm", quiet=True), StrategyConfig(strategy="pipeline", workers=1)
-    start = time.monotonic()
+    asked = []  # when the learner first asked for data, the actors being up (their start-up is not the point)
     with pytest.raises(RewardFailed) as failed:
-        train_grpo(run, cfg, tmp_path / "run", strategy=strategy,
-                   source_factory=lambda trainer: PipelineGroups(trainer, strategy, RayActors(ray_local)))
-    assert message in str(failed.value) and time.monotonic() - start < 60
+        train_grpo(run, cfg, tmp_path / "run", strategy=strategy, source_factory=lambda trainer: HookedGroups(
+            trainer, strategy, RayActors(ray_local), lambda source, version: asked.append(time.monotonic())))
+    assert message in str(failed.value) and time.monotonic() - asked[0] < 60
     assert not (tmp_path / "run" / "model").exists()
     if reward == "distrl_lm:raises":  # the same reward in one process: the same message
         with pytest.raises(RewardError, match="reward 'distrl_lm:raises' raised ZeroDivisionError"):

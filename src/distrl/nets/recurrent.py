@@ -32,6 +32,18 @@ from distrl.nets.module import LOG_STD, ModuleAgent, ModuleForward
 State = tuple[torch.Tensor, ...]
 
 
+
+def _cpu_has_bf16() -> bool:
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
+
+
+CPU_BF16 = _cpu_has_bf16()
+"""Whether oneDNN runs bfloat16 on this CPU (AVX-512 BF16 or AMX): without it, --precision bf16 runs the
+recurrent core in float32 (a bfloat16 LSTM cannot be built; an AMD EPYC without them raised)."""
+
 class RecurrentCore(nn.Module):
     """An LSTM or GRU over [T, B, features] that restarts from zeros where an episode starts.
 
@@ -52,6 +64,10 @@ class RecurrentCore(nn.Module):
         return (zeros, zeros.clone()) if self.kind == "lstm" else (zeros,)
 
     def forward(self, x: torch.Tensor, state: State, starts: torch.Tensor) -> tuple[torch.Tensor, State]:
+        if x.device.type == "cpu" and torch.is_autocast_enabled("cpu") and not CPU_BF16:
+            # oneDNN builds no bfloat16 LSTM or GRU on a CPU without bfloat16 instructions: float32 here
+            with torch.autocast("cpu", enabled=False):
+                return self.forward(x.float(), tuple(s.float() for s in state), starts)
         T = x.shape[0]
         keep = 1.0 - starts.to(x.dtype)
         cuts = [0, *(int(t) + 1 for t in torch.nonzero(starts[1:].any(1)).flatten()), T]
