@@ -379,7 +379,7 @@ def greedy_reward_fraction(task: StateTask, policy: Any, seed: int) -> dict[str,
             "eval_fraction_of_optimal": (reward - random_reward) / (optimal - random_reward)}
 
 
-def train_grpo(run: RunConfig, cfg: Any, run_dir: Path, resume_path: Path | None = None,
+def train_grpo(run: RunConfig, cfg: Any, run_dir: Path | None, resume_path: Path | None = None,
                source_factory: Callable[[GroupTrainer], GroupSource] | None = None,
                strategy: StrategyConfig | None = None) -> dict[str, Any]:
     """GRPO in this process (``single``, or the pipeline's learner with its ``source_factory``)."""
