@@ -72,6 +72,20 @@ def set_cpu_options(run: RunConfig) -> None:
     torch.set_flush_denormal(run.flush_denormal)
 
 
+def init_worker(trainer: Any, run: RunConfig, cfg: Any, sync: Sync | None, strategy: StrategyConfig | None,
+                requested: Any, device: torch.device | None) -> None:
+    """Give a trainer what every worker has: run and algorithm configs, its sync (``LocalSync`` alone), the
+    strategy, the config as the user asked for it (before scaling), whether it is rank 0, and its device."""
+    trainer.run, trainer.cfg = run, cfg
+    trainer.sync = sync if sync is not None else LocalSync()
+    trainer.strategy = strategy if strategy is not None else StrategyConfig()
+    trainer.requested = requested if requested is not None else cfg
+    trainer.is_main = trainer.sync.rank == 0
+    trainer.device = device if device is not None else resolve_device(run.device)
+    if trainer.device.type == "cpu":
+        set_cpu_options(run)
+
+
 class TrainerBase:
     """Placement, logging, evaluation and checkpoint plumbing around an algorithm's loop.
 
@@ -85,15 +99,7 @@ class TrainerBase:
 
     def __init__(self, run: RunConfig, cfg: Any, sync: Sync | None, run_dir: Path | None, log: bool,
                  strategy: StrategyConfig | None, requested: Any, device: torch.device | None):
-        self.run = run
-        self.cfg = cfg
-        self.sync = sync if sync is not None else LocalSync()
-        self.strategy = strategy if strategy is not None else StrategyConfig()
-        self.requested = requested if requested is not None else cfg
-        self.is_main = self.sync.rank == 0
-        self.device = device if device is not None else resolve_device(run.device)
-        if self.device.type == "cpu":
-            set_cpu_options(run)
+        init_worker(self, run, cfg, sync, strategy, requested, device)
         self.env_id = resolve_env_id(run.env)
         self.env = make_run_env(run, cfg.n_envs, self.env_id)
         try:

@@ -30,9 +30,9 @@ from distrl.logs import Console, RunLogger
 from distrl.nets.causal_lm import PromptEncoder, load_tokenizer
 from distrl.nets.core import checksum
 from distrl.nets.factory import make_group_policy
-from distrl.protocols import LocalSync, Sync
+from distrl.protocols import Sync
 from distrl.tasks import TEXT_TASK, GroupTask, StateTask, make_group_task
-from distrl.training.common import resolve_device, set_cpu_options
+from distrl.training.common import init_worker
 
 EVAL_STATES = 1024
 """Fresh states of a numeric task's greedy evaluation."""
@@ -131,14 +131,7 @@ class GroupTrainer:
                  log: bool = True, strategy: StrategyConfig | None = None, requested: Any = None,
                  device: torch.device | None = None,
                  source_factory: Callable[[GroupTrainer], GroupSource] | None = None):
-        self.run, self.cfg = run, cfg
-        self.sync = sync if sync is not None else LocalSync()
-        self.strategy = strategy if strategy is not None else StrategyConfig()
-        self.requested = requested if requested is not None else cfg
-        self.is_main = self.sync.rank == 0
-        self.device = device if device is not None else resolve_device(run.device)
-        if self.device.type == "cpu":
-            set_cpu_options(run)
+        init_worker(self, run, cfg, sync, strategy, requested, device)
         self.task = make_group_task(run.env, cfg, run.seed)
         self.policy = make_group_policy(self.task, run, cfg, self.device)
         check_prompts(self.task, getattr(self.policy, "prompts", None))
