@@ -152,8 +152,10 @@ class StrategyConfig:
     or decoupled's player and trainers together. Under torchrun the world size comes from torchrun."""
     scaling: Scaling = "per-worker"
     """per-worker: each worker keeps n_steps (the global batch grows with workers, as in DD-PPO);
-    equivalent: n_steps / workers and learning_rate * workers, so runs with different worker
-    counts are comparable."""
+    equivalent: ddp scales n_steps / workers and learning_rate * workers, actor-learner n_steps /
+    workers, so runs with different worker counts are comparable. REINFORCE's rollout workers always
+    share episodes_per_iter; decoupled and pipeline learners train on single's batch whatever the
+    worker count: only per-worker applies."""
     sync_frac: float = 1.0
     """Straggler preemption (DD-PPO): once this fraction of workers has finished its rollout, the
     others stop collecting (keeping at least min_rollout_frac of theirs). 1.0 turns it off."""
@@ -225,6 +227,9 @@ class StrategyConfig:
             require(self.strategy == "pipeline", "engine", self.engine, "ray with --strategy " + self.strategy,
                     "Monarch runs the pipeline's actors")
             require(not self.ray_address, "ray_address", self.ray_address, "empty with --engine monarch")
+        if self.strategy in ("decoupled", "pipeline"):
+            require(self.scaling == "per-worker", "scaling", self.scaling, f"per-worker with --strategy {self.strategy}",
+                    "its learner already trains on single's batch whatever the worker count")
         if self.strategy != "ddp":
             require(self.sync_frac == 1.0, "sync_frac", self.sync_frac, f"1.0 with --strategy {self.strategy}",
                     "straggler preemption needs --strategy ddp")
@@ -237,13 +242,23 @@ class StrategyConfig:
 def scaled(cfg: Any, strategy: StrategyConfig, world_size: int) -> Any:
     """The algorithm config each worker runs: unchanged per worker, or scaled to match one process.
 
-    PPO: n_steps / N and learning_rate * N. SAC: buffer_size / N, learning_starts / N and
+    ddp: PPO n_steps / N and learning_rate * N. SAC: buffer_size / N, learning_starts / N and
     learning_rate * N (the recipes of Horovod's distributed PPO and SAC). REINFORCE: episodes_per_iter / N;
     GRPO: slices_per_step / N; their one gradient step per iteration is already the mean over every
     worker's samples, so the learning rate stays.
+
+    actor-learner: one learner trains on the union of its workers' batches, as single does on its own, so
+    only the collection shrinks: PPO's workers collect n_steps / N each (REINFORCE's already share
+    episodes_per_iter) and the learning rate stays.
     """
     if strategy.scaling == "per-worker" or world_size == 1:
         return cfg
+    if strategy.strategy == "actor-learner":
+        if isinstance(cfg, REINFORCEConfig):
+            return cfg
+        require(cfg.n_steps % world_size == 0, "n_steps", cfg.n_steps,
+                f"divisible by the {world_size} workers with --scaling equivalent")
+        return dataclasses.replace(cfg, n_steps=cfg.n_steps // world_size)
     if isinstance(cfg, GRPOConfig):
         require(cfg.slices_per_step % world_size == 0, "slices_per_step", cfg.slices_per_step,
                 f"divisible by the {world_size} workers with --scaling equivalent")

@@ -310,17 +310,18 @@ class RemoteCollector:
 def run_actor_learner(run: RunConfig, strategy: StrategyConfig, cfg: Any, run_dir: Any,
                       resume_path: Any = None) -> dict[str, Any]:
     """Train with ``strategy.workers`` Ray rollout workers and this process as the learner."""
-    from distrl.config import ConfigError
+    from distrl.config import ConfigError, scaled
     from distrl.strategies.ray_engine import ray_session
     from distrl.training import make_trainer
 
     if run.algo not in ("ppo", "reinforce"):
         raise ConfigError(f"algo={run.algo!r} is not available with --strategy actor-learner: use ppo or reinforce")
+    effective = scaled(cfg, strategy, strategy.workers)
     start = time.perf_counter()
     cpus = max(os.cpu_count() or 1, int(np.ceil(strategy.workers * strategy.worker_cpus)))
     with ray_session(strategy.ray_address, run_dir, num_cpus=cpus, debug=run.debug) as ray:
         _check_resources(ray, strategy)
-        trainer = make_trainer(run.algo, run, cfg, run_dir=run_dir, strategy=strategy,
+        trainer = make_trainer(run.algo, run, effective, run_dir=run_dir, strategy=strategy, requested=cfg,
                                collector_factory=lambda t: RemoteCollector(t, strategy, ray))
         return trainer.run_to_end(resume_path, start)
 

@@ -56,8 +56,12 @@ class EpisodicTrainer(TrainerBase):
         while (self.iteration < iterations) if iterations else (self.steps < limit):
             start = time.perf_counter()
             batch = self.collector.collect(self.cfg.episodes_per_iter, self.policy_version)
-            self.steps += batch.steps
-            self.episodes += batch.n_episodes
+            # Episodes differ in length: every rank counts every rank's steps, or they would stop apart.
+            counts = np.zeros(1 + self.sync.world_size)
+            counts[0], counts[1 + self.sync.rank] = batch.steps, batch.n_episodes
+            counts = self.sync.all_sum(counts)
+            self.steps += int(counts[0])
+            self.episodes += int(counts[1:].sum())
             update_start = time.perf_counter()
             metrics = self.algo.update(batch, self.sync)
             now = self._end_iteration(start, update_start)
@@ -66,13 +70,13 @@ class EpisodicTrainer(TrainerBase):
             metrics.update({"time/collect_s": batch.collect_s, "time/update_s": now - update_start,
                             "charts/mean_return": mean_return,
                             "time/overhead_s": getattr(self.collector, "last_overhead_s", 0.0)})
-            self._log(batch.episode_returns, batch.episode_lengths, np.array([batch.n_episodes]), metrics)
+            self._log(batch.episode_returns, batch.episode_lengths, counts[1:], metrics)
             if self.console is not None:
                 of = f"/{iterations}" if iterations else ""
                 self.console.line(f"iteration {self.iteration}{of}: mean reward {mean_return:.2f}, "
-                                         f"loss {metrics['losses/policy_loss']:.4f}, {batch.n_episodes} episodes, "
+                                         f"loss {metrics['losses/policy_loss']:.4f}, {int(counts[1:].sum())} episodes, "
                                          f"{self.steps:,} steps")
-            per_iteration = batch.steps
+            per_iteration = int(counts[0])
             if self._crossed(self.run.eval_every, per_iteration) and self._evaluate_and_check_target():
                 break
             if self._crossed(self.run.checkpoint_every, per_iteration) and self.steps < total:
