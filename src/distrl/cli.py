@@ -225,6 +225,38 @@ def _flag_value(argv: list[str], flag: str) -> str | None:
     return None
 
 
+def _set_flag(argv: list[str], flag: str, value: str) -> list[str]:
+    """``argv`` with ``flag``'s value replaced, or the flag left out when ``value`` is empty."""
+    out: list[str] = []
+    skip = False
+    for i, arg in enumerate(argv):
+        if skip:
+            skip = False
+        elif arg == flag and i + 1 < len(argv):
+            out += [flag, value] if value else []
+            skip = True
+        elif arg.startswith(flag + "="):
+            out += [f"{flag}={value}"] if value else []
+        else:
+            out.append(arg)
+    return out
+
+
+def auto_resume(run_dir: str | None) -> str:
+    """``--resume auto``: ``run_dir`` when it holds a checkpoint (its newest is loaded), else ``""``, a fresh start.
+
+    The same command line serves the first start and every restart, as an elastic launcher (torchrun
+    ``--max-restarts``) or a job scheduler's requeue runs it again after a failure.
+    """
+    if not run_dir:
+        raise ConfigError("resume='auto' needs --run-dir: the run directory to continue, or to start in")
+    try:
+        checkpoint.find_latest(Path(run_dir))
+    except ConfigError:  # no directory, or no checkpoint in it yet
+        return ""
+    return run_dir
+
+
 def _merge_repeated(argv: list[str], flag: str, into: str) -> list[str]:
     """``--wrapper A --wrapper B`` as ``--wrappers A B`` (tyro keeps only the last of a repeated flag)."""
     values: list[str] = []
@@ -254,6 +286,8 @@ def train_command(argv: list[str]) -> int:
     algo = argv[0]
     if algo not in ALGOS:
         raise ConfigError(f"algo={algo!r} is not known: must be one of {', '.join(ALGOS)}")
+    if _flag_value(argv, "--resume") == "auto":
+        argv = _set_flag(argv, "--resume", auto_resume(_flag_value(argv, "--run-dir")))
     if len(argv) < 2 or argv[1].startswith("-"):
         resume = _flag_value(argv, "--resume")
         if algo == "grpo" and any(a == "--model" or a.startswith("--model=") for a in argv):

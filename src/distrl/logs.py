@@ -215,6 +215,22 @@ class RunLogger:
         self.recent_returns.clear()
         self.recent_returns.extend(kept)
 
+    def start_afresh(self) -> None:
+        """Log a run started over in this directory (not resumed) from its first episode: the Monitor files
+        an earlier, unfinished start left here (killed before its first checkpoint) go."""
+        if self.monitor is None:
+            return
+        stale = sorted((self.run_dir / "ranks").glob("rank-*.monitor.csv"))
+        if self.monitor.rows == 0 and not stale:
+            return
+        for writer in [self.monitor, *self.rank_monitors.values()]:
+            writer.close()
+        self.rank_monitors = {}
+        for path in [self.run_dir / MONITOR_FILE, *stale]:
+            path.unlink(missing_ok=True)
+        self.monitor = MonitorWriter(self.run_dir / MONITOR_FILE, self.env_id)
+        self.recent_returns.clear()
+
     def scalars(self, values: dict[str, float], step: int, every_s: float = 0.0) -> None:
         """Write scalars to TensorBoard; with ``every_s``, at most that often (short iterations)."""
         now = time.monotonic()

@@ -247,3 +247,13 @@ def test_one_sac_gradient_step_on_two_ranks_equals_single_process():
         torch.testing.assert_close(target, single.critic_target.params.data, rtol=0, atol=1e-6)
     assert torch.equal(results[0][2], results[1][2])  # target critics identical across ranks
     assert not torch.equal(results[0][1], sac_algo(cfg, seed=0).critic.params.data)
+
+
+def test_a_restartable_group_on_several_torchrun_nodes_sharing_the_agents_store_is_refused(monkeypatch):
+    from distrl.strategies.ddp import join_group
+
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
+    monkeypatch.setenv("TORCHELASTIC_MAX_RESTARTS", "2")
+    monkeypatch.setenv("GROUP_WORLD_SIZE", "2")
+    with pytest.raises(ConfigError, match="max_restarts=2 on 2 torchrun nodes needs TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1"):
+        join_group("gloo", 5.0)

@@ -8,6 +8,7 @@ import sys
 import time
 
 import pytest
+import torch
 
 pytestmark = pytest.mark.multiprocess
 
@@ -153,6 +154,59 @@ def test_ddp_run_resumes_from_its_checkpoint(tmp_path):
     episodes = summary(run_dir)["episodes"]  # each episode logged once, across both processes and both ranks
     assert rows(run_dir / "monitor.csv") == episodes
     assert sum(rows(run_dir / "ranks" / f"rank-{r}.monitor.csv") for r in (0, 1)) == episodes
+
+
+def test_resume_auto_under_torchrun_restarts_continues_a_killed_rank_from_the_newest_checkpoint(tmp_path):
+    psutil = pytest.importorskip("psutil")
+    slow = ["distrl_testenvs:SlowCartPole", "--strategy", "ddp", "--total-steps", "2048", "--checkpoint-every", "512",
+            "--seed", "3", *SMALL]  # 2 ms a step: an iteration lasts about 0.3 s, long enough to be cut
+    run_dir = tmp_path / "elastic"
+    agent = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                              "--max-restarts", "1", "-m", "distrl", "train", "ppo", *slow, "--resume", "auto",
+                              "--run-dir", str(run_dir)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not list((run_dir / "checkpoints").glob("step-*")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    ranks = [c for c in psutil.Process(agent.pid).children(recursive=True) if c.environ().get("RANK") == "1"]
+    assert len(ranks) == 1 and not (run_dir / "summary.json").exists(), "no checkpoint before the run ended"
+    ranks[0].kill()
+    _, err = agent.communicate(timeout=180)
+    assert agent.returncode == 0, err[-3000:]
+    assert "failed (exitcode: -9) local_rank: 1" in err  # torchrun saw the kill and started the group again
+    events = (run_dir / "events.log").read_text()
+    assert "(torchrun restart 1)" in events and "resumed at step " in events
+    whole = tmp_path / "whole"  # the same run, never interrupted
+    done = distrl("train", "ppo", *slow, "--workers", "2", "--run-dir", str(whole))
+    assert done.returncode == 0, done.stderr
+    assert summary(run_dir)["total_steps"] == summary(whole)["total_steps"] == 2048
+
+    def episodes(run):
+        return [line.rsplit(",", 1)[0] for line in (run / "monitor.csv").read_text().splitlines()[2:]]  # r,l
+
+    assert episodes(run_dir) == episodes(whole)  # each episode once, none lost, none twice
+    from distrl import checkpoint
+
+    assert checkpoint.load(run_dir / checkpoint.MODEL_DIR)[0].keys() == checkpoint.load(whole / checkpoint.MODEL_DIR)[0].keys()
+    for name, value in checkpoint.load(run_dir / checkpoint.MODEL_DIR)[0].items():
+        assert torch.equal(value, checkpoint.load(whole / checkpoint.MODEL_DIR)[0][name]), name
+
+
+def test_resume_auto_needs_a_run_dir_and_starts_afresh_in_one_without_a_checkpoint(tmp_path):
+    bad = distrl("train", "ppo", "CartPole-v1", "--resume", "auto", "--total-steps", "256", *SMALL)
+    assert bad.returncode == 2 and bad.stderr.strip() == (
+        "distrl: error: resume='auto' needs --run-dir: the run directory to continue, or to start in")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()  # what a start killed before its first checkpoint leaves: a config and episodes
+    (run_dir / "monitor.csv").write_text('#{"t_start": 0, "env_id": "CartPole-v1"}\nr,l,t\n9,9,0.1\n')
+    first = distrl("train", "ppo", "CartPole-v1", "--resume", "auto", "--total-steps", "256", *SMALL,
+                   "--run-dir", str(run_dir))
+    assert first.returncode == 0, first.stderr
+    rows = (run_dir / "monitor.csv").read_text().splitlines()[2:]
+    assert "9,9,0.1" not in rows and len(rows) == summary(run_dir)["episodes"]
+    again = distrl("train", "ppo", "CartPole-v1", "--resume", "auto", "--total-steps", "512", *SMALL,
+                   "--run-dir", str(run_dir))  # finished: auto continues it
+    assert again.returncode == 0, again.stderr
+    assert summary(run_dir)["total_steps"] == 512
 
 
 def test_ray_launcher_places_ranks_as_actors(tmp_path):

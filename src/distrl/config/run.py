@@ -85,7 +85,8 @@ class RunConfig:
     """Save a checkpoint every this many steps (0: only the final model)."""
     resume: str = ""
     """Continue the run in this directory from its latest checkpoint, or from this checkpoint: with
-    RUN/checkpoints/step-N, run RUN goes on from step N."""
+    RUN/checkpoints/step-N, run RUN goes on from step N. auto: the newest checkpoint in --run-dir if
+    it holds one, else a fresh start there (one command for the first start and every restart)."""
     eval_every: int = 0
     """Run a deterministic evaluation every this many steps (0: only at the end)."""
     eval_episodes: int = 10

@@ -40,12 +40,35 @@ def init_process_group(run: RunConfig, strategy: StrategyConfig) -> torch.device
     if device.type == "cuda":
         device = torch.device("cuda", local_rank % torch.cuda.device_count())
         torch.cuda.set_device(device)
-    backend = "nccl" if device.type == "cuda" else "gloo"
-    kwargs: dict[str, Any] = {"backend": backend, "timeout": timedelta(seconds=strategy.timeout_s)}
-    if device.type == "cuda":
-        kwargs["device_id"] = device
-    dist.init_process_group(**kwargs)
+    join_group("nccl" if device.type == "cuda" else "gloo", strategy.timeout_s,
+               device if device.type == "cuda" else None)
     return device
+
+
+def join_group(backend: str, timeout_s: float, device: torch.device | None = None) -> None:
+    """``init_process_group`` from the ``env://`` variables, on a store fresh for each torchrun restart.
+
+    Under torchrun the ranks share the agents' rendezvous store, and the keys the group forms from
+    (each rank's address) outlive a restart (``--max-restarts``): a restarted rank would read its
+    dead peer's address and fail to connect. With one agent its restart count names the attempt, so
+    each attempt forms on keys of its own. Several agents count restarts apart (an agent whose own
+    ranks did not fail restarts without counting), so there only torchrun's own per-round store
+    (``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``) is sound; without it a restartable run is refused.
+    """
+    kwargs: dict[str, Any] = {"backend": backend, "timeout": timedelta(seconds=timeout_s)}
+    if device is not None:
+        kwargs["device_id"] = device
+    env = os.environ
+    if env.get("TORCHELASTIC_USE_AGENT_STORE") == "True" and int(env.get("TORCHELASTIC_MAX_RESTARTS", "0")) > 0:
+        if int(env.get("GROUP_WORLD_SIZE", "1")) > 1:
+            raise ConfigError(f"max_restarts={env['TORCHELASTIC_MAX_RESTARTS']} on {env['GROUP_WORLD_SIZE']} torchrun "
+                              "nodes needs TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 in every agent's environment: "
+                              "restarted ranks would otherwise meet on the failed attempt's addresses")
+        store = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), is_master=False,
+                              timeout=timedelta(seconds=timeout_s))
+        kwargs.update(store=dist.PrefixStore(f"distrl/attempt-{env.get('TORCHELASTIC_RESTART_COUNT', '0')}", store),
+                      rank=int(env["RANK"]), world_size=int(env["WORLD_SIZE"]))
+    dist.init_process_group(**kwargs)
 
 
 def run_worker(run: RunConfig, strategy: StrategyConfig, cfg: Any, run_dir: Path,
@@ -66,8 +89,8 @@ def run_worker(run: RunConfig, strategy: StrategyConfig, cfg: Any, run_dir: Path
                                run_dir=run_dir if sync.rank == 0 else None, strategy=strategy,
                                requested=cfg, device=device)
         try:
-            if resume_path is not None and sync.rank == 0:
-                trainer.load_checkpoint(resume_path)
+            if sync.rank == 0:
+                trainer.begin(resume_path)
             trainer.broadcast_state()
             for i, tensor in enumerate(trainer.broadcast_tensors()):
                 sync.verify_identical(tensor, f"start-up tensor {i} (parameters or optimizer state)")
@@ -89,7 +112,7 @@ def _run_decoupled(run: RunConfig, strategy: StrategyConfig, cfg: Any, run_dir: 
     from distrl.strategies.decoupled import run_decoupled_rank
 
     # the world group carries batches and weights between player and trainers on the CPU
-    dist.init_process_group(backend="gloo", timeout=timedelta(seconds=strategy.timeout_s))
+    join_group("gloo", strategy.timeout_s)
     try:
         world = dist.get_world_size()
         if strategy.workers not in (1, world):

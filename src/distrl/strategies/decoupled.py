@@ -280,8 +280,7 @@ def run_decoupled_rank(run: RunConfig, strategy: StrategyConfig, cfg: PPOConfig,
     player = OnPolicyTrainer(run.replace(device=strategy.player_device), cfg, run_dir=run_dir, strategy=strategy)
     player.algo = PlayerAlgo(player.algo, strategy, world)
     try:
-        if resume_path is not None:
-            player.load_checkpoint(resume_path)
+        player.begin(resume_path)
         send_start_state(player)
         player.train()
         summary = player.finish(time.perf_counter() - start)

@@ -7,6 +7,7 @@ algorithm and the collector are the same everywhere.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from datetime import datetime
@@ -212,13 +213,23 @@ class TrainerBase:
     def run_to_end(self, resume_path: Path | None, start: float) -> dict[str, Any]:
         """Resume if asked, train to the configured end, then finish (final eval, model, summary)."""
         try:
-            if resume_path is not None:
-                self.load_checkpoint(resume_path)
+            self.begin(resume_path)
             self.train()
         except BaseException:
             self.close()
             raise
         return self.finish(time.perf_counter() - start)
+
+    def begin(self, resume_path: Path | None) -> None:
+        """Load the checkpoint to resume from and say so, or clear the episodes an unfinished earlier start
+        left in the run directory (killed before its first checkpoint). On the main worker only."""
+        if resume_path is not None:
+            self.load_checkpoint(resume_path)
+            restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")  # set by torchrun
+            self.report(f"resumed at step {self.steps:,} from {resume_path}"
+                        + (f" (torchrun restart {restart})" if restart != "0" else ""))
+        elif self.logger is not None:
+            self.logger.start_afresh()
 
     def _end_iteration(self, start: float, update_start: float, updated: bool = True) -> float:
         """Count an iteration (and its update, if there was one) and its time; returns the current time."""
