@@ -107,6 +107,11 @@ class RolloutWorker:
     def pid(self) -> int:
         return os.getpid()
 
+    def where(self) -> dict[str, Any]:
+        from distrl.strategies.actors import placement
+
+        return placement()
+
     def reset(self, seed: int, segment: int) -> None:
         self.collector.reset(seed, segment)
 
@@ -217,6 +222,8 @@ class RemoteCollector:
         self.last_overhead_s = 0.0
         self.overheads: list[float] = []
         self.actors = [self._spawn(i) for i in range(self.n_workers)]
+        self.places = [[actor.where.remote()] for actor in self.actors]
+        """Per worker, a pending ``where`` for each actor it has had (see :meth:`finish`)."""
 
     def _spawn(self, worker: int) -> Any:
         spec = WorkerSpec(self.algo, self.trainer.run, self.trainer.cfg, worker)
@@ -295,9 +302,16 @@ class RemoteCollector:
         except Exception:  # noqa: BLE001 - it may already be gone
             pass
         self.actors[worker] = self._spawn(worker)
+        self.places[worker].append(self.actors[worker].where.remote())
         # a replacement starts new episodes: seeds depend on the restart count, not on chance
         segment = self.segment + 1_000_003 * self.restarts[worker]
         self._wait_all([self.actors[worker].reset.remote(self.seed, segment)], "reset")
+
+    def finish(self) -> dict[str, Any]:
+        """For summary.json: where each rollout worker ran (every actor it has had, the replaced ones first)."""
+        from distrl.strategies.actors import RayActors, resolve_placements
+
+        return {"placement": {"workers": resolve_placements(RayActors(self.ray), self.places)}}
 
     def close(self) -> None:
         for actor in self.actors:

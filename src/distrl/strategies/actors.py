@@ -8,9 +8,38 @@ through these few operations, so Ray (the default) and Monarch (``--engine monar
 
 from __future__ import annotations
 
+import os
+import socket
 from typing import Any, Protocol
 
 import numpy as np
+
+
+def placement() -> dict[str, Any]:
+    """Where the calling process runs: its host and pid, and inside a Ray worker its Ray node's id."""
+    where: dict[str, Any] = {"host": socket.gethostname(), "pid": os.getpid()}
+    try:
+        import ray
+    except ImportError:
+        return where
+    if ray.is_initialized():
+        where["node"] = ray.get_runtime_context().get_node_id()
+    return where
+
+
+def resolve_placements(engine: Any, pending: list[list[Any]], timeout_s: float = 2.0) -> list[list[dict[str, Any]]]:
+    """The answers to ``where`` calls, one list per actor slot (an entry for each actor it has had, the
+    replaced ones first); an actor lost before it answered is ``{"lost": reason}``."""
+    out = []
+    for calls in pending:
+        row = []
+        for call in calls:
+            try:
+                row.append(engine.result(call, timeout_s))
+            except Exception as exc:  # noqa: BLE001 - dead, or never started: say so, it is a record
+                row.append({"lost": f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"})
+        out.append(row)
+    return out
 
 
 class ActorDied(RuntimeError):

@@ -22,6 +22,7 @@ import torch.distributed as dist
 
 from distrl.config import ConfigError, RunConfig, StrategyConfig, scaled
 from distrl.nets.core import checksum
+from distrl.strategies.actors import placement
 from distrl.strategies.dist_sync import DistributedSync
 from distrl.training import make_trainer, resolve_device
 
@@ -89,6 +90,9 @@ def run_worker(run: RunConfig, strategy: StrategyConfig, cfg: Any, run_dir: Path
                                run_dir=run_dir if sync.rank == 0 else None, strategy=strategy,
                                requested=cfg, device=device)
         try:
+            places: list[dict[str, Any] | None] = [None] * world
+            dist.all_gather_object(places, placement())
+            trainer.extra_summary["placement"] = {"ranks": places}
             if sync.rank == 0:
                 trainer.begin(resume_path)
             trainer.broadcast_state()

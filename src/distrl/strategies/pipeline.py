@@ -52,7 +52,7 @@ from distrl.data.groups import GroupSamples, draw_groups, score_groups
 from distrl.data.replay import VersionedReplay
 from distrl.nets.factory import make_group_policy
 from distrl.rewards import RewardError
-from distrl.strategies.actors import ActorEngine, RayActors, as_array
+from distrl.strategies.actors import ActorEngine, RayActors, as_array, placement, resolve_placements
 from distrl.strategies.pool import GeneratorPool
 from distrl.tasks import make_group_task
 from distrl.training.common import resolve_device
@@ -124,6 +124,9 @@ class Generator:
     def pid(self) -> int:
         return os.getpid()
 
+    def where(self) -> dict[str, Any]:
+        return placement()
+
 
 class Scorer:
     """Actor: runs the task's reward functions on the groups generators hand it."""
@@ -140,6 +143,9 @@ class Scorer:
 
     def pid(self) -> int:
         return os.getpid()
+
+    def where(self) -> dict[str, Any]:
+        return placement()
 
 
 @dataclass
@@ -223,6 +229,7 @@ class PipelineGroups:
         self.stats = PipelineStats()
         self.events = self.stats.events
         self.scorer = engine.spawn(Scorer, run, cfg)
+        self.scorer_place = engine.call(self.scorer, "where")
         scorer = engine.client(self.scorer, strategy.timeout_s + cfg.reward_timeout_s * max(1, len(cfg.rewards)))
         self.requests = 0
         self.per_call = cfg.slices_per_call
@@ -300,7 +307,8 @@ class PipelineGroups:
         self.stats.learner_busy_s = self.trainer.update_s
         summary = self.stats.summary(self.trainer.train_s, self.trainer.version, len(self.pool.actors), self.replay,
                                      self.pool.restarted(), "slice")
-        return {**summary, "startup_s": self.startup_s}
+        where = {"generators": self.pool.placement(), "scorer": resolve_placements(self.engine, [[self.scorer_place]])[0]}
+        return {**summary, "startup_s": self.startup_s, "placement": where}
 
     def close(self) -> None:
         self.pool.close()

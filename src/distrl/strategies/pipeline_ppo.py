@@ -132,7 +132,8 @@ class AsyncCollector:
         self.stats.learner_busy_s = self.trainer.update_s
         summary = self.stats.summary(self.trainer.train_s, self.trainer.policy_version, len(self.pool.actors),
                                      self.replay, self.pool.restarted(), "fragment")
-        return {**summary, "drained_steps": self.pending_steps * self.trainer.cfg.n_envs, "startup_s": self.startup_s}
+        return {**summary, "drained_steps": self.pending_steps * self.trainer.cfg.n_envs, "startup_s": self.startup_s,
+                "placement": {"generators": self.pool.placement()}}
 
     def close(self) -> None:
         self.pool.close()

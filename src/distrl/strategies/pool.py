@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from distrl.config import StrategyConfig
-from distrl.strategies.actors import ActorDied, ActorEngine, ActorRaised, spend_restart
+from distrl.strategies.actors import ActorDied, ActorEngine, ActorRaised, resolve_placements, spend_restart
 
 
 class PipelineStalled(RuntimeError):
@@ -37,6 +37,8 @@ class GeneratorPool:
                  strategy: StrategyConfig, events: list[str], depth: int = 1):
         self.engine, self.spawn, self.request, self.strategy, self.events = engine, spawn, request, strategy, events
         self.actors = [spawn(i, 0) for i in range(n)]
+        self.places = [[engine.call(actor, "where")] for actor in self.actors]
+        """Per generator, a pending ``where`` for each actor it has had (see :meth:`placement`)."""
         self.depth = depth
         self.restarts = [0] * n
         self.held = [-1] * n                    # the policy version each actor holds (or will, once its queue runs)
@@ -77,8 +79,7 @@ class GeneratorPool:
     def ready(self, *others: Any) -> float:
         """Wait until every actor (and ``others``) has started; returns the seconds it took."""
         start = time.perf_counter()
-        actors = [*self.actors, *others]
-        pending = [self.engine.call(a, "pid") for a in actors]
+        pending = [row[-1] for row in self.places] + [self.engine.call(a, "where") for a in others]
         done = self.engine.wait(pending, self.strategy.timeout_s)
         if len(done) < len(pending):
             names = [f"generator {i}" if i < len(self.actors) else "scorer" for i, p in enumerate(pending)
@@ -113,6 +114,7 @@ class GeneratorPool:
                            f"{self.strategy.max_worker_restarts})")
         self.engine.kill(self.actors[i])
         self.actors[i] = self.spawn(i, self.restarts[i])
+        self.places[i].append(self.engine.call(self.actors[i], "where"))
         self.held[i] = -1
         for p in [p for p, j in self.in_flight.items() if j == i]:  # lost with the old actor, never counted
             del self.in_flight[p]
@@ -131,6 +133,10 @@ class GeneratorPool:
 
     def restarted(self) -> int:
         return sum(self.restarts)
+
+    def placement(self) -> list[list[dict[str, Any]]]:
+        """Where each generator ran: host, pid and Ray node of every actor it has had, the replaced ones first."""
+        return resolve_placements(self.engine, self.places)
 
     def close(self) -> None:
         for actor in self.actors:

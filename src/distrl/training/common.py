@@ -87,6 +87,12 @@ def init_worker(trainer: Any, run: RunConfig, cfg: Any, sync: Sync | None, strat
         set_cpu_options(run)
 
 
+def resumed_line(at: str, path: Path) -> str:
+    """The event a resumed run logs: where it goes on from, and torchrun's restart count if it restarted it."""
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return f"resumed at {at} from {path}" + (f" (torchrun restart {restart})" if restart != "0" else "")
+
+
 class TrainerBase:
     """Placement, logging, evaluation and checkpoint plumbing around an algorithm's loop.
 
@@ -225,9 +231,7 @@ class TrainerBase:
         left in the run directory (killed before its first checkpoint). On the main worker only."""
         if resume_path is not None:
             self.load_checkpoint(resume_path)
-            restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")  # set by torchrun
-            self.report(f"resumed at step {self.steps:,} from {resume_path}"
-                        + (f" (torchrun restart {restart})" if restart != "0" else ""))
+            self.report(resumed_line(f"step {self.steps:,}", resume_path))
         elif self.logger is not None:
             self.logger.start_afresh()
 

@@ -32,7 +32,7 @@ from distrl.nets.core import checksum
 from distrl.nets.factory import make_group_policy
 from distrl.protocols import Sync
 from distrl.tasks import TEXT_TASK, GroupTask, StateTask, make_group_task
-from distrl.training.common import init_worker
+from distrl.training.common import init_worker, resumed_line
 
 EVAL_STATES = 1024
 """Fresh states of a numeric task's greedy evaluation."""
@@ -325,6 +325,12 @@ class GroupTrainer:
                  "start_checksum": self.start_checksum, "distrl_version": distrl.__version__}
         return checkpoint.save(target, tensors, state)
 
+    def begin(self, resume_path: Path | None) -> None:
+        """Load the checkpoint to resume from, and say so (GRPO writes no episodes: a fresh start clears nothing)."""
+        if resume_path is not None:
+            self.load_checkpoint(resume_path)
+            self.events.append(resumed_line(f"learner step {self.version}", resume_path))
+
     def load_checkpoint(self, path: Path) -> None:
         tensors, state = checkpoint.load(path)
         if state.get("algo") != "grpo":
@@ -379,8 +385,7 @@ def train_grpo(run: RunConfig, cfg: Any, run_dir: Path | None, resume_path: Path
     start = time.perf_counter()
     trainer = GroupTrainer(run, cfg, run_dir=run_dir, strategy=strategy, source_factory=source_factory)
     try:
-        if resume_path is not None:
-            trainer.load_checkpoint(resume_path)
+        trainer.begin(resume_path)
         trainer.train()
     except BaseException:
         trainer.close()
