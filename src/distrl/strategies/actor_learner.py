@@ -291,11 +291,12 @@ class RemoteCollector:
         env_error = isinstance(cause, WorkerError) or "WorkerError" in type(exc).__name__
         reason = str(cause) if cause is not None else f"{type(exc).__name__}: {exc}"
         first_line = reason.strip().splitlines()[0] if reason.strip() else type(exc).__name__
+        where = self._where_note(worker)
         self.failures.append(Failure(worker, self.trainer.iteration, first_line))
         if env_error and self.strategy.on_worker_error == "abort":
             raise WorkerError(reason) from None
         spend_restart(self.restarts, worker, self.strategy.max_worker_restarts, "worker", first_line, WorkerError)
-        self.trainer.report(f"worker {worker} failed at iteration {self.trainer.iteration}: {first_line}; "
+        self.trainer.report(f"worker {worker}{where} failed at iteration {self.trainer.iteration}: {first_line}; "
                             f"restarting it ({self.restarts[worker]}/{self.strategy.max_worker_restarts})")
         try:
             self.ray.kill(self.actors[worker])
@@ -306,6 +307,11 @@ class RemoteCollector:
         # a replacement starts new episodes: seeds depend on the restart count, not on chance
         segment = self.segment + 1_000_003 * self.restarts[worker]
         self._wait_all([self.actors[worker].reset.remote(self.seed, segment)], "reset")
+
+    def _where_note(self, worker: int) -> str:
+        from distrl.strategies.actors import RayActors, resolve_placements, where_note
+
+        return where_note(resolve_placements(RayActors(self.ray), [self.places[worker][-1:]], 0.5)[0][0])
 
     def finish(self) -> dict[str, Any]:
         """For summary.json: where each rollout worker ran (every actor it has had, the replaced ones first)."""

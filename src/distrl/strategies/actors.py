@@ -27,6 +27,22 @@ def placement() -> dict[str, Any]:
     return where
 
 
+def where_note(where: dict[str, Any] | None) -> str:
+    """How an event line says where a failed actor ran: `` on node 1a2b3c4d (lost)`` on a Ray cluster
+    (``lost`` once the cluster has marked the node dead), `` (pid N)`` elsewhere, nothing if unknown."""
+    if not where or "lost" in where:
+        return ""
+    if "node" not in where:
+        return f" (pid {where['pid']})"
+    import ray
+
+    try:
+        alive = next((n["Alive"] for n in ray.nodes() if n["NodeID"] == where["node"]), False)
+    except Exception:  # noqa: BLE001 - the note is a courtesy: never fail the run over it
+        alive = True
+    return f" on node {where['node'][:8]}" + ("" if alive else " (lost)")
+
+
 def resolve_placements(engine: Any, pending: list[list[Any]], timeout_s: float = 2.0) -> list[list[dict[str, Any]]]:
     """The answers to ``where`` calls, one list per actor slot (an entry for each actor it has had, the
     replaced ones first); an actor lost before it answered is ``{"lost": reason}``."""

@@ -182,17 +182,18 @@ def launch_ray(worker_fn: Any, args: tuple, workers: int, ray_address: str, run_
         actor_cls = ray.remote(RankActor)
         actors = [actor_cls.options(num_cpus=worker_cpus, num_gpus=worker_gpus).remote(rank, workers)
                   for rank in range(workers)]
+        places = [actor.where.remote() for actor in actors]
         try:
             host, port = ray.get(actors[0].rendezvous_address.remote(), timeout=timeout_s)
             refs = [actor.run.remote(host, port, worker_fn, *args) for actor in actors]
-            results = _wait_ray(ray, refs)
+            results = _wait_ray(ray, refs, places)
         finally:
             for actor in actors:
                 ray.kill(actor)
         return results[0]
 
 
-def _wait_ray(ray: Any, refs: list) -> list:
+def _wait_ray(ray: Any, refs: list, places: list | None = None) -> list:
     pending = list(refs)
     results: dict[int, Any] = {}
     while pending:
@@ -200,18 +201,22 @@ def _wait_ray(ray: Any, refs: list) -> list:
         try:
             results[refs.index(done[0])] = ray.get(done[0])
         except Exception:  # noqa: BLE001 - any actor failure ends the job, named by rank
-            raise WorkerFailed(_ray_root_cause(ray, refs)) from None
+            raise WorkerFailed(_ray_root_cause(ray, refs, places)) from None
     return [results[r] for r in range(len(refs))]
 
 
-def _ray_root_cause(ray: Any, refs: list) -> str:
-    """As :func:`_root_cause`, for ranks running as Ray actors."""
+def _ray_root_cause(ray: Any, refs: list, places: list | None) -> str:
+    """As :func:`_root_cause`, for ranks running as Ray actors; a rank whose node was lost names it."""
+    from distrl.strategies.actors import RayActors, resolve_placements, where_note
+
     ready, _ = ray.wait(refs, num_returns=len(refs), timeout=PEERS_GRACE_S)
     errors: dict[int, str] = {}
     for ref in ready:
         try:
             ray.get(ref)
         except Exception as exc:  # noqa: BLE001 - any actor failure is reported
+            rank = refs.index(ref)
             cause = getattr(exc, "cause", None) or exc
-            errors[refs.index(ref)] = f"failed: {type(cause).__name__}: {cause}"
+            where = where_note(resolve_placements(RayActors(ray), [places[rank:rank + 1]], 0.5)[0][0]) if places else ""
+            errors[rank] = f"failed{where}: {type(cause).__name__}: {str(cause).strip().splitlines()[0] if str(cause).strip() else ''}"
     return blame(errors)

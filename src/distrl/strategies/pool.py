@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from distrl.config import StrategyConfig
-from distrl.strategies.actors import ActorDied, ActorEngine, ActorRaised, resolve_placements, spend_restart
+from distrl.strategies.actors import ActorDied, ActorEngine, ActorRaised, resolve_placements, spend_restart, where_note
 
 
 class PipelineStalled(RuntimeError):
@@ -108,10 +108,9 @@ class GeneratorPool:
             reason = f"raised {exc}"
             if self.strategy.on_worker_error == "abort":
                 raise GeneratorFailed(f"generator {i} {reason}") from None
-        spend_restart(self.restarts, i, self.strategy.max_worker_restarts, "generator", reason.splitlines()[0],
-                      GeneratorFailed)
-        self.events.append(f"generator {i} {reason.splitlines()[0]}; restarted ({self.restarts[i]}/"
-                           f"{self.strategy.max_worker_restarts})")
+        reason = f"{reason.splitlines()[0]}{where_note(resolve_placements(self.engine, [self.places[i][-1:]], 0.5)[0][0])}"
+        spend_restart(self.restarts, i, self.strategy.max_worker_restarts, "generator", reason, GeneratorFailed)
+        self.events.append(f"generator {i} {reason}; restarted ({self.restarts[i]}/{self.strategy.max_worker_restarts})")
         self.engine.kill(self.actors[i])
         self.actors[i] = self.spawn(i, self.restarts[i])
         self.places[i].append(self.engine.call(self.actors[i], "where"))

@@ -141,6 +141,11 @@ class RankActor:
         self.rank = rank
         self.world_size = world_size
 
+    def where(self) -> dict[str, Any]:
+        from distrl.strategies.actors import placement
+
+        return placement()
+
     def rendezvous_address(self) -> tuple[str, int]:
         """This node's address and a free port, for rank 0 to host the group's store."""
         import ray

@@ -1,0 +1,143 @@
+"""A Ray cluster of two nodes on one machine (a head and a second raylet with its own CPUs, as Ray's own
+tests make them): every Ray strategy places its workers on both and records where in summary.json; when
+the second node is lost mid-run, actor-learner and the pipeline go on with what is left and say so, and
+ddp ends naming the lost node."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("ray")
+psutil = pytest.importorskip("psutil")
+
+pytestmark = pytest.mark.multiprocess
+
+TESTS = Path(__file__).parent.parent
+
+
+class TwoNodes:
+    def __init__(self):
+        self.tmp = tempfile.mkdtemp(prefix="rc", dir="/tmp")  # short: Ray's socket paths live under it
+        self.env = {**os.environ, "RAY_TMPDIR": self.tmp}
+        self.proc = subprocess.Popen([sys.executable, str(TESTS / "ray_two_nodes.py")], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True, env=self.env)
+        info = json.loads(self.proc.stdout.readline())
+        self.address, self.head, self.second = info["address"], info["head"], info["second"]
+
+    def command(self, word: str) -> dict:
+        self.proc.stdin.write(word + "\n")
+        self.proc.stdin.flush()
+        return json.loads(self.proc.stdout.readline())
+
+    def add(self) -> None:
+        self.second = self.command("add")["second"]
+
+    def train(self, *args: str) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-m", "distrl", "train", *args, "--ray-address", self.address,
+                                 "--quiet"], env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        for proc in psutil.process_iter(["cmdline"]):  # anything of this cluster still alive
+            try:
+                if proc.pid != os.getpid() and any(self.tmp in arg for arg in proc.info["cmdline"] or ()):
+                    proc.kill()
+            except psutil.Error:
+                pass
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def nodes():
+    cluster = TwoNodes()
+    yield cluster
+    cluster.close()
+
+
+def finish(proc: subprocess.Popen, timeout: float = 240) -> subprocess.CompletedProcess:
+    out, err = proc.communicate(timeout=timeout)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def placed_nodes(summary: dict, role: str) -> list[str]:
+    entries = summary["placement"][role]
+    return [e["node"] for e in (entries if role == "ranks" else [row[0] for row in entries])]
+
+
+SMALL = ["--total-steps", "1024", "--n-envs", "2", "--n-steps", "64", "--batch-size", "64"]
+
+
+@pytest.mark.parametrize("strategy, role", [("ddp", "ranks"), ("actor-learner", "workers"), ("pipeline", "generators")])
+def test_workers_are_placed_on_both_nodes_and_recorded(nodes, tmp_path, strategy, role):
+    run_dir = tmp_path / "run"
+    done = finish(nodes.train("ppo", "CartPole-v1", "--strategy", strategy, "--workers", "2", *SMALL,
+                              "--run-dir", str(run_dir)))
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["total_steps"] == 1024
+    assert sorted(placed_nodes(summary, role)) == sorted([nodes.head, nodes.second])
+
+
+def wait_for_training(run_dir: Path, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        monitor = run_dir / "monitor.csv"
+        if monitor.exists() and len(monitor.read_text().splitlines()) > 4:
+            return
+        time.sleep(0.1)
+    raise AssertionError("the run never started training")
+
+
+SLOW = ["distrl_testenvs:SlowCartPole", "--total-steps", "3072", "--n-envs", "2", "--n-steps", "64",
+        "--batch-size", "64"]  # 2 ms a step: about 4 s of collecting in all
+
+
+@pytest.mark.parametrize("strategy, role", [("actor-learner", "workers"), ("pipeline", "generators")])
+def test_losing_a_node_mid_run_the_run_goes_on_with_what_is_left_and_says_so(nodes, tmp_path, strategy, role):
+    run_dir = tmp_path / "run"
+    proc = nodes.train("ppo", *SLOW, "--strategy", strategy, "--workers", "2", "--run-dir", str(run_dir))
+    wait_for_training(run_dir)
+    lost = nodes.command("remove")["removed"]
+    try:
+        done = finish(proc)
+    finally:
+        nodes.add()
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["total_steps"] >= 3072
+    rows = summary["placement"][role]
+    on_lost = [i for i, row in enumerate(rows) if row[0].get("node") == lost]
+    assert len(on_lost) == 1  # the worker that ran there was replaced on the node that is left
+    replaced = rows[on_lost[0]]
+    assert len(replaced) == 2 and replaced[1]["node"] == nodes.head
+    events = " ".join(summary["events"])
+    assert f"{'worker' if role == 'workers' else 'generator'} {on_lost[0]} " in events and "restart" in events
+    assert lost[:8] in events  # the log names the node that was lost
+
+
+def test_losing_a_node_ends_ddp_naming_the_node_within_the_timeout(nodes, tmp_path):
+    run_dir = tmp_path / "run"
+    proc = nodes.train("ppo", *SLOW[:1], "--total-steps", "100000", *SLOW[3:], "--strategy", "ddp", "--workers", "2",
+                       "--timeout-s", "30", "--run-dir", str(run_dir))
+    wait_for_training(run_dir)
+    lost = nodes.command("remove")["removed"]
+    start = time.monotonic()
+    try:
+        done = finish(proc, timeout=120)
+    finally:
+        nodes.add()
+    assert time.monotonic() - start < 30 + 15
+    assert done.returncode == 1
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("distrl: error: rank ") and lost[:8] in last, done.stderr[-3000:]
