@@ -13,12 +13,15 @@ each run's summary.json.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import tempfile
 import time
 from pathlib import Path
 
 from harness import alternating, train_at_once, write_section
+
+from distrl.strategies.dist_sync import TRANSPORT_VAR
 
 ROOT = Path(__file__).parents[1]
 WORKLOADS = {
@@ -30,8 +33,9 @@ WORKLOADS = {
     "CartPole-v1, preset": ("CartPole-v1", ["--preset", "auto"]),
 }
 # "independent" runs two unrelated single-process trainings at once, each with half the steps:
-# the most two processes can do on this machine, with no communication at all.
-CONFIGS = [("single", 1), ("ddp", 1), ("ddp", 2), ("independent", 2)]
+# the most two processes can do on this machine, with no communication at all. "ddp-gloo" is ddp
+# with the gradient sums on gloo instead of shared memory (DISTRL_DDP_TRANSPORT=gloo).
+CONFIGS = [("single", 1), ("ddp", 1), ("ddp", 2), ("ddp-gloo", 2), ("independent", 2)]
 
 
 def run_once(env: str, extra: list[str], strategy: str, workers: int, steps: int) -> dict:
@@ -41,9 +45,14 @@ def run_once(env: str, extra: list[str], strategy: str, workers: int, steps: int
             runs = [(Path(tmp) / f"run{i}", ["--strategy", "single", "--seed", str(i)]) for i in range(workers)]
             steps //= workers
         else:
-            runs = [(Path(tmp) / "run", ["--strategy", strategy, "--workers", str(workers)])]
-        summaries = train_at_once([(run_dir, ["ppo", env, *extra, "--total-steps", str(steps), *flags])
-                                   for run_dir, flags in runs])
+            runs = [(Path(tmp) / "run", ["--strategy", "ddp" if strategy == "ddp-gloo" else strategy,
+                                         "--workers", str(workers)])]
+        os.environ[TRANSPORT_VAR] = "gloo" if strategy == "ddp-gloo" else "shm"
+        try:
+            summaries = train_at_once([(run_dir, ["ppo", env, *extra, "--total-steps", str(steps), *flags])
+                                       for run_dir, flags in runs])
+        finally:
+            del os.environ[TRANSPORT_VAR]
     summary = dict(summaries[0])
     summary["sps"] = sum(s["sps"] for s in summaries)
     summary["total_steps"] = sum(s["total_steps"] for s in summaries)
@@ -82,7 +91,8 @@ def write_report(rows: list[dict], repeats: int) -> None:
         f"`python benchmarks/scaling.py` — {time.strftime('%Y-%m-%d')}, 2-core machine, {repeats} runs per "
         "configuration, alternating, medians. Same total environment steps in every configuration; "
         "`--scaling per-worker`. Speedup = SPS / SPS of `single`; ideal = number of workers. "
-        "All-reduce share = time in the gradient all-reduce (including waiting for the other worker) / update time. "
+        "All-reduce share = time in the gradient sums (including waiting for the other worker) / update time. "
+        "`ddp` sums one machine's gradients through shared memory; `ddp-gloo` is the same run with them on gloo. "
         "`independent` = two unrelated single-process runs at once, half the steps each: what two processes "
         "reach on this machine with no communication (the practical ceiling for `ddp` ×2).",
         "",

@@ -11,9 +11,9 @@ from datetime import timedelta
 from distrl.strategies.ray_engine import free_port
 
 
-def _entry(fn, rank, world_size, port, results, collected, timeout, args):
+def _entry(fn, rank, world_size, port, results, collected, timeout, args, env):
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port), LOCAL_RANK=str(rank))
+                      MASTER_PORT=str(port), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world_size), **env)
     import torch
     import torch.distributed as dist
 
@@ -30,12 +30,13 @@ def _entry(fn, rank, world_size, port, results, collected, timeout, args):
         collected.wait(timeout=timeout)
 
 
-def run_ranks(fn, world_size: int, *args, timeout: float = 120.0) -> list:
-    """``fn(rank, world_size, *args)`` on every rank; returns the results in rank order."""
+def run_ranks(fn, world_size: int, *args, timeout: float = 120.0, env: dict[str, str] | None = None) -> list:
+    """``fn(rank, world_size, *args)`` on every rank (one machine's ranks, with ``env`` set too); returns the
+    results in rank order."""
     ctx = mp.get_context("spawn")
     results, collected = ctx.Queue(), ctx.Event()
     port = free_port()
-    procs = [ctx.Process(target=_entry, args=(fn, r, world_size, port, results, collected, timeout, args))
+    procs = [ctx.Process(target=_entry, args=(fn, r, world_size, port, results, collected, timeout, args, env or {}))
              for r in range(world_size)]
     for p in procs:
         p.start()

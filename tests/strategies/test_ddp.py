@@ -1,6 +1,7 @@
 """ddp: equivalence with single, start-up agreement, KL agreement, straggler preemption."""
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 import torch
@@ -47,8 +48,9 @@ def update_on_shard(rank, world, cfg):
 
     agent = ActorCritic(4, spaces.Discrete(2), (16, 16), seed=0)
     algo = PPOAlgo(dataclasses.replace(cfg, batch_size=cfg.batch_size // world), agent, seed=0)
-    metrics = algo.update(shard(fixed_batch(), rank, world), DistributedSync(torch.device("cpu"), 60))
-    return agent.params.data.clone(), metrics
+    sync = DistributedSync(torch.device("cpu"), 60)
+    metrics = algo.update(shard(fixed_batch(), rank, world), sync)
+    return agent.params.data.clone(), {**metrics, "shared": sync.shared}
 
 
 def single_update(cfg):
@@ -86,8 +88,10 @@ def clip_then_average(cfg):
     return agents[0].params.data.clone()
 
 
-def test_one_update_with_two_ranks_equals_single_process_with_binding_clip():
-    (p0, m0), (p1, _) = run_ranks(update_on_shard, 2, UPDATE_CFG)
+@pytest.mark.parametrize("transport", ["shm", "gloo"])
+def test_one_update_with_two_ranks_equals_single_process_with_binding_clip(transport):
+    (p0, m0), (p1, _) = run_ranks(update_on_shard, 2, UPDATE_CFG, env={"DISTRL_DDP_TRANSPORT": transport})
+    assert m0["shared"] == (transport == "shm")  # one machine's ranks sum through shared memory unless told not to
     single, metrics = single_update(UPDATE_CFG)
     assert metrics["losses/grad_norm"] > 5 * UPDATE_CFG.max_grad_norm  # the clip binds
     assert torch.equal(p0, p1)
@@ -257,3 +261,32 @@ def test_a_restartable_group_on_several_torchrun_nodes_sharing_the_agents_store_
     monkeypatch.setenv("GROUP_WORLD_SIZE", "2")
     with pytest.raises(ConfigError, match="max_restarts=2 on 2 torchrun nodes needs TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1"):
         join_group("gloo", 5.0)
+
+
+def shared_sums(rank, world):
+    from distrl.strategies.dist_sync import DistributedSync
+
+    sync = DistributedSync(torch.device("cpu"), 2.0)
+    out = []
+    for step in range(3):  # more calls than the two alternating slot sets
+        grad = torch.arange(5, dtype=torch.float32) * (rank + 1) + step
+        stats = torch.tensor([float(rank + 1)], dtype=torch.float32)
+        sync.gradients(grad, stats)
+        out.append((grad.tolist(), stats.tolist()))
+    leftovers = [p.name for p in Path("/dev/shm").glob("distrl-*")]
+    if rank == 1:
+        return out, leftovers, None
+    try:  # rank 1 has returned: the next sum waits for it and gives up, naming it
+        sync.gradients(torch.zeros(5), torch.zeros(1))
+    except RuntimeError as exc:
+        return out, leftovers, str(exc)
+    return out, leftovers, None
+
+
+def test_shared_memory_sums_are_exact_on_every_rank_leave_no_file_and_name_a_rank_that_never_comes():
+    (out0, left0, error), (out1, left1, _) = run_ranks(shared_sums, 2)
+    for step in range(3):
+        expected = [i * 3 + 2 * step for i in range(5)]  # i*1 + step + i*2 + step
+        assert out0[step] == out1[step] == (expected, [3.0])
+    assert not left0 and not left1  # the file's name goes once both ranks have mapped it
+    assert error == "rank(s) [1] did not send their gradients within 2s"
