@@ -53,7 +53,8 @@ def resolve_placements(engine: Any, pending: list[list[Any]], timeout_s: float =
             try:
                 row.append(engine.result(call, timeout_s))
             except Exception as exc:  # noqa: BLE001 - dead, or never started: say so, it is a record
-                row.append({"lost": f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"})
+                detail = str(exc).strip().splitlines()[:1]
+                row.append({"lost": ": ".join([type(exc).__name__, *detail])})
         out.append(row)
     return out
 

@@ -64,7 +64,6 @@ class SharedSum:
         tensor.copy_(torch.from_numpy(slots.sum(axis=0)))
 
 
-
 class DistributedSync:
     """The ``Sync`` of a torch.distributed process group (gloo on CPU, NCCL on CUDA).
 

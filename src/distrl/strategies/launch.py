@@ -218,5 +218,6 @@ def _ray_root_cause(ray: Any, refs: list, places: list | None) -> str:
             rank = refs.index(ref)
             cause = getattr(exc, "cause", None) or exc
             where = where_note(resolve_placements(RayActors(ray), [places[rank:rank + 1]], 0.5)[0][0]) if places else ""
-            errors[rank] = f"failed{where}: {type(cause).__name__}: {str(cause).strip().splitlines()[0] if str(cause).strip() else ''}"
+            detail = str(cause).strip().splitlines()[:1]
+            errors[rank] = f"failed{where}: " + ": ".join([type(cause).__name__, *detail])
     return blame(errors)

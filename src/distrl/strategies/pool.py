@@ -108,7 +108,8 @@ class GeneratorPool:
             reason = f"raised {exc}"
             if self.strategy.on_worker_error == "abort":
                 raise GeneratorFailed(f"generator {i} {reason}") from None
-        reason = f"{reason.splitlines()[0]}{where_note(resolve_placements(self.engine, [self.places[i][-1:]], 0.5)[0][0])}"
+        where = where_note(resolve_placements(self.engine, [self.places[i][-1:]], 0.5)[0][0])
+        reason = f"{reason.splitlines()[0]}{where}"
         spend_restart(self.restarts, i, self.strategy.max_worker_restarts, "generator", reason, GeneratorFailed)
         self.events.append(f"generator {i} {reason}; restarted ({self.restarts[i]}/{self.strategy.max_worker_restarts})")
         self.engine.kill(self.actors[i])
