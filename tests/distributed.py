@@ -58,3 +58,15 @@ def run_ranks(fn, world_size: int, *args, timeout: float = 120.0, env: dict[str,
     if errors:
         raise AssertionError("\n".join(errors))
     return [out[r] for r in range(world_size)]
+
+
+def kill_processes_naming(text: str) -> None:
+    """Kill every other process whose command line mentions ``text`` (a test's Ray temp dir: its clusters)."""
+    import psutil
+
+    for proc in psutil.process_iter(["cmdline"]):
+        try:
+            if proc.pid != os.getpid() and any(text in arg for arg in proc.info["cmdline"] or ()):
+                proc.kill()
+        except psutil.Error:
+            pass

@@ -109,6 +109,21 @@ def find_latest(run_or_checkpoint: Path) -> Path:
     return max(readable, key=_steps_of)
 
 
+def auto_resume(run_dir: str | None) -> str:
+    """``--resume auto``: ``run_dir`` when it holds a checkpoint (its newest is loaded), else ``""``, a fresh start.
+
+    The same command line serves the first start and every restart, as an elastic launcher (torchrun
+    ``--max-restarts``) or a job scheduler's requeue runs it again after a failure.
+    """
+    if not run_dir:
+        raise ConfigError("resume='auto' needs --run-dir: the run directory to continue, or to start in")
+    try:
+        find_latest(Path(run_dir))
+    except ConfigError:  # no directory, or no checkpoint in it yet
+        return ""
+    return run_dir
+
+
 def check_new_run_dir(run_dir: Path, resume_path: Path | None) -> None:
     """Refuse to start a new run over a finished one (``--resume`` continues it instead)."""
     if resume_path is None and (run_dir / MODEL_DIR).exists():

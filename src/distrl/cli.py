@@ -20,6 +20,7 @@ from typing import Any, Literal
 import tyro
 
 from distrl import __version__, checkpoint
+from distrl.argv import flag_value, merge_repeated, set_flag
 from distrl.config import (ConfigError, Device, GRPOConfig, PPOConfig, REINFORCEConfig, RunConfig, SACConfig,
                            StrategyConfig, Tracker)
 from distrl.env_names import SHORT_NAMES, portable_env_name, refuse_named_code, resolve_env_id
@@ -216,69 +217,6 @@ def _dispatch(argv: list[str]) -> int:
                       "--version")
 
 
-def _flag_value(argv: list[str], flag: str) -> str | None:
-    for i, arg in enumerate(argv):
-        if arg == flag and i + 1 < len(argv):
-            return argv[i + 1]
-        if arg.startswith(flag + "="):
-            return arg.split("=", 1)[1]
-    return None
-
-
-def _set_flag(argv: list[str], flag: str, value: str) -> list[str]:
-    """``argv`` with ``flag``'s value replaced, or the flag left out when ``value`` is empty."""
-    out: list[str] = []
-    skip = False
-    for i, arg in enumerate(argv):
-        if skip:
-            skip = False
-        elif arg == flag and i + 1 < len(argv):
-            out += [flag, value] if value else []
-            skip = True
-        elif arg.startswith(flag + "="):
-            out += [f"{flag}={value}"] if value else []
-        else:
-            out.append(arg)
-    return out
-
-
-def auto_resume(run_dir: str | None) -> str:
-    """``--resume auto``: ``run_dir`` when it holds a checkpoint (its newest is loaded), else ``""``, a fresh start.
-
-    The same command line serves the first start and every restart, as an elastic launcher (torchrun
-    ``--max-restarts``) or a job scheduler's requeue runs it again after a failure.
-    """
-    if not run_dir:
-        raise ConfigError("resume='auto' needs --run-dir: the run directory to continue, or to start in")
-    try:
-        checkpoint.find_latest(Path(run_dir))
-    except ConfigError:  # no directory, or no checkpoint in it yet
-        return ""
-    return run_dir
-
-
-def _merge_repeated(argv: list[str], flag: str, into: str) -> list[str]:
-    """``--wrapper A --wrapper B`` as ``--wrappers A B`` (tyro keeps only the last of a repeated flag)."""
-    values: list[str] = []
-    rest: list[str] = []
-    i = 0
-    while i < len(argv):
-        arg = argv[i]
-        if arg.startswith(flag + "="):
-            values.append(arg.split("=", 1)[1])
-        elif arg == flag and flag != into and i + 1 < len(argv):
-            values.append(argv[i + 1])
-            i += 1
-        elif arg == into:  # --wrappers A B: its values up to the next flag
-            while i + 1 < len(argv) and not argv[i + 1].startswith("-"):
-                values.append(argv[i + 1])
-                i += 1
-        else:
-            rest.append(arg)
-        i += 1
-    return [*rest, into, *values] if values else rest
-
-
 def train_command(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(usage())
@@ -286,10 +224,10 @@ def train_command(argv: list[str]) -> int:
     algo = argv[0]
     if algo not in ALGOS:
         raise ConfigError(f"algo={algo!r} is not known: must be one of {', '.join(ALGOS)}")
-    if _flag_value(argv, "--resume") == "auto":
-        argv = _set_flag(argv, "--resume", auto_resume(_flag_value(argv, "--run-dir")))
+    if flag_value(argv, "--resume") == "auto":
+        argv = set_flag(argv, "--resume", checkpoint.auto_resume(flag_value(argv, "--run-dir")))
     if len(argv) < 2 or argv[1].startswith("-"):
-        resume = _flag_value(argv, "--resume")
+        resume = flag_value(argv, "--resume")
         if algo == "grpo" and any(a == "--model" or a.startswith("--model=") for a in argv):
             argv = [algo, TEXT_TASK, *argv[1:]]  # a language model's run needs no ENV
         elif algo == "grpo" and resume:
@@ -298,9 +236,9 @@ def train_command(argv: list[str]) -> int:
             argv = [algo, TEXT_TASK if algo == "grpo" else "CartPole-v1", *argv[1:]]
         else:
             raise ConfigError(f"ENV is missing: distrl train {algo} ENV [flags], e.g. distrl train {algo} CartPole-v1")
-    env, rest = argv[1], _merge_repeated(argv[2:], "--wrapper", "--wrappers")
-    rest = _merge_repeated(_merge_repeated(rest, "--reward", "--rewards"), "--track", "--track")
-    resume_arg = _flag_value(rest, "--resume")
+    env, rest = argv[1], merge_repeated(argv[2:], "--wrapper", "--wrappers")
+    rest = merge_repeated(merge_repeated(rest, "--reward", "--rewards"), "--track", "--track")
+    resume_arg = flag_value(rest, "--resume")
     resume_path = None
     strategy = StrategyConfig()
     if resume_arg:
@@ -321,7 +259,7 @@ def train_command(argv: list[str]) -> int:
         if run_cfg.algo != algo:
             raise ConfigError(f"algo={algo!r} differs from the resumed run's algorithm {run_cfg.algo!r}")
     else:
-        run_cfg, cfg, _ = algo_configs(algo, env, _flag_value(rest, "--preset") or "auto")
+        run_cfg, cfg, _ = algo_configs(algo, env, flag_value(rest, "--preset") or "auto")
     description = (f"Train {algo.upper()} on {run_cfg.env}. Defaults shown include the preset "
                    f"(available: auto, none, {', '.join(preset_names(algo))}); flags override them.")
     args_cls = TRAIN_ARGS[algo]
@@ -441,7 +379,7 @@ def _as_rank(fn, *args):  # noqa: ANN001, ANN202
 def eval_command(argv: list[str]) -> int:
     from distrl.api import Model
 
-    args = tyro.cli(EvalArgs, args=_merge_repeated(argv, "--track", "--track"), prog="distrl eval")
+    args = tyro.cli(EvalArgs, args=merge_repeated(argv, "--track", "--track"), prog="distrl eval")
     if args.episodes <= 0:
         raise ConfigError(f"episodes={args.episodes} is not allowed: must be > 0")
     if args.track and not args.record:

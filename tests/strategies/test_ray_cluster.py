@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from distributed import kill_processes_naming
 
 pytest.importorskip("ray")
 psutil = pytest.importorskip("psutil")
@@ -49,12 +50,7 @@ class TwoNodes:
             self.proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
             self.proc.kill()
-        for proc in psutil.process_iter(["cmdline"]):  # anything of this cluster still alive
-            try:
-                if proc.pid != os.getpid() and any(self.tmp in arg for arg in proc.info["cmdline"] or ()):
-                    proc.kill()
-            except psutil.Error:
-                pass
+        kill_processes_naming(self.tmp)  # anything of this cluster still alive
         shutil.rmtree(self.tmp, ignore_errors=True)
 
 

@@ -15,6 +15,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from distributed import kill_processes_naming
 
 pytest.importorskip("ray")
 psutil = pytest.importorskip("psutil")
@@ -26,12 +27,7 @@ pytestmark = pytest.mark.multiprocess
 def ray_tmp():
     path = tempfile.mkdtemp(prefix="rt", dir="/tmp")  # short: Ray's socket paths live under it
     yield path
-    for proc in psutil.process_iter(["cmdline"]):  # a `ray start` cluster of the test, by its temp dir
-        try:
-            if proc.pid != os.getpid() and any(path in arg for arg in proc.info["cmdline"] or ()):
-                proc.kill()
-        except psutil.Error:
-            pass
+    kill_processes_naming(path)  # a `ray start` cluster of the test, by its temp dir
     shutil.rmtree(path, ignore_errors=True)
 
 
