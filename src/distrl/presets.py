@@ -101,6 +101,8 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
         # rl-baselines3-zoo's Ant-v3 entry, which its 1M-step benchmark figure (1,327) comes from: the
         # library's PPO defaults (which are distrl's) with observation and reward normalisation.
         "ant-zoo": dict(total_steps=1_000_000, normalize_obs=True, normalize_reward=True),
+        # CleanRL's continuous-action settings, as on Hopper-v5 and Walker2d-v5.
+        "ant-cleanrl": dict(_CLEANRL_PPO),
     },
 }
 
