@@ -1,3 +1,5 @@
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -5,8 +7,8 @@ from gymnasium import spaces
 
 from distrl.algos.optim import ClippedAdam, linear
 from distrl.algos.ppo import PackedBatch, PPOAlgo, clipped_surrogate, value_loss
-from distrl.config import PPOConfig
-from distrl.data.rollout import RolloutBatch
+from distrl.config import ConfigError, PPOConfig
+from distrl.data.rollout import Rollout, RolloutBatch
 from distrl.nets import ActorCritic, ParamBuffer
 from distrl.protocols import LocalSync
 from reference import distribution, functional_params, values
@@ -129,3 +131,70 @@ def test_target_kl_stops_the_update_early():
     metrics = algo.update(make_batch(agent, 64), LocalSync())
     assert metrics["losses/stopped_early"] == 1.0
     assert metrics["losses/gradient_steps"] < 40
+
+
+def small_rollout(T: int = 12, N: int = 3, seed: int = 0) -> Rollout:
+    """A rollout of a 4-dimensional env with 2 actions: episode ends of both kinds, a reset step, fixed behaviour."""
+    rng = np.random.default_rng(seed)
+    terminated = np.zeros((T, N), bool)
+    truncated = np.zeros((T, N), bool)
+    terminated[4, 0] = truncated[7, 1] = True
+    valid = np.ones((T, N), bool)
+    valid[5, 0] = False  # the reset step after the episode's end
+    return Rollout(obs=rng.normal(size=(T + 1, N, 4)).astype(np.float32), actions=rng.integers(0, 2, (T, N)),
+                   rewards=rng.normal(size=(T, N)).astype(np.float32), terminated=terminated, truncated=truncated,
+                   valid=valid, policy_version=0, log_probs=np.log(rng.uniform(0.2, 0.8, (T, N))).astype(np.float32))
+
+
+@pytest.mark.parametrize("normalize_advantage", [True, False])
+def test_recompute_advantage_equals_preparing_the_rollout_again_before_each_epoch(normalize_advantage):
+    cfg = PPOConfig(n_envs=3, n_steps=12, batch_size=12, n_epochs=3, learning_rate=0.01, clip_range_vf=0.2,
+                    normalize_advantage=normalize_advantage)
+    rollout = small_rollout()
+    agent = ActorCritic(4, spaces.Discrete(2), (16,), seed=0)
+    algo = PPOAlgo(dataclasses.replace(cfg, recompute_advantage=True), agent, seed=0)
+    batch = algo.prepare(rollout)
+    algo.update(batch, LocalSync())
+
+    # The same three epochs as three one-epoch updates, each on a batch prepared afresh by the critic as it is then.
+    by_epoch = ActorCritic(4, spaces.Discrete(2), (16,), seed=0)
+    one_epoch = PPOAlgo(dataclasses.replace(cfg, n_epochs=1), by_epoch, seed=0)
+    for _ in range(3):
+        one_epoch.update(one_epoch.prepare(rollout), LocalSync())
+    torch.testing.assert_close(agent.params.data, by_epoch.params.data, rtol=0, atol=1e-6)
+
+    # ... which is not what three epochs on the first advantages give.
+    fixed = ActorCritic(4, spaces.Discrete(2), (16,), seed=0)
+    PPOAlgo(cfg, fixed, seed=0).update(PPOAlgo(cfg, fixed, seed=0).prepare(rollout), LocalSync())
+    assert float((fixed.params.data - agent.params.data).abs().max()) > 1e-4
+
+
+def test_recomputed_batch_holds_the_current_critics_values_and_their_gae():
+    cfg = PPOConfig(n_envs=3, n_steps=12, batch_size=12, gamma=0.9, gae_lambda=0.8, recompute_advantage=True)
+    rollout = small_rollout()
+    agent = ActorCritic(4, spaces.Discrete(2), (16,), seed=0)
+    algo = PPOAlgo(cfg, agent, seed=0)
+    batch = algo.prepare(rollout)
+    agent.params.data.add_(0.1)  # another critic
+    fresh = algo.recomputed(batch)
+    v = agent.values(torch.from_numpy(rollout.obs.reshape(-1, 4))).reshape(13, 3).numpy()
+    assert not np.allclose(fresh.values.numpy(), batch.values.numpy())
+    np.testing.assert_allclose(fresh.values.numpy(), v[:12].reshape(-1), rtol=0, atol=1e-6)
+    # Worked by hand for env 0 around its termination at t=4 (no bootstrap) and the reset step t=5 (invalid):
+    r, g, lam = rollout.rewards[:, 0], 0.9, 0.8
+    adv = fresh.advantages.numpy().reshape(12, 3)[:, 0]
+    assert adv[5] == 0.0
+    assert adv[4] == pytest.approx(r[4] - v[4, 0], abs=1e-5)
+    assert adv[3] == pytest.approx(r[3] + g * v[4, 0] - v[3, 0] + g * lam * adv[4], abs=1e-5)
+    np.testing.assert_allclose(fresh.returns.numpy(), (fresh.advantages + fresh.values).numpy() * batch.valid.numpy(),
+                               atol=1e-6)
+
+
+def test_recompute_advantage_is_refused_for_recurrent_policies_and_decoupled():
+    with pytest.raises(ConfigError, match="recompute_advantage"):
+        PPOConfig(n_envs=2, n_steps=8, batch_size=16, core="lstm", recompute_advantage=True)
+    from distrl.config import StrategyConfig
+    from distrl.strategies.decoupled import check_layout
+
+    with pytest.raises(ConfigError, match="recompute_advantage=True is not available with --strategy decoupled"):
+        check_layout(PPOConfig(recompute_advantage=True), StrategyConfig(strategy="decoupled", workers=2), 2)

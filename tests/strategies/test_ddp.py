@@ -151,8 +151,10 @@ def whole_run(rank, world, cfg, iterations):
     return trainer.agent.params.data.clone(), trainer.steps
 
 
-def test_whole_run_with_two_ranks_equals_single_process_on_the_same_envs():
-    cfg = PPOConfig(n_envs=4, n_steps=16, batch_size=64, n_epochs=3, learning_rate=3e-3, normalize_obs=True)
+@pytest.mark.parametrize("recompute", [False, True], ids=["advantages-once", "recompute-advantage"])
+def test_whole_run_with_two_ranks_equals_single_process_on_the_same_envs(recompute):
+    cfg = PPOConfig(n_envs=4, n_steps=16, batch_size=64, n_epochs=3, learning_rate=3e-3, normalize_obs=True,
+                    recompute_advantage=recompute)
     (p0, steps), (p1, _) = run_ranks(whole_run, 2, cfg, 4)
     single_cfg = dataclasses.replace(cfg, n_envs=8, batch_size=128)
     run = RunConfig(env="CartPole-v1", total_steps=steps, seed=5, vec="sync", quiet=True)

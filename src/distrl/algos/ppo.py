@@ -8,7 +8,9 @@ strategy's ``Sync`` before the gradient is clipped and Adam steps.
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -170,7 +172,7 @@ class PPOAlgo:
         elif sequences is not None:  # lagged data (pipeline): this critic's values, in one pass over the sequences
             values = self.agent.sequence_values(obs, sequences.initial_state, starts).cpu().numpy()
         else:
-            values = self.agent.values(obs.reshape((T + 1) * N, *obs.shape[2:])).reshape(T + 1, N).cpu().numpy()
+            values = self._values(obs)
         advantages, returns = gae(rollout.rewards, values, rollout.terminated, rollout.truncated,
                                   rollout.valid, self.cfg.gamma, self.cfg.gae_lambda)
         flat_obs = obs[:T].reshape(T * N, *obs.shape[2:])
@@ -187,7 +189,26 @@ class PPOAlgo:
             valid=torch.from_numpy(rollout.valid.reshape(-1).astype(np.float32)).to(device),
             policy_version=rollout.policy_version,
             sequences=sequences,
+            rollout=rollout if self.cfg.recompute_advantage else None,
         )
+
+    def _values(self, obs: torch.Tensor) -> np.ndarray:
+        """The critic's values of rollout observations [T + 1, N, ...] as [T + 1, N]."""
+        rows, n = obs.shape[:2]
+        return self.agent.values(obs.reshape(rows * n, *obs.shape[2:])).reshape(rows, n).cpu().numpy()
+
+    def recomputed(self, batch: RolloutBatch) -> RolloutBatch:
+        """``batch`` with the current critic's values, and the GAE advantages and returns they give."""
+        rollout = batch.rollout
+        assert rollout is not None, "the batch was prepared without recompute_advantage"
+        values = self._values(torch.from_numpy(rollout.obs).to(self.agent.device))
+        advantages, returns = gae(rollout.rewards, values, rollout.terminated, rollout.truncated,
+                                  rollout.valid, self.cfg.gamma, self.cfg.gae_lambda)
+        T = rollout.rewards.shape[0]
+        device = self.agent.device
+        return dataclasses.replace(batch, values=torch.from_numpy(values[:T].reshape(-1).copy()).to(device),
+                                   advantages=torch.from_numpy(advantages.reshape(-1)).to(device),
+                                   returns=torch.from_numpy(returns.reshape(-1)).to(device))
 
     @staticmethod
     def advantage_moments(batch: RolloutBatch) -> np.ndarray:
@@ -211,18 +232,29 @@ class PPOAlgo:
 
     def update(self, batch: RolloutBatch, sync: Sync, progress_remaining: float = 1.0,
                advantage_moments: np.ndarray | None = None) -> dict[str, float]:
-        """``n_epochs`` x minibatches of: loss gradient → ``sync.gradients`` → clip → Adam step."""
+        """``n_epochs`` x minibatches of: loss gradient → ``sync.gradients`` → clip → Adam step.
+
+        With ``recompute_advantage`` every epoch after the first starts from :meth:`recomputed`
+        (every worker recomputes its own part, then the advantages are normalised over all of them).
+        """
         packed = PackedBatch.pack(batch, self.normalized_advantages(batch, sync, advantage_moments))
-        return self.update_packed(packed, sync, progress_remaining)
+
+        def repack() -> PackedBatch:
+            fresh = self.recomputed(batch)
+            return PackedBatch.pack(fresh, self.normalized_advantages(fresh, sync))
+
+        return self.update_packed(packed, sync, progress_remaining,
+                                  repack=repack if batch.rollout is not None else None)
 
     def update_packed(self, packed: PackedBatch, sync: Sync, progress_remaining: float = 1.0,
-                      part: tuple[int, int] | None = None) -> dict[str, float]:
+                      part: tuple[int, int] | None = None,
+                      repack: Callable[[], PackedBatch] | None = None) -> dict[str, float]:
         """The update on an already packed batch (advantages as they should be used).
 
         ``part=(j, k)``: this worker holds the whole batch and computes the gradient of the
         j-th of k chunks of every minibatch; summed over the k workers that is the whole
         minibatch's gradient (``decoupled --share-data``). Every worker must then draw the
-        same shuffles.
+        same shuffles. ``repack``: called before every epoch after the first for the batch to use.
         """
         cfg = self.cfg
         lr = linear(cfg.learning_rate, progress_remaining, cfg.lr_schedule)
@@ -232,7 +264,9 @@ class PPOAlgo:
         grad_norms: list[float] = []
         approx_kl = 0.0
         stopped_early = False
-        for _ in range(cfg.n_epochs):
+        for epoch in range(cfg.n_epochs):
+            if epoch and repack is not None:
+                packed = repack()
             for mb, sequences in self._minibatches(packed, part):
                 stats = self._minibatch_gradient(mb, clip_range, sequences)
                 sync.gradients(grad, stats)

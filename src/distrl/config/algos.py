@@ -46,6 +46,9 @@ class PPOConfig:
     """Stop the epochs of an update once approx-KL exceeds 1.5 * target_kl; None disables."""
     normalize_advantage: bool = True
     """Normalise advantages with the mean and std of the whole rollout (all workers)."""
+    recompute_advantage: bool = False
+    """Before every epoch after the first, recompute the rollout's values, advantages and value targets
+    with the current critic (Andrychowicz et al. 2021, arXiv:2006.05990, sec. 3.5); feed-forward only."""
     net_arch: tuple[int, ...] = (64, 64)
     """Hidden layer sizes of the policy and of the critic (separate networks; after the encoder's
     features for images and Dict observations, where () gives linear heads)."""
@@ -90,6 +93,8 @@ class PPOConfig:
                 f"a divisor of n_envs * n_steps = {rollout}",
                 f"e.g. --batch-size {nearest_divisor(rollout, self.batch_size)}")
         require_positive(self, "core_size")
+        require(not (self.recompute_advantage and self.core != "none"), "recompute_advantage",
+                self.recompute_advantage, f"False with core={self.core!r} (feed-forward policies only)")
         if self.core != "none":  # a minibatch is a set of whole environment sequences
             require(self.batch_size % self.n_steps == 0, "batch_size", self.batch_size,
                     f"a multiple of n_steps = {self.n_steps} with core={self.core!r} (minibatches are whole "

@@ -130,6 +130,9 @@ class RolloutBatch:
     policy_version: int
     sequences: Sequences | None = None
     """Recurrent policies: the batch is N sequences of T steps, row t * N + n."""
+    rollout: Rollout | None = None
+    """The rollout the batch came from, kept when the advantages are to be recomputed between epochs
+    (PPO ``recompute_advantage``)."""
 
     @property
     def size(self) -> int:

@@ -43,6 +43,9 @@ def check_layout(cfg: PPOConfig, strategy: StrategyConfig, world: int) -> None:
     if world < 2:
         raise ConfigError(f"workers={world} is not allowed with --strategy decoupled: must be >= 2 "
                           "(a player needs at least one trainer)")
+    if cfg.recompute_advantage:
+        raise ConfigError("recompute_advantage=True is not available with --strategy decoupled: its player "
+                          "computes the advantages once per rollout; use single, ddp or actor-learner")
     trainers = world - 1
     if not strategy.share_data and cfg.core != "none":  # shards of whole environment sequences
         if cfg.n_envs % trainers or (cfg.batch_size // trainers) % cfg.n_steps:
