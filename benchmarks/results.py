@@ -126,10 +126,16 @@ def settings(run: dict) -> str:
     return "custom"
 
 
+def env_label(run: dict) -> str:
+    """The env, with the constructor arguments the run gave it (another observation, say) when it gave any."""
+    kwargs = run["config"]["run"].get("env_kwargs") or []
+    return run["summary"]["env"] + (f" ({', '.join(kwargs)})" if kwargs else "")
+
+
 def group_key(run: dict) -> tuple:
     s = run["summary"]
-    return (s["algo"], s["env"], s["strategy"], s["workers"], run["config"]["strategy"].get("scaling", "per-worker"),
-            run["settings"])
+    return (s["algo"], env_label(run), s["strategy"], s["workers"],
+            run["config"]["strategy"].get("scaling", "per-worker"), run["settings"])
 
 
 def mean_std(values: list[float]) -> str:
@@ -155,7 +161,7 @@ def learning_table(runs: list[dict]) -> list[str]:
                      mean_std([r["summary"]["final_eval_mean_return"] for r in members]),
                      f"{statistics.mean(r['summary']['wall_s'] for r in timed) / 60:,.1f}" if timed else "n/c",
                      f"{statistics.mean(r['summary']['sps'] for r in timed):,.0f}" if timed else "n/c",
-                     REFERENCES.get((algo, env), "")])
+                     REFERENCES.get((algo, members[0]["summary"]["env"]), "")])
     header = ["env", "algo", "preset", "strategy", "seeds", "steps", "last 100 training episodes", "10-episode eval",
               "wall min", "SPS", "reference (1M steps)"]
     lines = markdown_table(header, rows)

@@ -8,9 +8,9 @@ sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
 import results  # noqa: E402
 
 
-def run(name, seed, wall_s, sps, last100, caveat=""):
+def run(name, seed, wall_s, sps, last100, caveat="", env_kwargs=()):
     return {"dir": Path(name), "seed": seed, "last100": last100, "timing_caveat": caveat, "settings": "HalfCheetah-v5",
-            "config": {"strategy": {}},
+            "config": {"strategy": {}, "run": {"env_kwargs": list(env_kwargs)}},
             "summary": {"algo": "sac", "env": "HalfCheetah-v5", "strategy": "single", "workers": 1,
                         "total_steps": 1000, "wall_s": wall_s, "sps": sps, "final_eval_mean_return": last100 + 10}}
 
@@ -29,6 +29,15 @@ def test_a_group_with_no_comparable_timing_says_so():
     row = lines[2].split(" | ")
     assert row[8] == "n/c" and row[9] == "n/c"
     assert "sac-b-s0: resumed in another session" in lines[-1]
+
+
+def test_runs_that_gave_the_env_arguments_get_their_own_row_which_names_them():
+    lines = results.learning_table([run("sac-c-s0", 0, 600.0, 100.0, 1000.0), run("sac-c-s1", 1, 600.0, 100.0, 3000.0),
+                                    run("sac-d-s0", 0, 600.0, 100.0, 5000.0, env_kwargs=["reset_noise_scale=0.2"])])
+    rows = [line.split(" | ") for line in lines[2:]]
+    assert [(r[0].strip("| "), r[4], r[6]) for r in rows] == [
+        ("HalfCheetah-v5", "0, 1", "2,000 ± 1,414"), ("HalfCheetah-v5 (reset_noise_scale=0.2)", "0", "5,000")]
+    assert rows[1][-1].startswith("RL Zoo 9535")  # the env's published figures still apply
 
 
 def test_a_run_that_stored_its_replay_buffer_still_used_its_preset():
