@@ -32,14 +32,17 @@ PAGE = ROOT / "docs" / "results.md"
 KEPT = ("monitor.csv", "summary.json", "config.json")
 CAVEATS = "caveats.json"
 
-# Published 1M-step figures (v3/v4 environments): RL Zoo's benchmark table and CleanRL's reports.
+# Published 1M-step figures (v3/v4 environments): RL Zoo's benchmark table, CleanRL's reports, and Tianshou's
+# MuJoCo PPO benchmark (examples/mujoco/README.md, mean over 10 seeds at 1M steps of 3M-step runs).
 REFERENCES = {
-    ("ppo", "Hopper-v5"): "RL Zoo 2410; CleanRL 2383",
-    ("ppo", "HalfCheetah-v5"): "RL Zoo 5819; CleanRL 1443",
-    ("ppo", "Walker2d-v5"): "RL Zoo 3479; CleanRL 2288",
-    ("ppo", "Ant-v5"): "RL Zoo 1327",
+    ("ppo", "Hopper-v5"): "RL Zoo 2410; CleanRL 2383; Tianshou 2609",
+    ("ppo", "HalfCheetah-v5"): "RL Zoo 5819; CleanRL 1443; Tianshou 5784",
+    ("ppo", "Walker2d-v5"): "RL Zoo 3479; CleanRL 2288; Tianshou 3589",
+    ("ppo", "Ant-v5"): "RL Zoo 1327; Tianshou 3258",
     ("sac", "HalfCheetah-v5"): "RL Zoo 9535; CleanRL 9635",
     ("sac", "Hopper-v5"): "RL Zoo 2326; CleanRL 2310",
+    ("sac", "Walker2d-v5"): "RL Zoo 3863",
+    ("sac", "Ant-v5"): "RL Zoo 4616",
     ("ppo", "CartPole-v1"): "solved at 475",
     ("sac", "Pendulum-v1"): "solved at -200",
 }
@@ -119,7 +122,12 @@ def settings(run: dict) -> str:
 
     used = learned({**to_dict(ALGO_CONFIGS[algo]()), **run["config"][algo]})  # fields added since: their defaults
     presets = PRESETS.get(algo, {})
-    for name, values in sorted(presets.items(), key=lambda kv: kv[0] != env):  # the env's own preset first
+    short = SHORT.get(env, env).lower() + "-"
+
+    def mine_first(item: tuple[str, dict]) -> tuple:  # the env's own preset, then those named after it (ant-...)
+        return item[0] != env, not item[0].startswith(short), item[0]
+
+    for name, values in sorted(presets.items(), key=mine_first):
         params = {k: v for k, v in values.items() if k != "total_steps"}
         if learned(to_dict(ALGO_CONFIGS[algo](**params))) == used:
             return name

@@ -49,3 +49,19 @@ def test_a_run_that_stored_its_replay_buffer_still_used_its_preset():
     sac_run = {"summary": {"algo": "sac", "env": "Hopper-v5"}, "config": {"sac": stored}}
     assert results.settings(sac_run) == "Hopper-v5"
     assert results.settings({**sac_run, "config": {"sac": dict(stored, tau=0.02)}}) == "custom"
+
+
+def test_settings_shared_by_several_presets_are_named_after_the_runs_env():
+    from distrl.config import PPOConfig, to_dict
+    from distrl.presets import PRESETS
+
+    def ppo_run(env, preset):
+        params = {k: v for k, v in PRESETS["ppo"][preset].items() if k != "total_steps"}
+        return {"summary": {"algo": "ppo", "env": env}, "config": {"ppo": to_dict(PPOConfig(**params))}}
+
+    # ant-cleanrl holds the Hopper-v5 preset's values, ant-tianshou those of halfcheetah-tianshou
+    assert PRESETS["ppo"]["ant-cleanrl"] == PRESETS["ppo"]["Hopper-v5"]
+    assert PRESETS["ppo"]["ant-tianshou"] == PRESETS["ppo"]["halfcheetah-tianshou"]
+    assert results.settings(ppo_run("Ant-v5", "ant-cleanrl")) == "ant-cleanrl"
+    assert results.settings(ppo_run("Hopper-v5", "ant-cleanrl")) == "Hopper-v5"
+    assert results.settings(ppo_run("HalfCheetah-v5", "ant-tianshou")) == "halfcheetah-tianshou"
