@@ -43,7 +43,7 @@ TIANSHOU = dict(n_envs=64, n_steps=32, batch_size=64, n_epochs=10, learning_rate
                 activation="tanh", log_std_init=-0.5, normalize_obs=True)
 
 
-@pytest.mark.parametrize("name", ["ant-tianshou", "halfcheetah-tianshou"])
+@pytest.mark.parametrize("name", ["ant-tianshou", "halfcheetah-tianshou", "walker2d-tianshou"])
 def test_a_preset_citing_tianshou_holds_its_values(name):
     values = dict(PRESETS["ppo"][name])
     assert values.pop("total_steps") == 1_000_000
