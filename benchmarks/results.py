@@ -156,14 +156,17 @@ def learning_table(runs: list[dict]) -> list[str]:
     groups: dict[tuple, list[dict]] = defaultdict(list)
     for run in runs:
         groups[group_key(run)].append(run)
-    rows, caveats = [], []
+    rows: list[list[str]] = []
+    caveats: dict[str, list[str]] = {}  # why a run's timing does not compare -> the runs it applies to
     for (algo, env, strategy, workers, scaling, preset), members in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0])):
         members.sort(key=lambda r: r["seed"])
         strat = strategy if strategy == "single" else f"{strategy} ×{workers}" + (
             f", {scaling}" if strategy == "ddp" else "")
         steps = members[0]["summary"]["total_steps"]
         timed = [r for r in members if not r["timing_caveat"]]
-        caveats += [f"{r['dir'].name}: {r['timing_caveat']}" for r in members if r["timing_caveat"]]
+        for r in members:
+            if r["timing_caveat"]:
+                caveats.setdefault(r["timing_caveat"], []).append(r["dir"].name)
         rows.append([env, algo.upper(), preset, strat, ", ".join(str(r["seed"]) for r in members), f"{steps:,}",
                      mean_std([r["last100"] for r in members]),
                      mean_std([r["summary"]["final_eval_mean_return"] for r in members]),
@@ -175,7 +178,7 @@ def learning_table(runs: list[dict]) -> list[str]:
     lines = markdown_table(header, rows)
     if caveats:  # wall time and SPS of these runs are left out of the means ("n/c" when no run is left)
         lines += ["", "Wall time and SPS leave out runs whose timing does not compare (n/c: none left): "
-                  + "; ".join(caveats) + "."]
+                  + "; ".join(f"{', '.join(names)}: {why}" for why, names in caveats.items()) + "."]
     return lines
 
 
