@@ -119,7 +119,7 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
         # rl-baselines3-zoo's Ant-v3 entry, which its 1M-step benchmark figure (1,327) comes from: the
         # library's PPO defaults (which are distrl's) with observation and reward normalisation.
         "ant-zoo": dict(total_steps=1_000_000, normalize_obs=True, normalize_reward=True),
-        # CleanRL's continuous-action settings, as on Hopper-v5 and Walker2d-v5.
+        # CleanRL's continuous-action settings, as Hopper-v5's and walker2d-cleanrl's.
         "ant-cleanrl": dict(_CLEANRL_PPO),
         "ant-tianshou": dict(_TIANSHOU_PPO),
         "halfcheetah-tianshou": dict(_TIANSHOU_PPO),
