@@ -2,9 +2,11 @@
 database, results and a best preset that trains to the best trial's return, crashed and interrupted
 trials, and trials as Ray tasks."""
 
+import contextlib
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -39,6 +41,18 @@ def _tune(tmp_path: Path, *flags: str, space: dict = SPACE, trials: int = 4, bud
 
 def _study(tmp_path: Path, name: str = "ppo-CartPole-v1"):
     return optuna.load_study(study_name=name, storage=f"sqlite:///{tmp_path / 'study' / 'study.db'}")
+
+
+def _study_created(db: Path) -> bool:
+    """Whether the tune command has created its study, read without touching the database: opening it with
+    Optuna while the command is still creating its tables would race it to create them."""
+    if not db.exists():
+        return False
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as con:
+            return con.execute("SELECT count(*) FROM studies").fetchone()[0] > 0
+    except sqlite3.OperationalError:  # no studies table yet, or the database is locked for writing
+        return False
 
 
 # ---- search spaces and preset files ----
@@ -174,10 +188,7 @@ def test_a_killed_study_resumes_without_losing_or_repeating_a_trial(tmp_path):
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline:  # kill it once a trial has finished and the next is running
         time.sleep(0.5)
-        try:
-            states = [t.state for t in _study(tmp_path).get_trials()] if db.exists() else []
-        except KeyError:  # the database exists, the study not yet
-            states = []
+        states = [t.state for t in _study(tmp_path).get_trials()] if _study_created(db) else []
         if States.COMPLETE in states and States.RUNNING in states:
             break
     else:
