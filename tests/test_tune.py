@@ -186,10 +186,12 @@ def test_a_killed_study_resumes_without_losing_or_repeating_a_trial(tmp_path):
     first = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     db = tmp_path / "study" / "study.db"
     deadline = time.monotonic() + 240
-    while time.monotonic() < deadline:  # kill it once a trial has finished and the next is running
+    while time.monotonic() < deadline:  # kill it once a trial has finished and the next one's process has it
         time.sleep(0.5)
-        states = [t.state for t in _study(tmp_path).get_trials()] if _study_created(db) else []
-        if States.COMPLETE in states and States.RUNNING in states:
+        trials = _study(tmp_path).get_trials() if _study_created(db) else []
+        if any(t.state == States.COMPLETE for t in trials) and any(
+                t.state == States.RUNNING and "run_dir" in t.user_attrs
+                and (Path(t.user_attrs["run_dir"]) / "trial.log").exists() for t in trials):
             break
     else:
         first.kill()

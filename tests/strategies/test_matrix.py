@@ -37,6 +37,9 @@ UNAVAILABLE = {  # (algo, strategy): the field the error names
 
 def per_update(algo: str, run_dir) -> float:
     summary = json.loads((run_dir / "summary.json").read_text())
+    if algo == "ppo" and "fragments_generated" in summary:  # pipeline: each learner step trains one fragment
+        # total_steps counts the fragments harvested by the last step, which may run ahead of the steps taken
+        return (summary["total_steps"] + summary["drained_steps"]) / summary["fragments_generated"]
     if algo == "ppo":
         return summary["total_steps"] / summary["iterations"]
     if algo == "reinforce":

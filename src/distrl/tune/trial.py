@@ -84,6 +84,17 @@ def _exit_with_parent(parent: int) -> None:
     threading.Thread(target=watch, daemon=True, name="parent-watch").start()
 
 
+def _preload() -> None:
+    """The seconds of imports a trial would otherwise wait for (a failure here shows again in the trial)."""
+    try:
+        import optuna  # noqa: F401
+        import torch.utils.tensorboard  # noqa: F401
+
+        import distrl.training  # noqa: F401
+    except Exception:
+        pass
+
+
 def main(argv: list[str]) -> int:
     """``TRIAL_DIR PARENT_PID`` runs that trial; ``--spare PARENT_PID`` imports what a trial needs, then waits
     for a trial directory on stdin (the tune command keeps one such process ready to start the next trial)."""
@@ -91,17 +102,17 @@ def main(argv: list[str]) -> int:
 
     _exit_with_parent(int(argv[1]))
     if argv[0] == "--spare":
-        import optuna  # noqa: F401 - the seconds of imports a trial would otherwise wait for
-        import torch.utils.tensorboard  # noqa: F401
-
-        import distrl.training  # noqa: F401
-
+        # The imports run beside the wait, so that the trial's log takes this process's output as soon as
+        # the trial is handed over: a tune command killed meanwhile is then reported there, not lost.
+        preload = threading.Thread(target=_preload, daemon=True, name="preload")
+        preload.start()
         line = sys.stdin.readline().strip()
         if not line:  # the study needs no more trials
             return 0
         with open(Path(line) / LOG_FILE, "ab") as log:
             os.dup2(log.fileno(), 1)
             os.dup2(log.fileno(), 2)
+        preload.join()
         argv = [line]
     try:
         run_trial(json.loads((Path(argv[0]) / SPEC_FILE).read_text()))
