@@ -2,11 +2,9 @@
 database, results and a best preset that trains to the best trial's return, crashed and interrupted
 trials, and trials as Ray tasks."""
 
-import contextlib
 import json
 import os
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
@@ -19,6 +17,7 @@ optuna = pytest.importorskip("optuna")
 from distrl.cli import main  # noqa: E402
 from distrl.config import ConfigError  # noqa: E402
 from distrl.tune.space import build_space  # noqa: E402
+from distrl.tune.trial import LOG_FILE, RESULT_FILE  # noqa: E402
 
 TESTS = Path(__file__).parent
 States = optuna.trial.TrialState
@@ -41,18 +40,6 @@ def _tune(tmp_path: Path, *flags: str, space: dict = SPACE, trials: int = 4, bud
 
 def _study(tmp_path: Path, name: str = "ppo-CartPole-v1"):
     return optuna.load_study(study_name=name, storage=f"sqlite:///{tmp_path / 'study' / 'study.db'}")
-
-
-def _study_created(db: Path) -> bool:
-    """Whether the tune command has created its study, read without touching the database: opening it with
-    Optuna while the command is still creating its tables would race it to create them."""
-    if not db.exists():
-        return False
-    try:
-        with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as con:
-            return con.execute("SELECT count(*) FROM studies").fetchone()[0] > 0
-    except sqlite3.OperationalError:  # no studies table yet, or the database is locked for writing
-        return False
 
 
 # ---- search spaces and preset files ----
@@ -184,14 +171,12 @@ def test_a_crashing_trial_is_recorded_failed_with_its_error_and_the_study_goes_o
 def test_a_killed_study_resumes_without_losing_or_repeating_a_trial(tmp_path):
     args = [sys.executable, "-m", "distrl", *_tune(tmp_path, "--pruner", "none", budget=40_960)]
     first = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    db = tmp_path / "study" / "study.db"
+    trials_dir = tmp_path / "study" / "trials"
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline:  # kill it once a trial has finished and the next one's process has it
-        time.sleep(0.5)
-        trials = _study(tmp_path).get_trials() if _study_created(db) else []
-        if any(t.state == States.COMPLETE for t in trials) and any(
-                t.state == States.RUNNING and "run_dir" in t.user_attrs
-                and (Path(t.user_attrs["run_dir"]) / "trial.log").exists() for t in trials):
+        time.sleep(0.05)  # files only: a trial trains for seconds, so one seen running is still running
+        if (trials_dir / "trial-0000" / RESULT_FILE).exists() and any(
+                (d / LOG_FILE).exists() and not (d / RESULT_FILE).exists() for d in trials_dir.iterdir()):
             break
     else:
         first.kill()
