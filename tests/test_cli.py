@@ -1,4 +1,5 @@
 import json
+import os
 import subprocess
 import sys
 
@@ -37,6 +38,11 @@ def run_cli(*args, cwd=None):
     (["train", "ppo", "CartPole-v1", "--env-kwargs", "speed=2"], "env_kwargs=speed=2 is not accepted by CartPole-v1"),
     (["train", "ppo", "CartPole-v1", "--wrapper", "distrl_testenvs:broken_wrapper"], "'distrl_testenvs:broken_wrapper' returned"),
     (["train", "ppo", "CartPole-v1", "--policy", "nets"], "policy='nets' is not allowed"),
+    # flags tyro cannot parse: its box of lines read back as one
+    (["train", "ppo", "CartPole-v1", "--net-arch", "256,256"], "['256,256']; the flag takes --net-arch [INT [INT ...]]"),
+    (["train", "ppo", "CartPole-v1", "--n-step", "5"], "Unrecognized options: --n-step, 5; did you mean --n-steps INT?"),
+    (["train", "ppo", "CartPole-v1", "--strategy", "foo"], "invalid choice 'foo' for argument '--strategy'"),
+    (["tune", "ppo", "CartPole-v1", "--trials", "x"], "'x'; the flag takes --trials INT (flags: distrl tune ppo"),
 ])
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys, args, message):
     code = main([*args, "--run-dir", str(tmp_path / "run")] if args[0] == "train" and len(args) > 2 else args)
@@ -53,6 +59,16 @@ def test_subprocess_error_has_no_traceback_unless_debug(tmp_path):
     assert result.stderr.strip() == "distrl: error: n_envs=0 is not allowed: must be > 0"
     debug = run_cli("train", "ppo", "CartPole-v1", "--n-envs", "0", "--debug")
     assert debug.returncode == 2 and "Traceback" in debug.stderr
+
+
+@pytest.mark.parametrize("encoding", ["utf-8", "ascii"])  # tyro draws its boxes in either
+def test_a_flag_that_does_not_parse_is_one_line_however_the_terminal_draws_boxes(encoding):
+    result = subprocess.run([sys.executable, "-m", "distrl", "train", "ppo", "CartPole-v1", "--n-envs", "four"],
+                            capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "PYTHONIOENCODING": encoding, "COLUMNS": "60"})
+    assert result.returncode == 2
+    assert result.stderr == ("distrl: error: Error parsing --n-envs: invalid literal for int() with base 10: 'four'; "
+                             "the flag takes --n-envs INT (flags: distrl train ppo CartPole-v1 --help)\n")
 
 
 def test_corrupt_checkpoint_in_eval_is_a_clear_error(tmp_path, capsys):

@@ -1,6 +1,18 @@
-"""Reading and rewriting a command line's flags before tyro parses it (the CLI's pre-pass)."""
+"""Reading and rewriting a command line's flags before tyro parses it (the CLI's pre-pass), and the parse
+itself, whose mistakes are one line like every other ConfigError."""
 
 from __future__ import annotations
+
+import contextlib
+import io
+import os
+import re
+import sys
+from typing import Any
+
+import tyro
+
+from distrl.config import ConfigError
 
 
 def flag_value(argv: list[str], flag: str) -> str | None:
@@ -50,3 +62,61 @@ def merge_repeated(argv: list[str], flag: str, into: str) -> list[str]:
             rest.append(arg)
         i += 1
     return [*rest, into, *values] if values else rest
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_RULE = set("─-═=+╭╮╰╯│| ")
+
+
+def parse_flags(cls: Any, argv: list[str], prog: str, **kwargs: Any) -> Any:
+    """``tyro.cli(cls, args=argv, prog=prog, **kwargs)``; a flag it cannot parse is a ConfigError of one line.
+
+    tyro draws such a mistake as a box of several lines on stderr and exits with status 2. Drawn as wide as
+    its lines need (none wraps), the box is read back as one message: what is wrong, the form the flag
+    takes or the flags meant, and where the full help is. ``--help`` is left as tyro draws it.
+    """
+    if "--help" in argv or "-h" in argv:
+        return tyro.cli(cls, args=argv, prog=prog, **kwargs)
+    held, columns, failed = io.StringIO(), os.environ.get("COLUMNS"), False
+    os.environ["COLUMNS"] = "100000"
+    try:
+        with contextlib.redirect_stderr(held):
+            return tyro.cli(cls, args=argv, prog=prog, **kwargs)
+    except SystemExit as exc:
+        failed = exc.code == 2
+        if not failed:
+            raise
+    finally:
+        if columns is None:
+            del os.environ["COLUMNS"]
+        else:
+            os.environ["COLUMNS"] = columns
+        if not failed:  # warnings of a parse that went through
+            sys.stderr.write(held.getvalue())
+    raise ConfigError(one_line(held.getvalue(), prog))
+
+
+def one_line(box: str, prog: str) -> str:
+    """tyro's error box as one line: what it says is wrong, then the usage line of an "Argument helptext"
+    section or those of a "Perhaps you meant" one. Drawn in ASCII the box has its title as the first section."""
+    sections: list[list[str]] = [[]]
+    for raw in _ANSI.sub("", box).splitlines():
+        line = raw.strip().strip("│|").strip()
+        if raw.lstrip().startswith(("╭", "╰")) or not line:
+            continue
+        if set(line) <= _RULE:
+            sections.append([])
+        else:
+            sections[-1].append(line)
+    sections = [s for s in sections if s][0 if "│" in box else 1:]
+    parts = []
+    for head, *body in sections:
+        usages = [line for line in body if line.startswith("-")]
+        if head.startswith("Argument helptext"):
+            parts += [f"the flag takes {usages[0]}"] if usages else []
+        elif head.startswith("Perhaps you meant"):
+            parts += [f"did you mean {' or '.join(usages)}?"] if usages else []
+        elif not head.startswith("For full helptext"):
+            parts.append(" ".join([head, *body]))
+    message = "; ".join(parts) or "the flags could not be parsed"
+    return f"{message} (flags: {prog} --help)"

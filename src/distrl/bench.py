@@ -12,6 +12,7 @@ from typing import Literal
 
 import tyro
 
+from distrl.argv import parse_flags
 from distrl.config import ConfigError
 from distrl.plots import speedup, speedup_chart
 
@@ -45,7 +46,7 @@ def parse_workers(text: str) -> list[int]:
 
 
 def scaling_command(argv: list[str]) -> int:
-    args = tyro.cli(ScalingArgs, args=argv, prog="distrl bench scaling")
+    args = parse_flags(ScalingArgs, argv, prog="distrl bench scaling")
     counts = parse_workers(args.workers)
     if args.strategy == "decoupled" and 1 in counts[1:]:
         raise ConfigError("workers: decoupled needs >= 2 processes (a player and a trainer)")

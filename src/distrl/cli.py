@@ -20,7 +20,7 @@ from typing import Any, Literal
 import tyro
 
 from distrl import __version__, checkpoint
-from distrl.argv import flag_value, merge_repeated, set_flag
+from distrl.argv import flag_value, merge_repeated, parse_flags, set_flag
 from distrl.config import (ConfigError, Device, GRPOConfig, PPOConfig, REINFORCEConfig, RunConfig, SACConfig,
                            StrategyConfig, Tracker)
 from distrl.env_names import SHORT_NAMES, portable_env_name, refuse_named_code, resolve_env_id
@@ -263,7 +263,7 @@ def train_command(argv: list[str]) -> int:
     description = (f"Train {algo.upper()} on {run_cfg.env}. Defaults shown include the preset "
                    f"(available: auto, none, {', '.join(preset_names(algo))}); flags override them.")
     args_cls = TRAIN_ARGS[algo]
-    args = tyro.cli(tyro.conf.OmitArgPrefixes[args_cls], args=rest, default=args_cls(run_cfg, strategy, cfg),
+    args = parse_flags(tyro.conf.OmitArgPrefixes[args_cls], rest, default=args_cls(run_cfg, strategy, cfg),
                     prog=f"distrl train {algo} {env}", description=description)
     algo_cfg = getattr(args, algo)
     run = args.run
@@ -379,7 +379,7 @@ def _as_rank(fn, *args):  # noqa: ANN001, ANN202
 def eval_command(argv: list[str]) -> int:
     from distrl.api import Model
 
-    args = tyro.cli(EvalArgs, args=merge_repeated(argv, "--track", "--track"), prog="distrl eval")
+    args = parse_flags(EvalArgs, merge_repeated(argv, "--track", "--track"), prog="distrl eval")
     if args.episodes <= 0:
         raise ConfigError(f"episodes={args.episodes} is not allowed: must be > 0")
     if args.track and not args.record:
@@ -446,7 +446,7 @@ def _track_video(model: Any, args: EvalArgs) -> None:
 def plot_command(argv: list[str]) -> int:
     from distrl.plots import reward_curves
 
-    args = tyro.cli(PlotArgs, args=argv, prog="distrl plot")
+    args = parse_flags(PlotArgs, argv, prog="distrl plot")
     if not args.runs:
         raise ConfigError("runs is empty: give one or more run directories or Monitor files")
     reward_curves([Path(r) for r in args.runs], args.x, args.smooth, Path(args.out), args.title)

@@ -19,8 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import tyro
-
+from distrl.argv import parse_flags
 from distrl.config import ConfigError, require
 from distrl.env_names import resolve_env_id
 from distrl.presets import algo_configs, resolve_preset
@@ -111,11 +110,11 @@ def import_optuna() -> Any:
 def tune_command(argv: list[str]) -> int:
     if len(argv) < 2 or argv[0].startswith("-") or argv[1].startswith("-"):
         if any(a in ("-h", "--help") for a in argv):
-            tyro.cli(TuneArgs, args=["--help"], prog="distrl tune ALGO ENV")
+            parse_flags(TuneArgs, ["--help"], prog="distrl tune ALGO ENV")
         raise ConfigError("ALGO and ENV are missing: distrl tune ALGO ENV [flags], e.g. distrl tune ppo CartPole-v1 "
                           "--trials 20 --budget-steps 50000")
     algo, env = argv[0], argv[1]
-    args = tyro.cli(TuneArgs, args=argv[2:], prog=f"distrl tune {algo} {env}")
+    args = parse_flags(TuneArgs, argv[2:], prog=f"distrl tune {algo} {env}")
     return Tuner(algo, env, args).run()
 
 
