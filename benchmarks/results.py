@@ -24,7 +24,7 @@ import numpy as np
 from harness import markdown_table
 
 from distrl.logs import read_monitor
-from distrl.plots import reward_curves
+from distrl.plots import mean_curves, reward_curves
 
 ROOT = Path(__file__).parents[1]
 RESULTS = ROOT / "docs" / "results"
@@ -160,8 +160,7 @@ def learning_table(runs: list[dict]) -> list[str]:
     caveats: dict[str, list[str]] = {}  # why a run's timing does not compare -> the runs it applies to
     for (algo, env, strategy, workers, scaling, preset), members in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0])):
         members.sort(key=lambda r: r["seed"])
-        strat = strategy if strategy == "single" else f"{strategy} ×{workers}" + (
-            f", {scaling}" if strategy == "ddp" else "")
+        strat = strategy_label(strategy, workers, scaling)
         steps = members[0]["summary"]["total_steps"]
         timed = [r for r in members if not r["timing_caveat"]]
         for r in members:
@@ -182,18 +181,34 @@ def learning_table(runs: list[dict]) -> list[str]:
     return lines
 
 
+def strategy_label(strategy: str, workers: int, scaling: str) -> str:
+    return strategy if strategy == "single" else f"{strategy} ×{workers}" + (f", {scaling}" if strategy == "ddp" else "")
+
+
+def curve_label(run: dict) -> str:
+    """A row of the learning table as a curve's name: its preset, with the env's arguments and the strategy
+    when the run gave any."""
+    _, _, strategy, workers, scaling, preset = group_key(run)
+    extra = list(run["config"]["run"].get("env_kwargs") or [])
+    extra += [] if strategy == "single" else [strategy_label(strategy, workers, scaling)]
+    return preset + (f" ({'; '.join(extra)})" if extra else "")
+
+
 def curve_figures(runs: list[dict]) -> list[str]:
-    """One PNG per (algorithm, env): every stored run of it, against total steps."""
-    by_env: dict[tuple, list[Path]] = defaultdict(list)
-    for run in runs:
-        by_env[(run["summary"]["algo"], run["summary"]["env"])].append(run["dir"])
+    """One PNG per (algorithm, env): each setting's runs as one curve (the mean over seeds, the band from the
+    lowest to the highest), against total steps."""
+    by_env: dict[tuple, dict[str, list[Path]]] = defaultdict(lambda: defaultdict(list))
+    for run in sorted(runs, key=lambda r: (curve_label(r), r["seed"])):
+        by_env[(run["summary"]["algo"], run["summary"]["env"])][curve_label(run)].append(run["dir"])
     lines = []
-    for (algo, env), dirs in sorted(by_env.items(), key=lambda kv: kv[0][1]):
+    for (algo, env), groups in sorted(by_env.items(), key=lambda kv: kv[0][1]):
+        dirs = [d for members in groups.values() for d in members]
         name = f"{algo}-{SHORT.get(env, env)}.png"
         smooth = 100 if env in ATARI_REFERENCES else 20 if env not in ("CartPole-v1", "Pendulum-v1") else 10
-        reference = sorted((RESULTS / "sb3").glob(f"sb3-{algo}-{env}-*"))  # sb3_reference.py, same env version
-        fig = reward_curves(sorted(dirs) + reference, "total-steps", k=smooth, out=RESULTS / name,
-                            title=f"{algo.upper()} {env} (mean of {smooth} episodes)")
+        for reference in sorted((RESULTS / "sb3").glob(f"sb3-{algo}-{env}-*")):  # sb3_reference.py, same env
+            groups[f"stable-baselines3 {reference.name.split(env + '-')[-1]}"].append(reference)
+        fig = mean_curves(groups, "total-steps", k=smooth, out=RESULTS / name,
+                          title=f"{algo.upper()} {env} (mean of {smooth} episodes; band: lowest to highest seed)")
         if algo == "ppo" and env in ATARI_REFERENCES:  # the published curves' points at the same step counts
             for (label, values), marker in zip(ATARI_REFERENCES[env], "os"):
                 fig.axes[0].plot(ATARI_POINTS, values, marker=marker, linestyle="--", label=f"{label} (v4, published)")

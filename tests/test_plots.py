@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from distrl.cli import main
-from distrl.plots import reward_curves, smooth, speedup
+from distrl.plots import mean_curves, reward_curves, seed_groups, smooth, speedup
 
 
 def write_monitor(path, returns, lengths, env_id="CartPole-v1"):
@@ -37,6 +37,38 @@ def test_steps_axis_divides_by_the_collecting_workers(tmp_path):
     (run / "config.json").write_text(json.dumps({"strategy": {"strategy": "ddp", "workers": 2}}))
     fig = reward_curves([run], "steps")
     np.testing.assert_array_equal(fig.axes[0].get_lines()[0].get_xdata(), [50, 100])
+
+
+def test_seeds_of_one_setting_are_one_curve_their_mean_and_band_read_between_episode_ends(tmp_path):
+    write_monitor(tmp_path / "a" / "monitor.csv", [0, 10], [10, 10])  # episodes end at steps 10 and 20
+    write_monitor(tmp_path / "b" / "monitor.csv", [20, 30], [5, 15])  # at 5 and 20
+    write_monitor(tmp_path / "c" / "monitor.csv", [7], [40])
+    fig = mean_curves({"ab": [tmp_path / "a", tmp_path / "b"], "c": [tmp_path / "c"]}, "total-steps", points=3)
+    ab, c = fig.axes[0].get_lines()
+    assert [ab.get_label(), c.get_label()] == ["ab (2 runs)", "c"]
+    np.testing.assert_array_equal(ab.get_xdata(), [0, 10, 20])  # up to where the shorter run ends
+    # a at 0, 10, 20: 0, 0, 10 (held before its first episode end); b: 20, 20 + 5/15 * 10, 30
+    np.testing.assert_allclose(ab.get_ydata(), [10, (0 + 20 + 10 / 3) / 2, 20])
+    band = fig.axes[0].collections  # one band, for the group of two
+    assert len(band) == 1
+    lows_highs = band[0].get_paths()[0].vertices[:, 1]
+    assert lows_highs.min() == pytest.approx(0) and lows_highs.max() == pytest.approx(30)
+
+
+def test_runs_that_differ_only_in_their_seed_are_grouped_and_named_by_what_their_names_share(tmp_path):
+    def run(name, seed, lr):
+        write_monitor(tmp_path / name / "monitor.csv", [1], [1])
+        (tmp_path / name / "config.json").write_text(json.dumps(
+            {"run": {"seed": seed, "run_dir": str(tmp_path / name), "env": "CartPole-v1"}, "ppo": {"lr": lr}}))
+        return tmp_path / name
+
+    runs = [run("ppo-x-s0", 0, 1e-3), run("ppo-x-s1", 1, 1e-3), run("ppo-y-s0", 0, 3e-4)]
+    write_monitor(tmp_path / "sb3run" / "monitor.csv", [1], [1])
+    groups = seed_groups([*runs, tmp_path / "sb3run"])
+    assert groups == {"ppo-x": runs[:2], "ppo-y-s0": runs[2:], "sb3run": [tmp_path / "sb3run"]}
+    out = tmp_path / "together.png"
+    assert main(["plot", *map(str, runs), "--seeds", "together", "--out", str(out)]) == 0
+    assert out.stat().st_size > 0
 
 
 def test_smoothing_and_speedup_by_hand():

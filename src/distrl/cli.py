@@ -170,6 +170,9 @@ class PlotArgs:
     """PNG to write."""
     title: str = "Episode return"
     """Figure title."""
+    seeds: Literal["apart", "together"] = "apart"
+    """together: runs whose config.json differ only in the seed are one curve, their mean, with the band from
+    the lowest to the highest of them."""
     debug: bool = False
     """Show full tracebacks for errors."""
 
@@ -444,11 +447,15 @@ def _track_video(model: Any, args: EvalArgs) -> None:
 
 
 def plot_command(argv: list[str]) -> int:
-    from distrl.plots import reward_curves
+    from distrl.plots import mean_curves, reward_curves, seed_groups
 
     args = parse_flags(PlotArgs, argv, prog="distrl plot")
     if not args.runs:
         raise ConfigError("runs is empty: give one or more run directories or Monitor files")
-    reward_curves([Path(r) for r in args.runs], args.x, args.smooth, Path(args.out), args.title)
+    runs = [Path(r) for r in args.runs]
+    if args.seeds == "together":
+        mean_curves(seed_groups(runs), args.x, args.smooth, Path(args.out), args.title)
+    else:
+        reward_curves(runs, args.x, args.smooth, Path(args.out), args.title)
     print(f"wrote {args.out}")
     return 0

@@ -6,6 +6,8 @@ matplotlib is imported only here, and only when a picture is asked for (the ``pl
 from __future__ import annotations
 
 import json
+import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -88,18 +90,16 @@ def load_curve(run: Path, x: Axis, k: int = 1) -> Curve:
     return Curve(name, xs, smooth(data["r"], k))
 
 
-def reward_curves(runs: list[Path], x: Axis = "steps", k: int = 1, out: Path | None = None,
-                  title: str = "Episode return") -> Any:
-    """A figure with one curve per run; written to ``out`` (PNG) when given. Returns the Figure."""
+def _check_axis(x: str, k: int) -> None:
     if x not in AXIS_LABELS:
         raise ConfigError(f"x={x!r} is not allowed: must be one of {', '.join(AXIS_LABELS)}")
     if k < 1:
         raise ConfigError(f"smooth={k} is not allowed: must be >= 1")
-    curves = [load_curve(Path(run), x, k) for run in runs]
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for curve in curves:
-        ax.plot(curve.x, curve.y, label=curve.name, linewidth=1.5)
+
+
+def _finish(fig: Any, x: str, k: int, title: str, out: Path | None) -> Any:
+    """Labels, grid and legend of a reward figure; written to ``out`` when given."""
+    ax = fig.axes[0]
     ax.set_xlabel(AXIS_LABELS[x])
     ax.set_ylabel(f"episode return{f' (mean of {k})' if k > 1 else ''}")
     ax.set_title(title)
@@ -110,6 +110,60 @@ def reward_curves(runs: list[Path], x: Axis = "steps", k: int = 1, out: Path | N
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(out, dpi=100)
     return fig
+
+
+def reward_curves(runs: list[Path], x: Axis = "steps", k: int = 1, out: Path | None = None,
+                  title: str = "Episode return") -> Any:
+    """A figure with one curve per run; written to ``out`` (PNG) when given. Returns the Figure."""
+    _check_axis(x, k)
+    curves = [load_curve(Path(run), x, k) for run in runs]
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for curve in curves:
+        ax.plot(curve.x, curve.y, label=curve.name, linewidth=1.5)
+    return _finish(fig, x, k, title, out)
+
+
+def mean_curves(groups: dict[str, list[Path]], x: Axis = "total-steps", k: int = 1, out: Path | None = None,
+                title: str = "Episode return", points: int = 200) -> Any:
+    """A figure with one curve per group of runs (the seeds of one setting, say): their mean at ``points``
+    evenly spaced x up to where the shortest run ends, and the band from the lowest to the highest run there
+    (each run's smoothed curve read between its episode ends). Written to ``out`` (PNG) when given."""
+    _check_axis(x, k)
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for label, runs in groups.items():
+        curves = [load_curve(Path(run), x, k) for run in runs]
+        grid = np.linspace(0.0, min(float(c.x[-1]) for c in curves), points)
+        ys = np.stack([np.interp(grid, c.x, c.y) for c in curves])
+        line, = ax.plot(grid, ys.mean(axis=0), linewidth=1.5,
+                        label=label if len(runs) == 1 else f"{label} ({len(runs)} runs)")
+        if len(runs) > 1:
+            ax.fill_between(grid, ys.min(axis=0), ys.max(axis=0), color=line.get_color(), alpha=0.15, linewidth=0)
+    return _finish(fig, x, k, title, out)
+
+
+def seed_groups(runs: list[Path]) -> dict[str, list[Path]]:
+    """The runs grouped by their settings: runs whose config.json differ only in the seed (and run directory)
+    are one group, named by what their names share (``ppo-ant-s0``, ``ppo-ant-s1``: ``ppo-ant``). A run
+    without a config.json (a Monitor file, another library's run) is a group of its own."""
+    groups: dict[str, list[Path]] = {}
+    for run in map(Path, runs):
+        config = run / "config.json"
+        if run.is_dir() and config.is_file():
+            settings = json.loads(config.read_text())
+            settings["run"] = {k: v for k, v in settings.get("run", {}).items() if k not in ("seed", "run_dir", "resume")}
+            key = json.dumps(settings, sort_keys=True)
+        else:
+            key = str(run)
+        groups.setdefault(key, []).append(run)
+    named: dict[str, list[Path]] = {}
+    for members in groups.values():
+        names = [run.name if run.is_dir() else run.stem for run in members]
+        shared = re.sub(r"([-_]s(eed)?)?[-_]*$", "", os.path.commonprefix(names)) if len(names) > 1 else names[0]
+        label = shared or names[0]
+        named[label if label not in named else f"{label} ({names[0]})"] = members
+    return named
 
 
 def speedup(t1: float, steps1: float, tn: float, steps_n: float) -> float:
