@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 import distrl
-from distrl.cli import EvalArgs, main
+from distrl.cli import main
+from distrl.cli.runs import EvalArgs, PlotArgs
 from distrl.config import GRPOConfig, PPOConfig, REINFORCEConfig, RunConfig, SACConfig, StrategyConfig
 from distrl.env_names import SHORT_NAMES
 from distrl.tune.study import TuneArgs
@@ -40,7 +41,7 @@ def _help(cls, field: str) -> str:
 
 
 @pytest.mark.parametrize("cls", [RunConfig, StrategyConfig, PPOConfig, SACConfig, REINFORCEConfig, GRPOConfig, TuneArgs,
-                                 EvalArgs])
+                                 EvalArgs, PlotArgs])
 def test_every_help_text_flows_as_one_paragraph(cls):
     # tyro keeps a break before a line starting with anything but a letter: the help texts must join up
     for field in dataclasses.fields(cls):

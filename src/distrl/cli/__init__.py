@@ -1,0 +1,128 @@
+"""The ``distrl`` command: train, eval, plot, tune, bench.
+
+User mistakes (a ConfigError) print one line on stderr and exit with status 2;
+``--debug`` shows the traceback as well. Each command's flags and work live in a module of its own
+(``train``; ``runs`` for eval and plot; ``distrl.tune`` and ``distrl.bench``), imported when it is asked for.
+"""
+
+from __future__ import annotations
+
+import inspect
+import sys
+import traceback
+
+import tyro
+
+from distrl import __version__
+from distrl.config import ConfigError
+from distrl.env_names import SHORT_NAMES
+
+ALGOS = ("ppo", "sac", "reinforce", "grpo")
+
+
+def _flowing_help() -> None:
+    """Let each field's docstring flow into one paragraph of ``--help``.
+
+    tyro joins a docstring's lines unless a line starts with something other than a letter, and the
+    continuation lines of an attribute docstring start with the source's indentation: every help text
+    broke at the source's line ends. Removing the common indentation first (``inspect.cleandoc``) lets
+    them join; a blank line still starts a new paragraph.
+    """
+    strings = getattr(tyro, "_strings", None)
+    join = getattr(strings, "remove_single_line_breaks", None)
+    if join is None or getattr(join, "flows", False):
+        return
+
+    def flowing(text: str) -> str:
+        return join(inspect.cleandoc(text))
+
+    flowing.flows = True  # type: ignore[attr-defined]
+    strings.remove_single_line_breaks = flowing  # type: ignore[union-attr]
+
+
+_flowing_help()
+
+USAGE = """\
+usage: distrl COMMAND ...
+
+  distrl train ALGO ENV [flags]     train an agent; `distrl train ppo cartpole --help` lists the flags
+  distrl eval RUN [flags]           evaluate a run directory or checkpoint; --record FILE.gif|.mp4
+  distrl plot RUN [RUN ...] [flags] reward curves from Monitor files (distrl's or stable-baselines3's)
+  distrl tune ALGO ENV [flags]      an Optuna study of ALGO's hyperparameters on ENV; writes best.json,
+                                    a preset (distrl train ALGO ENV --preset best.json)
+  distrl bench scaling ALGO ENV     the same training with 1, 2, ... workers, speedup against ideal
+
+  distrl --version                  the installed version
+
+ALGO: {algos}
+ENV:  a Gymnasium id (CartPole-v1, Hopper-v5, ALE/Breakout-v5, ...), a short name
+{short_names},
+      package.module:ClassName (a gymnasium.Env subclass) or package.module:function
+      (returning a gymnasium.Env); for grpo a language model, which needs no ENV:
+      distrl train grpo --model DIR --dataset FILE.jsonl --reward NAME [--strategy pipeline],
+      or a numeric group task: toy or bandit (distrl train grpo bandit --strategy pipeline)
+"""
+
+
+def usage() -> str:
+    """The top-level help, listing every short name distrl resolves."""
+    lines, line = [], "     "
+    for name in SHORT_NAMES:
+        if len(line) + len(name) + 2 > 90:
+            lines.append(line.rstrip())
+            line = "     "
+        line += f" {name},"
+    lines.append(line.rstrip(","))
+    return USAGE.format(algos=", ".join(ALGOS), short_names="\n".join(lines))
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        return _dispatch(argv)
+    except ConfigError as exc:
+        if "--debug" in argv:
+            traceback.print_exc()
+        print(f"distrl: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("distrl: interrupted", file=sys.stderr)
+        return 130
+
+
+def _dispatch(argv: list[str]) -> int:
+    if not argv or argv[0] in ("-h", "--help"):
+        print(usage())
+        return 0 if argv else 2
+    if argv[0] in ("--version", "-V"):
+        print(f"distrl {__version__}")
+        return 0
+    command, rest = argv[0], argv[1:]
+    if command == "train":
+        if not rest or rest[0] in ("-h", "--help"):
+            print(usage())
+            return 0
+        from distrl.cli.train import train_command
+
+        return train_command(rest)
+    if command == "eval":
+        from distrl.cli.runs import eval_command
+
+        return eval_command(rest)
+    if command == "plot":
+        from distrl.cli.runs import plot_command
+
+        return plot_command(rest)
+    if command == "tune":
+        from distrl.tune.study import tune_command
+
+        return tune_command(rest)
+    if command == "bench":
+        if not rest or rest[0] != "scaling":
+            raise ConfigError(f"bench={rest[0] if rest else ''!r} is not known: must be scaling "
+                              "(distrl bench scaling ALGO ENV --workers 1,2)")
+        from distrl.bench import scaling_command
+
+        return scaling_command(rest[1:])
+    raise ConfigError(f"command={command!r} is not known: must be one of train, eval, plot, tune, bench, "
+                      "--version")

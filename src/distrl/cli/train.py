@@ -1,0 +1,218 @@
+"""``distrl train ALGO ENV``: the flags of each algorithm, and the run started on the chosen strategy."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import tyro
+
+from distrl import checkpoint
+from distrl.argv import flag_value, merge_repeated, parse_flags, set_flag
+from distrl.cli import ALGOS
+from distrl.config import (ConfigError, GRPOConfig, PPOConfig, REINFORCEConfig, RunConfig, SACConfig,
+                           StrategyConfig)
+from distrl.env_names import portable_env_name, refuse_named_code, resolve_env_id
+from distrl.presets import algo_configs, preset_names
+from distrl.tasks import TEXT_TASK
+from distrl.training import configs_from_checkpoint, default_run_dir, make_trainer
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainFlags:
+    trust_code: bool = False
+    """With --resume: allow the code the run's config names (its env entry point, wrappers, policy factory)
+    to be imported and run; without it, resuming a run that names code you did not pass again stops."""
+
+
+@dataclass(frozen=True)
+class PPOTrainArgs(TrainFlags):
+    run: RunConfig
+    strategy: StrategyConfig
+    ppo: PPOConfig
+
+
+@dataclass(frozen=True)
+class SACTrainArgs(TrainFlags):
+    run: RunConfig
+    strategy: StrategyConfig
+    sac: SACConfig
+
+
+@dataclass(frozen=True)
+class REINFORCETrainArgs(TrainFlags):
+    run: RunConfig
+    strategy: StrategyConfig
+    reinforce: REINFORCEConfig
+
+
+@dataclass(frozen=True)
+class GRPOTrainArgs(TrainFlags):
+    run: RunConfig
+    strategy: StrategyConfig
+    grpo: GRPOConfig
+
+
+TRAIN_ARGS = {"ppo": PPOTrainArgs, "sac": SACTrainArgs, "reinforce": REINFORCETrainArgs, "grpo": GRPOTrainArgs}
+
+
+def train_command(argv: list[str]) -> int:
+    """``distrl train ALGO ENV [flags]`` (``argv`` starts at ALGO)."""
+    algo = argv[0]
+    if algo not in ALGOS:
+        raise ConfigError(f"algo={algo!r} is not known: must be one of {', '.join(ALGOS)}")
+    if flag_value(argv, "--resume") == "auto":
+        argv = set_flag(argv, "--resume", checkpoint.auto_resume(flag_value(argv, "--run-dir")))
+    if len(argv) < 2 or argv[1].startswith("-"):
+        resume = flag_value(argv, "--resume")
+        if algo == "grpo" and any(a == "--model" or a.startswith("--model=") for a in argv):
+            argv = [algo, TEXT_TASK, *argv[1:]]  # a language model's run needs no ENV
+        elif algo == "grpo" and resume:
+            argv = [algo, configs_from_checkpoint(checkpoint.find_latest(Path(resume)))[0].env, *argv[1:]]
+        elif any(a in ("-h", "--help") for a in argv):
+            argv = [algo, TEXT_TASK if algo == "grpo" else "CartPole-v1", *argv[1:]]
+        else:
+            raise ConfigError(f"ENV is missing: distrl train {algo} ENV [flags], e.g. distrl train {algo} CartPole-v1")
+    env, rest = argv[1], merge_repeated(argv[2:], "--wrapper", "--wrappers")
+    rest = merge_repeated(merge_repeated(rest, "--reward", "--rewards"), "--track", "--track")
+    resume_arg = flag_value(rest, "--resume")
+    resume_path = None
+    strategy = StrategyConfig()
+    if resume_arg:
+        resume_path = checkpoint.find_latest(Path(resume_arg))
+        run_cfg, strategy, cfg, _ = configs_from_checkpoint(resume_path)
+        refuse_named_code(run_cfg, f"checkpoint={str(resume_path)!r}", "--trust-code" in rest, own=(env, *rest),
+                          cfg=cfg)
+        if algo == "grpo" or run_cfg.algo == "grpo":  # group tasks are names, not Gymnasium ids
+            if env != run_cfg.env:
+                raise ConfigError(f"env={env!r} differs from the resumed run's env {run_cfg.env!r}")
+        else:
+            env_id = resolve_env_id(env)  # a run saved with a custom/ id takes its entry point from ENV
+            if env_id != run_cfg.env and (run_cfg.env.startswith("custom/") or env_id != resolve_env_id(run_cfg.env)):
+                raise ConfigError(f"env={env!r} differs from the resumed run's env {run_cfg.env!r}")
+            run_cfg = run_cfg.replace(env=portable_env_name(env))
+        home = checkpoint.run_dir_of(resume_path)  # a checkpoint from elsewhere starts a new run directory
+        run_cfg = run_cfg.replace(resume=resume_arg, run_dir=str(home) if home is not None else "")
+        if run_cfg.algo != algo:
+            raise ConfigError(f"algo={algo!r} differs from the resumed run's algorithm {run_cfg.algo!r}")
+    else:
+        run_cfg, cfg, _ = algo_configs(algo, env, flag_value(rest, "--preset") or "auto")
+    description = (f"Train {algo.upper()} on {run_cfg.env}. Defaults shown include the preset "
+                   f"(available: auto, none, {', '.join(preset_names(algo))}); flags override them.")
+    args_cls = TRAIN_ARGS[algo]
+    args = parse_flags(tyro.conf.OmitArgPrefixes[args_cls], rest, default=args_cls(run_cfg, strategy, cfg),
+                       prog=f"distrl train {algo} {env}", description=description)
+    algo_cfg = getattr(args, algo)
+    run = args.run
+    if run.track:
+        from distrl.tracking import check_trackers
+
+        check_trackers(run.track)
+    if algo == "grpo":
+        return _train_grpo(run, args.strategy, algo_cfg, resume_path, ["train", algo, env, *rest])
+    if args.strategy.strategy == "pipeline" and algo != "ppo":
+        raise ConfigError(f"strategy='pipeline' is not available for {algo}: it runs ppo on Gymnasium envs "
+                          "and grpo on group tasks (distrl train grpo bandit --strategy pipeline)")
+    if not run.run_dir:  # every worker must agree on the run directory: fix it before launching
+        run = run.replace(run_dir=str(default_run_dir(run, resolve_env_id(run.env))))
+    if args.strategy.strategy == "single":
+        run_training(run, algo_cfg, resume_path)
+    elif args.strategy.strategy in ("actor-learner", "pipeline"):
+        from distrl.strategies.actor_learner import WorkerError, run_actor_learner
+        from distrl.strategies.pool import GeneratorFailed, PipelineStalled
+        from distrl.strategies.pipeline_ppo import run_async_ppo
+
+        checkpoint.check_new_run_dir(Path(run.run_dir), resume_path)
+        runner = run_actor_learner if args.strategy.strategy == "actor-learner" else run_async_ppo
+        try:
+            runner(run, args.strategy, algo_cfg, Path(run.run_dir), resume_path)
+        except (WorkerError, GeneratorFailed, PipelineStalled) as exc:
+            print(f"distrl: error: {exc}", file=sys.stderr)
+            raise SystemExit(1) from None
+    else:
+        run_ddp(run, args.strategy, algo_cfg, resume_path, ["train", algo, env, *rest, "--run-dir", run.run_dir])
+    return 0
+
+
+def _train_grpo(run: RunConfig, strategy: StrategyConfig, cfg: GRPOConfig, resume_path: Path | None,
+                argv: list[str]) -> int:
+    from distrl.rewards import RewardError
+    from distrl.strategies.pool import GeneratorFailed, PipelineStalled
+    from distrl.training.group import GroupTrainer, train_grpo
+
+    if strategy.strategy not in ("single", "ddp", "pipeline"):
+        raise ConfigError(f"strategy={strategy.strategy!r} is not available for grpo: must be single, ddp or pipeline")
+    if not run.run_dir:  # every worker must agree on the run directory: fix it before launching
+        run = run.replace(run_dir=str(default_run_dir(run, run.env)))
+    run_dir = Path(run.run_dir)
+    if strategy.strategy == "ddp":
+        run_ddp(run, strategy, cfg, resume_path, [*argv, "--run-dir", run.run_dir])
+        return 0
+    checkpoint.check_new_run_dir(run_dir, resume_path)
+    GroupTrainer.check_env(run, cfg)  # the dataset, rewards and prompts, before any process starts
+    try:
+        if strategy.strategy == "pipeline":
+            from distrl.strategies.pipeline import RewardFailed, run_pipeline
+
+            try:
+                run_pipeline(run, strategy, cfg, run_dir, resume_path)
+            except RewardFailed as exc:
+                raise RewardError(str(exc)) from None
+        else:
+            train_grpo(run, cfg, run_dir, resume_path)
+    except (RewardError, GeneratorFailed, PipelineStalled) as exc:
+        print(f"distrl: error: {exc}", file=sys.stderr)
+        raise SystemExit(1) from None
+    return 0
+
+
+def run_training(run: RunConfig, cfg: Any, resume_path: Path | None = None) -> dict:
+    """Train in this process (``--strategy single``) and write the run directory."""
+    run_dir = Path(run.run_dir)
+    checkpoint.check_new_run_dir(run_dir, resume_path)
+    start = time.perf_counter()
+    return make_trainer(run.algo, run, cfg, run_dir=run_dir).run_to_end(resume_path, start)
+
+
+def run_ddp(run: RunConfig, strategy: StrategyConfig, cfg: Any, resume_path: Path | None,
+            argv: list[str]) -> dict | None:
+    """``--strategy ddp`` or ``decoupled``: be one rank (under a launcher or torchrun), or launch the ranks."""
+    from distrl.strategies import launch
+    from distrl.strategies.ddp import in_distributed_env, run_worker
+
+    run_dir = Path(run.run_dir)
+    if in_distributed_env():
+        return _as_rank(run_worker, run, strategy, cfg, run_dir, resume_path)
+    launch.check_before_launch(run, strategy, cfg, resume_path)
+    try:
+        if strategy.launcher == "spark":
+            from distrl.strategies.spark_engine import launch_spark, spark_session
+
+            with spark_session(strategy.spark_master or f"local[{strategy.workers}]") as spark:
+                return launch_spark(spark, run, strategy, cfg, resume_path, local_mode=strategy.spark_local_mode)
+        if strategy.uses_ray:
+            return launch.launch_ray(run_worker, (run, strategy, cfg, run_dir, resume_path), strategy.workers,
+                                     strategy.ray_address, run_dir, strategy.timeout_s, debug=run.debug)
+        launch.launch_local(argv, strategy.workers, strategy.timeout_s)
+    except launch.WorkerFailed as exc:
+        print(f"distrl: error: {exc}", file=sys.stderr)
+        raise SystemExit(1) from None
+    return None
+
+
+def _as_rank(fn, *args):  # noqa: ANN001, ANN202
+    """Run a rank's work; report an exception on one line naming the rank, then fail."""
+    rank = os.environ.get("RANK", "?")
+    try:
+        return fn(*args)
+    except ConfigError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a rank's failure must name the rank
+        traceback.print_exc()
+        print(f"distrl: error: rank {rank}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        raise SystemExit(1) from None
