@@ -80,6 +80,7 @@ with ray_session("") as ray:
     # A process outside the run: no token in its environment or its home directory.
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
     env["HOME"] = sys.argv[1]
+    env["RAY_gcs_server_port_wait_time_s"] = "1"  # one attempt: a refused one is retried each second for 20 s
     outside = subprocess.run([sys.executable, "-c", f"import ray; ray.init(address={gcs!r}); print('connected')"],
                              env=env, capture_output=True, text=True, timeout=120)
     print(json.dumps({"token": is_token_auth_enabled(), "processes": len(mine),
