@@ -159,6 +159,13 @@ class SACNetworks(NamedTuple):
     critic_target: TwinQ | ModuleTwinQ
 
 
+def check_sac_precision(observation_space: spaces.Space, cfg: Any, policy: PolicySource, precision: str) -> None:
+    """bf16 multiplies SAC's closed-form MLPs in bfloat16; its modules take float32 only."""
+    if precision != "fp32" and not uses_closed_form(observation_space, spaces.Box(-1, 1, (1,)), cfg, policy):
+        raise ConfigError(f"precision={precision!r} is not allowed with sac on {type(observation_space).__name__} "
+                          "observations or a --policy: must be fp32 (bf16 applies to sac's MLPs on flat vectors)")
+
+
 def make_sac_networks(observation_space: spaces.Space, action_space: spaces.Space, cfg: Any,
                       device: torch.device | str, seed: int, policy: PolicySource = None,
                       precision: str = "fp32") -> SACNetworks:
@@ -178,9 +185,7 @@ def make_sac_networks(observation_space: spaces.Space, action_space: spaces.Spac
         return SACNetworks(SquashedGaussianActor(obs_dim, action_dim, cfg.net_arch, cfg.activation, device, seed, low),
                            TwinQ(obs_dim, action_dim, cfg.net_arch, cfg.activation, device, seed, extra, low),
                            TwinQ(obs_dim, action_dim, cfg.net_arch, cfg.activation, device, seed, extra, low))
-    if precision != "fp32":
-        raise ConfigError(f"precision={precision!r} is not allowed with sac on {type(observation_space).__name__} "
-                          "observations or a --policy: must be fp32 (bf16 applies to sac's MLPs on flat vectors)")
+    check_sac_precision(observation_space, cfg, policy, precision)
     source = resolve_policy(policy)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)  # module initialisation, the same on every worker and rerun

@@ -111,6 +111,7 @@ class TrainerBase:
         self.env = make_run_env(run, cfg.n_envs, self.env_id)
         try:
             self.check_spaces(self.env_id, self.env.single_observation_space, self.env.single_action_space, cfg)
+            self.check_networks()
         except ConfigError:
             self.env.close()
             raise
@@ -162,6 +163,9 @@ class TrainerBase:
             cls.check_spaces(env.env_id, env.single_observation_space, env.single_action_space, cfg)
         finally:
             env.close()
+
+    def check_networks(self) -> None:
+        """Refuse, before the run directory is made, what this run's networks cannot do with its env."""
 
     @classmethod
     def check_spaces(cls, env_id: str, observation_space: spaces.Space, action_space: spaces.Space, cfg: Any) -> None:

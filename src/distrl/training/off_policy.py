@@ -14,7 +14,7 @@ from distrl.algos.sac import SACAlgo
 from distrl.config import ConfigError, RunConfig, SACConfig, StrategyConfig
 from distrl.data.replay import ReplayBuffer, check_replay_memory
 from distrl.env_names import shown_name
-from distrl.nets.factory import PolicySource, make_sac_networks
+from distrl.nets.factory import PolicySource, check_sac_precision, make_sac_networks
 from distrl.spaces import check_observation_space, stored_layout
 from distrl.protocols import Sync
 from distrl.training.common import TrainerBase
@@ -31,17 +31,21 @@ class OffPolicyTrainer(TrainerBase):
                  run_dir: Path | None = None, log: bool = True, strategy: StrategyConfig | None = None,
                  requested: SACConfig | None = None, device: torch.device | None = None,
                  policy: PolicySource = None):
+        self.policy_source = policy if policy is not None else run.policy
         super().__init__(run, cfg, sync, run_dir, log, strategy, requested, device)
         space = self.env.single_action_space
         assert isinstance(space, spaces.Box)
         self.action_dim = int(np.prod(space.shape))
         self.low, self.high = space.low.astype(np.float32), space.high.astype(np.float32)
         networks = make_sac_networks(self.env.single_observation_space, space, cfg, self.device, run.seed,
-                                     policy if policy is not None else run.policy, run.precision)
+                                     self.policy_source, run.precision)
         self.algo = SACAlgo(cfg, networks, self.device, run.seed)
         self.replay = ReplayBuffer(cfg.buffer_size, self.obs_shape, self.action_dim, self.obs_dtype)
         self.env_offset = self.sync.rank * cfg.n_envs
         self.start_segment()
+
+    def check_networks(self) -> None:
+        check_sac_precision(self.env.single_observation_space, self.cfg, self.policy_source, self.run.precision)
 
     @classmethod
     def check_spaces(cls, env_id: str, observation_space: Any, action_space: Any, cfg: Any) -> None:
