@@ -23,6 +23,15 @@ def test_mlp_backward_equals_autograd(activation):
     buf.grad.zero_()
     d_input = net.backward(inputs, grad_out, input_grad=True)
 
+    ref_out, ref_grad, ref_input = autograd_mlp(buf, x, grad_out, activation, torch.float32)
+    torch.testing.assert_close(out, ref_out)
+    torch.testing.assert_close(buf.grad, ref_grad, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(d_input, ref_input, rtol=1e-5, atol=1e-6)
+
+
+def autograd_mlp(buf, x, grad_out, activation, dtype):
+    """Output, buffer gradient and input gradient of the 3-layer MLP "m" by autograd, each product's operands
+    and result in ``dtype``."""
     flat = buf.data.clone().requires_grad_(True)
     xr = x.clone().requires_grad_(True)
     h = xr
@@ -30,13 +39,11 @@ def test_mlp_backward_equals_autograd(activation):
         s, e = buf.offsets[f"m.{i}.weight"]
         w = flat[s:e].view(buf.shapes[f"m.{i}.weight"])
         s, e = buf.offsets[f"m.{i}.bias"]
-        h = h @ w + flat[s:e]
+        h = (h.to(dtype) @ w.to(dtype)).float() + flat[s:e]
         if i < 2:
             h = torch.tanh(h) if activation == "tanh" else torch.relu(h)
-    torch.testing.assert_close(out, h.detach())
     (h * grad_out).sum().backward()
-    torch.testing.assert_close(buf.grad, flat.grad, rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(d_input, xr.grad, rtol=1e-5, atol=1e-6)
+    return h.detach(), flat.grad, xr.grad
 
 
 def test_bf16_products_round_their_operands_keep_float32_around_them_and_see_buffer_writes_at_once():
@@ -47,28 +54,15 @@ def test_bf16_products_round_their_operands_keep_float32_around_them_and_see_buf
     half.init_uniform(torch.Generator().manual_seed(0))
     x, grad_out = torch.randn(64, 17), torch.randn(64, 6)
 
-    def reference(low):  # autograd with each product's operands and result in ``low``
-        flat = buf.data.clone().requires_grad_(True)
-        xr = x.clone().requires_grad_(True)
-        h = xr
-        for i in range(3):
-            s, e = buf.offsets[f"m.{i}.weight"]
-            w = flat[s:e].view(buf.shapes[f"m.{i}.weight"])
-            s, e = buf.offsets[f"m.{i}.bias"]
-            h = (h.to(low) @ w.to(low)).float() + flat[s:e]
-            h = torch.relu(h) if i < 2 else h
-        (h * grad_out).sum().backward()
-        return h.detach(), flat.grad, xr.grad
-
     out, inputs = half.forward_cached(x)
     buf.grad.zero_()
     d_input = half.backward(inputs, grad_out, input_grad=True)
     assert out.dtype == buf.grad.dtype == d_input.dtype == torch.float32
-    ref_out, ref_grad, ref_input = reference(torch.bfloat16)
+    ref_out, ref_grad, ref_input = autograd_mlp(buf, x, grad_out, "relu", torch.bfloat16)
     torch.testing.assert_close(out, ref_out, rtol=1e-2, atol=1e-3)
     torch.testing.assert_close(buf.grad, ref_grad, rtol=2e-2, atol=1e-2)
     torch.testing.assert_close(d_input, ref_input, rtol=2e-2, atol=1e-3)
-    full_out, full_grad, _ = reference(torch.float32)
+    full_out, full_grad, _ = autograd_mlp(buf, x, grad_out, "relu", torch.float32)
     assert not torch.equal(out, full_out)  # rounded, so not float32's result...
     torch.testing.assert_close(out, full_out, rtol=5e-2, atol=5e-3)  # ...but the same function
     assert torch.nn.functional.cosine_similarity(buf.grad, full_grad, dim=0) > 0.999
