@@ -44,8 +44,9 @@ class OffPolicyTrainer(TrainerBase):
         self.env_offset = self.sync.rank * cfg.n_envs
         self.start_segment()
 
-    def check_networks(self) -> None:
-        check_sac_precision(self.env.single_observation_space, self.cfg, self.policy_source, self.run.precision)
+    @classmethod
+    def check_networks(cls, run: RunConfig, cfg: Any, observation_space: Any, policy: PolicySource) -> None:
+        check_sac_precision(observation_space, cfg, policy if policy is not None else run.policy, run.precision)
 
     @classmethod
     def check_spaces(cls, env_id: str, observation_space: Any, action_space: Any, cfg: Any) -> None:
