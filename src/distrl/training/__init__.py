@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from distrl.training.common import (EVAL_SEED_OFFSET, TrainerBase, configs_from_checkpoint, default_run_dir,
-                                    resolve_device)
+from distrl.training.common import EVAL_SEED_OFFSET, TrainerBase, default_run_dir, resolve_device
 from distrl.training.episodic import EpisodicTrainer
 from distrl.training.group import GroupTrainer
 from distrl.training.off_policy import OffPolicyTrainer
 from distrl.training.on_policy import OnPolicyTrainer
+from distrl.training.state import configs_from_checkpoint
 
 TRAINERS: dict[str, Any] = {"ppo": OnPolicyTrainer, "sac": OffPolicyTrainer, "reinforce": EpisodicTrainer,
                             "grpo": GroupTrainer}

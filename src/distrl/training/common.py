@@ -1,4 +1,4 @@
-"""What every training loop shares: placement, logging, evaluation, checkpoints.
+"""What every training loop shares: placement, logging, evaluation (checkpoints: ``state.py``).
 
 A trainer runs on one worker. Strategies differ only in the ``Sync`` they pass in
 and in which worker is the main one (it logs and writes checkpoints); the loop, the
@@ -7,7 +7,6 @@ algorithm and the collector are the same everywhere.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from datetime import datetime
@@ -20,15 +19,16 @@ from gymnasium import spaces
 
 import distrl
 from distrl import checkpoint
-from distrl.config import ALGO_CONFIGS, ConfigError, RunConfig, StrategyConfig, from_dict, to_dict
+from distrl.config import ConfigError, RunConfig, StrategyConfig
 from distrl.envs import VecEnv, make_run_env
-from distrl.env_names import portable_env_name, resolve_env_id
+from distrl.env_names import resolve_env_id
 from distrl.evaluation import evaluate
-from distrl.logs import MONITOR_FILE, Console, RunLogger, write_json_atomic
+from distrl.logs import Console, RunLogger, write_json_atomic
 from distrl.nets.factory import PolicySource
 from distrl.nets.recurrent import StatefulPolicy
 from distrl.protocols import LocalSync, Sync
 from distrl.spaces import DictLayout, stored_layout
+from distrl.training.state import RunState, resumed_line
 
 EVAL_SEED_OFFSET = 1_000_000
 
@@ -44,28 +44,6 @@ def resolve_device(device: str) -> torch.device:
 def default_run_dir(run: RunConfig, env_id: str) -> Path:
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     return Path("runs") / f"{run.algo}-{env_id.replace('/', '_')}-s{run.seed}-{stamp}"
-
-
-def space_to_json(space: spaces.Space) -> dict[str, Any]:
-    if isinstance(space, spaces.Discrete):
-        return {"type": "Discrete", "n": int(space.n)}
-    if isinstance(space, spaces.MultiDiscrete):
-        return {"type": "MultiDiscrete", "nvec": np.asarray(space.nvec).tolist()}
-    if isinstance(space, spaces.MultiBinary):
-        return {"type": "MultiBinary", "n": np.asarray(space.n).tolist()}
-    assert isinstance(space, spaces.Box)
-    return {"type": "Box", "low": space.low.tolist(), "high": space.high.tolist(), "shape": list(space.shape)}
-
-
-def configs_from_checkpoint(path: Path) -> tuple[RunConfig, StrategyConfig, Any, dict[str, Any]]:
-    """The run, strategy and (requested) algorithm configs stored in a checkpoint, and its JSON state."""
-    _, state = checkpoint.load(path)
-    config = state["config"]
-    algo = state.get("algo", "ppo")
-    if algo not in ALGO_CONFIGS:
-        raise ConfigError(f"checkpoint={str(path)!r} holds an unknown algorithm {algo!r}")
-    return (from_dict(RunConfig, config["run"]), from_dict(StrategyConfig, config["strategy"]),
-            from_dict(ALGO_CONFIGS[algo], config[algo]), state)
 
 
 def set_cpu_options(run: RunConfig) -> None:
@@ -88,14 +66,8 @@ def init_worker(trainer: Any, run: RunConfig, cfg: Any, sync: Sync | None, strat
         set_cpu_options(run)
 
 
-def resumed_line(at: str, path: Path) -> str:
-    """The event a resumed run logs: where it goes on from, and torchrun's restart count if it restarted it."""
-    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    return f"resumed at {at} from {path}" + (f" (torchrun restart {restart})" if restart != "0" else "")
-
-
-class TrainerBase:
-    """Placement, logging, evaluation and checkpoint plumbing around an algorithm's loop.
+class TrainerBase(RunState):
+    """Placement, logging and evaluation around an algorithm's loop; checkpoints and broadcast from RunState.
 
     Subclasses build their algorithm and collector in ``__init__`` and implement
     ``train``, ``act_for_eval``, ``state_tensors``/``load_state_tensors`` and ``start_segment``.
@@ -209,20 +181,6 @@ class TrainerBase:
         if self._eval_policy is None or self._eval_policy.n_envs != len(obs):
             self._eval_policy = StatefulPolicy(agent, len(obs))
         return self._eval_policy(obs, starts)
-
-    def state_tensors(self) -> dict[str, torch.Tensor]:
-        raise NotImplementedError
-
-    def load_state_tensors(self, tensors: dict[str, torch.Tensor], path: Path) -> None:
-        raise NotImplementedError
-
-    def start_segment(self) -> None:
-        raise NotImplementedError
-
-    def broadcast_tensors(self) -> list[torch.Tensor]:
-        """Tensors that rank 0 sends to every worker at start-up (parameters, optimizer state,
-        packed statistics); parameters and optimizer state are the live tensors themselves."""
-        raise NotImplementedError
 
     # ---- shared loop pieces ----
 
@@ -399,80 +357,3 @@ class TrainerBase:
             self.logger.close()
             self.logger = None
 
-    # ---- checkpoints ----
-
-    def config_dict(self) -> dict[str, Any]:
-        return {"run": to_dict(self.run.replace(env=portable_env_name(self.env_id))), "strategy": to_dict(self.strategy),
-                self.algo_name: to_dict(self.requested), f"{self.algo_name}_effective": to_dict(self.cfg)}
-
-    def counters(self) -> dict[str, Any]:
-        return {"steps": self.steps, "iteration": self.iteration, "episodes": self.episodes,
-                "policy_version": self.policy_version, "train_s": self.train_s,
-                "wall_s": self.wall_before + time.perf_counter() - self._created}
-
-    def checkpoint_contents(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-        state = {
-            "algo": self.algo_name, "env_id": portable_env_name(self.env_id), "config": self.config_dict(), **self.counters(),
-            "observation_dim": self.obs_dim, "action_space": space_to_json(self.env.single_action_space),
-            "distrl_version": distrl.__version__,
-            "monitor_rows": self.logger.monitor_rows() if self.logger is not None else {},
-        }
-        return self.state_tensors(), state
-
-    def save_checkpoint(self, path: Path | None = None) -> Path | None:
-        """Write a checkpoint (main worker); a periodic one (no ``path``) also starts a new segment.
-
-        Each periodic checkpoint is an episode boundary: every worker restarts its
-        environments and random streams from seeds derived from the step count (see
-        ``start_segment``), so a run resumed from it continues exactly as the
-        uninterrupted run does.
-        """
-        written = None
-        if self.is_main and (path is not None or self.run_dir is not None):
-            target = path or self.run_dir / checkpoint.CHECKPOINTS_DIR / f"step-{self.steps:012d}"  # type: ignore[operator]
-            tensors, state = self.checkpoint_contents()
-            written = checkpoint.save(target, tensors, state)
-            self.after_checkpoint(target)
-        if path is None:
-            self.start_segment()
-        return written
-
-    def after_checkpoint(self, path: Path) -> None:
-        """Hook: write what does not belong in the checkpoint's tensors (a replay buffer)."""
-
-    def load_checkpoint(self, path: Path) -> None:
-        tensors, state = checkpoint.load(path)
-        if state.get("algo") != self.algo_name:
-            raise ConfigError(f"checkpoint={str(path)!r} holds a {state.get('algo')!r} model, not {self.algo_name}")
-        try:
-            self.load_state_tensors(tensors, path)
-        except (KeyError, ValueError, RuntimeError) as exc:
-            raise ConfigError(f"checkpoint={str(path)!r} does not fit this model: {exc}") from None
-        self.steps, self.iteration = state["steps"], state["iteration"]
-        self.episodes, self.policy_version = state["episodes"], state["policy_version"]
-        self.train_s = state.get("train_s", 0.0)
-        self.wall_before = state.get("wall_s", 0.0)
-        if self.logger is not None:  # older checkpoints: the main Monitor file holds every episode
-            self.logger.rewind(state.get("monitor_rows") or {MONITOR_FILE: self.episodes})
-        self.start_segment()
-
-    COUNTERS = ("steps", "iteration", "episodes", "policy_version", "train_s")
-    """The counters a worker receives with the main worker's state (:meth:`counters_tensor`)."""
-
-    def counters_tensor(self) -> torch.Tensor:
-        return torch.tensor([getattr(self, name) for name in self.COUNTERS], dtype=torch.float64)
-
-    def broadcast_state(self) -> None:
-        """Make every worker hold the main worker's tensors, statistics and counters."""
-        tensors = self.broadcast_tensors()
-        for tensor in tensors:
-            self.sync.broadcast_(tensor)
-        counters = self.counters_tensor()
-        self.sync.broadcast_(counters)
-        for name, value in zip(self.COUNTERS, counters.tolist()):
-            setattr(self, name, float(value) if name == "train_s" else int(value))
-        self.after_broadcast(tensors)
-        self.start_segment()
-
-    def after_broadcast(self, tensors: list[torch.Tensor]) -> None:
-        """Hook: unpack what :meth:`broadcast_tensors` packed; refresh acting copies and caches."""

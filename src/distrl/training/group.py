@@ -32,7 +32,8 @@ from distrl.nets.core import checksum
 from distrl.nets.factory import make_group_policy
 from distrl.protocols import Sync
 from distrl.tasks import TEXT_TASK, GroupTask, StateTask, make_group_task
-from distrl.training.common import init_worker, resumed_line
+from distrl.training.common import init_worker
+from distrl.training.state import resumed_line
 
 EVAL_STATES = 1024
 """Fresh states of a numeric task's greedy evaluation."""
