@@ -38,10 +38,6 @@ def run_cli(*args, cwd=None):
     (["train", "ppo", "CartPole-v1", "--env-kwargs", "speed=2"], "env_kwargs=speed=2 is not accepted by CartPole-v1"),
     (["train", "ppo", "CartPole-v1", "--wrapper", "distrl_testenvs:broken_wrapper"], "'distrl_testenvs:broken_wrapper' returned"),
     (["train", "ppo", "CartPole-v1", "--policy", "nets"], "policy='nets' is not allowed"),
-    (["train", "sac", "distrl_spaceenvs:DictTargetEnv", "--precision", "bf16"],
-     "precision='bf16' is not allowed with sac on Dict observations"),
-    (["train", "sac", "distrl_spaceenvs:DictTargetEnv", "--precision", "bf16", "--strategy", "ddp", "--workers", "2"],
-     "precision='bf16' is not allowed with sac on Dict observations"),  # in the launcher, not in each rank
     # flags tyro cannot parse: its box of lines read back as one
     (["train", "ppo", "CartPole-v1", "--net-arch", "256,256"], "['256,256']; the flag takes --net-arch [INT [INT ...]]"),
     (["train", "ppo", "CartPole-v1", "--n-step", "5"], "Unrecognized options: --n-step, 5; did you mean --n-steps INT?"),

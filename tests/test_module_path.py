@@ -257,13 +257,14 @@ def test_bf16_autocast_runs_the_module_in_bfloat16_and_keeps_float32_gradients()
     assert cosine > 0.99  # ...by bfloat16 rounding only
 
 
-def test_bf16_is_refused_for_sacs_modules_and_multiplies_its_mlps_in_bfloat16():
+def test_sac_bf16_runs_its_modules_under_autocast_and_multiplies_its_mlps_in_bfloat16():
     from distrl.config import SACConfig
     from distrl.training import OffPolicyTrainer
 
-    with pytest.raises(ConfigError, match="precision='bf16' is not allowed with sac on Dict observations"):
-        OffPolicyTrainer(RunConfig(algo="sac", env="distrl_spaceenvs:DictTargetEnv", precision="bf16", quiet=True),
-                         SACConfig())
+    trainer = OffPolicyTrainer(RunConfig(algo="sac", env="distrl_spaceenvs:DictTargetEnv", precision="bf16", quiet=True),
+                               SACConfig())
+    assert {net.autocast for net in (trainer.algo.actor, trainer.algo.critic, trainer.algo.critic_target)} == {torch.bfloat16}
+    trainer.close()
     trainer = OffPolicyTrainer(RunConfig(algo="sac", env="Pendulum-v1", precision="bf16", quiet=True), SACConfig())
     assert {net.matmul_dtype for net in (trainer.algo.actor.net, trainer.algo.critic.q1, trainer.algo.critic.q2,
                                          trainer.algo.critic_target.q1)} == {torch.bfloat16}

@@ -38,7 +38,7 @@ def copy_into_modules(closed, module) -> None:
 def both_paths():
     closed = SACAlgo(CFG, make_sac_networks(OBS, ACT, CFG, "cpu", 0), torch.device("cpu"), 0)
     built = lambda o, a, c: (SACActorModule(Flatten((3,)), 2, c.net_arch, c.activation),  # noqa: E731
-                             TwinQModule((Flatten((3,)), Flatten((3,))), 2, c.net_arch, c.activation))
+                             TwinQModule(Flatten((3,)), 2, c.net_arch, c.activation))
     module = SACAlgo(CFG, make_sac_networks(OBS, ACT, CFG, "cpu", 0, built), torch.device("cpu"), 0)
     assert isinstance(closed.actor, SquashedGaussianActor) and isinstance(closed.critic, TwinQ)
     assert isinstance(module.actor, ModuleSquashedActor) and isinstance(module.critic, ModuleTwinQ)
@@ -84,8 +84,10 @@ def test_the_critics_action_gradient_reaches_the_actor_and_leaves_the_critic_alo
 
 
 @pytest.mark.slow
-def test_sac_learns_a_task_that_needs_both_keys_of_a_dict_observation():
-    run = RunConfig(algo="sac", env="distrl_spaceenvs:DictTargetEnv", total_steps=2_500, seed=0, vec="sync", quiet=True)
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_sac_learns_a_task_that_needs_both_keys_of_a_dict_observation(precision):
+    run = RunConfig(algo="sac", env="distrl_spaceenvs:DictTargetEnv", total_steps=2_500, seed=0, vec="sync", quiet=True,
+                    precision=precision)
     trainer = OffPolicyTrainer(run, SACConfig(net_arch=(64, 64), learning_rate=1e-3, batch_size=64,
                                               learning_starts=200, buffer_size=10_000))
     assert isinstance(trainer.algo.actor, ModuleSquashedActor)
@@ -107,3 +109,33 @@ def test_a_sac_policy_of_the_wrong_kind_is_a_clear_error():
 def test_sac_refuses_discrete_actions_before_training():
     with pytest.raises(ConfigError, match="Discrete action space; sac needs Box"):
         OffPolicyTrainer(RunConfig(algo="sac", env="distrl_spaceenvs:QuadrantEnv", vec="sync", quiet=True), SACConfig())
+
+
+def test_bf16_runs_sacs_modules_in_bfloat16_and_keeps_parameters_gradients_and_outputs_float32():
+    space = gym.spaces.Box(0, 255, (4, 36, 36), np.uint8)  # the Nature CNN's smallest input
+    cfg = SACConfig(batch_size=16, buffer_size=100, net_arch=(32,), ent_coef="auto_0.3")
+    algos = {p: SACAlgo(cfg, make_sac_networks(space, ACT, cfg, "cpu", 0, precision=p), torch.device("cpu"), 0)
+             for p in ("fp32", "bf16")}
+    assert torch.equal(algos["fp32"].critic.params.data, algos["bf16"].critic.params.data)  # one initialisation
+    conv_out = {p: set() for p in algos}
+    for p, algo in algos.items():
+        for net in (algo.actor.module, algo.critic.module):
+            for layer in net.modules():
+                if isinstance(layer, torch.nn.Conv2d):
+                    layer.register_forward_hook(lambda m, i, o, p=p: conv_out[p].add(o.dtype))
+    g = torch.Generator().manual_seed(0)
+    obs, next_obs = (torch.randint(0, 256, (16, 4, 36, 36), generator=g, dtype=torch.uint8) for _ in range(2))
+    batch = Transitions(obs, torch.rand(16, 2, generator=g) * 2 - 1, torch.randn(16, generator=g), next_obs,
+                        torch.zeros(16))
+    eps_next, eps_pi = torch.randn(16, 2, generator=g), torch.randn(16, 2, generator=g)
+    losses, grads = {}, {}
+    for p, algo in algos.items():
+        metrics = algo.update(batch, LocalSync(), eps_next, eps_pi)
+        losses[p] = metrics["losses/critic_loss"]
+        grads[p] = torch.cat([algo.critic.params.grad, algo.actor.params.grad])
+        assert algo.critic.params.data.dtype == grads[p].dtype == torch.float32
+        assert algo.actor.act(obs.numpy()[:2], None).dtype == np.float32
+    assert conv_out == {"fp32": {torch.float32}, "bf16": {torch.bfloat16}}
+    assert not torch.equal(grads["fp32"], grads["bf16"])  # the arithmetic differed...
+    assert torch.nn.functional.cosine_similarity(grads["fp32"], grads["bf16"], dim=0) > 0.99  # ...by rounding only
+    assert losses["bf16"] == pytest.approx(losses["fp32"], rel=0.02)

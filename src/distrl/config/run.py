@@ -101,9 +101,9 @@ class RunConfig:
     precision: Precision = "fp32"
     """Arithmetic of the module path's networks (images, Dict observations, --policy) and of GRPO's language
     models: bf16 runs their forward and backward (and generation) under bfloat16 autocast, with float32
-    weights, Adam and losses; on a CPU with AVX-512 BF16 it trained the Nature CNN 1.9x faster. For sac,
-    bf16 multiplies the MLPs' matrices (flat-vector observations) in bfloat16 instead, everything else
-    float32; sac's modules take fp32 only. ppo's and reinforce's MLPs always use float32."""
+    weights, Adam and losses; on a CPU with AVX-512 BF16 it trained the Nature CNN 1.9x faster. For sac's
+    MLPs (flat-vector observations) bf16 multiplies the matrices in bfloat16, everything else float32.
+    ppo's and reinforce's MLPs always use float32."""
     threads: int = 1
     """Intra-op torch threads per process. 1 suits small networks and several workers per machine;
     wide networks (256x256 MLPs, CNNs) gain from more when the process has the cores to itself."""

@@ -159,22 +159,15 @@ class SACNetworks(NamedTuple):
     critic_target: TwinQ | ModuleTwinQ
 
 
-def check_sac_precision(observation_space: spaces.Space, cfg: Any, policy: PolicySource, precision: str) -> None:
-    """bf16 multiplies SAC's closed-form MLPs in bfloat16; its modules take float32 only."""
-    if precision != "fp32" and not uses_closed_form(observation_space, spaces.Box(-1, 1, (1,)), cfg, policy):
-        raise ConfigError(f"precision={precision!r} is not allowed with sac on {type(observation_space).__name__} "
-                          "observations or a --policy: must be fp32 (bf16 applies to sac's MLPs on flat vectors)")
-
-
 def make_sac_networks(observation_space: spaces.Space, action_space: spaces.Space, cfg: Any,
                       device: torch.device | str, seed: int, policy: PolicySource = None,
                       precision: str = "fp32") -> SACNetworks:
     """SAC's networks: closed-form MLPs for flat vectors, modules otherwise (see ``nets/sac_module.py``).
 
     A user's ``policy`` factory returns either ``(actor, critic)`` modules with the contracts stated
-    there, or an encoder with ``features_dim`` that distrl copies in front of its own actor and Q heads.
-    ``precision='bf16'`` multiplies the closed-form MLPs' matrices in bfloat16 (float32 weights, Adam and
-    losses); the modules refuse it.
+    there, or an encoder with ``features_dim`` that distrl copies twice: the actor's, and one the two Q heads share.
+    ``precision='bf16'`` multiplies the closed-form MLPs' matrices in bfloat16 and runs the modules under
+    bfloat16 autocast (float32 weights, gradients, Adam and losses either way).
     """
     device = torch.device(device)
     action_dim = int(np.prod(action_space.shape))
@@ -185,7 +178,6 @@ def make_sac_networks(observation_space: spaces.Space, action_space: spaces.Spac
         return SACNetworks(SquashedGaussianActor(obs_dim, action_dim, cfg.net_arch, cfg.activation, device, seed, low),
                            TwinQ(obs_dim, action_dim, cfg.net_arch, cfg.activation, device, seed, extra, low),
                            TwinQ(obs_dim, action_dim, cfg.net_arch, cfg.activation, device, seed, extra, low))
-    check_sac_precision(observation_space, cfg, policy, precision)
     source = resolve_policy(policy)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)  # module initialisation, the same on every worker and rerun
@@ -197,14 +189,13 @@ def make_sac_networks(observation_space: spaces.Space, action_space: spaces.Spac
             actor_module, critic_module = made
         elif isinstance(made, nn.Module) and isinstance(getattr(made, "features_dim", None), (int, np.integer)):
             actor_module = SACActorModule(made, action_dim, tuple(cfg.net_arch), cfg.activation)
-            critic_module = TwinQModule((copy.deepcopy(made), copy.deepcopy(made)), action_dim, tuple(cfg.net_arch),
-                                        cfg.activation)
+            critic_module = TwinQModule(copy.deepcopy(made), action_dim, tuple(cfg.net_arch), cfg.activation)
         else:
             raise ConfigError(f"policy={_name(policy)} returned {type(made).__name__}: for sac a policy factory returns "
                               "(actor, critic) modules or an encoder module with an integer features_dim")
-    critic = ModuleTwinQ(critic_module, device, extra)
-    return SACNetworks(ModuleSquashedActor(actor_module, action_dim, device), critic,
-                       ModuleTwinQ(critic_module, device, extra))
+    autocast = torch.bfloat16 if precision == "bf16" else None
+    return SACNetworks(ModuleSquashedActor(actor_module, action_dim, device, autocast),
+                       ModuleTwinQ(critic_module, device, extra, autocast), ModuleTwinQ(critic_module, device, extra, autocast))
 
 
 def make_group_policy(task: Any, run: Any, cfg: Any, device: torch.device, role: str = "learner") -> Any:

@@ -13,11 +13,17 @@ The same statements of the gradient as the closed-form networks in ``nets/sac.py
 Module contracts: the actor's ``forward(obs) -> [B, 2 * action_dim]`` (means, then raw log-stds);
 the critic's ``forward(obs, action) -> (q1, q2)``, each [B] or [B, 1]. Observations arrive as for
 the on-policy module path (their stored dtype; Dict observations as packed rows).
+
+With ``autocast`` (``--precision bf16``) the modules run under bfloat16 autocast, as the on-policy
+module path does: their outputs come back as float32, and the parameters, their gradients, the action
+gradient, the losses and Adam stay float32.
 """
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -47,6 +53,10 @@ def _views(params: ParamBuffer, tensor: torch.Tensor, names: list[str]) -> dict[
     return {n: tensor[params.offsets[n][0]:params.offsets[n][1]].view(params.shapes[n]) for n in names}
 
 
+def _autocast(device: torch.device, dtype: torch.dtype | None) -> AbstractContextManager[Any]:
+    return torch.autocast(device.type, dtype=dtype or torch.bfloat16, enabled=dtype is not None)
+
+
 @dataclass
 class ModuleSample:
     """Reparameterised actions ``tanh(mean + std * eps)`` still attached to the actor's graph."""
@@ -58,10 +68,11 @@ class ModuleSample:
 class ModuleSquashedActor:
     """A tanh-squashed Gaussian actor over a module; the interface of ``SquashedGaussianActor``."""
 
-    def __init__(self, module: nn.Module, action_dim: int, device: torch.device):
+    def __init__(self, module: nn.Module, action_dim: int, device: torch.device, autocast: torch.dtype | None = None):
         self.module = module.to(device)
         self.action_dim = action_dim
         self.device = device
+        self.autocast = autocast
         self.params = _buffer(module, device)
         self.names = list(self.params.shapes)
 
@@ -69,7 +80,9 @@ class ModuleSquashedActor:
         """Acting reads the buffer itself."""
 
     def _out(self, obs: torch.Tensor, source: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        out = functional_call(self.module, _views(self.params, source, self.names), (obs.to(self.device),))
+        with _autocast(self.device, self.autocast):
+            out = functional_call(self.module, _views(self.params, source, self.names), (obs.to(self.device),))
+        out = out.float()
         if out.shape[-1] != 2 * self.action_dim:
             raise ConfigError(f"the SAC actor module returned {tuple(out.shape)}; it must return "
                               f"[batch, {2 * self.action_dim}] (means, then log-stds)")
@@ -109,15 +122,18 @@ class ModuleTwinQ:
     The target critic is a second instance over the same module: the module is only structure.
     """
 
-    def __init__(self, module: nn.Module, device: torch.device, extra: dict[str, tuple[int, ...]] | None = None):
+    def __init__(self, module: nn.Module, device: torch.device, extra: dict[str, tuple[int, ...]] | None = None,
+                 autocast: torch.dtype | None = None):
         self.module = module.to(device)
         self.device = device
+        self.autocast = autocast
         self.params = _buffer(module, device, extra)
         self.names = [n for n, _ in module.named_parameters()]
 
     def _q(self, obs: torch.Tensor, action: torch.Tensor, source: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        q1, q2 = functional_call(self.module, _views(self.params, source, self.names), (obs.to(self.device), action))
-        return q1.reshape(-1), q2.reshape(-1)
+        with _autocast(self.device, self.autocast):
+            q1, q2 = functional_call(self.module, _views(self.params, source, self.names), (obs.to(self.device), action))
+        return q1.reshape(-1).float(), q2.reshape(-1).float()
 
     def forward(self, obs: torch.Tensor, action: torch.Tensor) -> ModuleQForward:
         leaf = action.detach().requires_grad_(True)
@@ -153,15 +169,17 @@ class SACActorModule(nn.Module):
 
 
 class TwinQModule(nn.Module):
-    """Two Q functions, each its own encoder → MLP on [features, action] (clipped double Q)."""
+    """Two Q functions over one encoder: encoder → [features, action] → an MLP each (clipped double Q).
 
-    def __init__(self, encoders: tuple[nn.Module, nn.Module], action_dim: int, net_arch: tuple[int, ...],
-                 activation: str):
+    Both Q losses train the shared encoder; it runs once per critic call, not twice."""
+
+    def __init__(self, encoder: nn.Module, action_dim: int, net_arch: tuple[int, ...], activation: str):
         super().__init__()
-        self.encoders = nn.ModuleList(encoders)
-        self.heads = nn.ModuleList(MLPHead((int(e.features_dim) + action_dim, *net_arch, 1), activation)  # type: ignore[arg-type]
-                                   for e in encoders)
+        self.encoder = encoder
+        self.heads = nn.ModuleList(MLPHead((int(encoder.features_dim) + action_dim, *net_arch, 1), activation)  # type: ignore[arg-type]
+                                   for _ in range(2))
 
     def forward(self, obs: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        q1, q2 = (head(torch.cat([enc(obs), action], -1)) for enc, head in zip(self.encoders, self.heads))
+        inputs = torch.cat([self.encoder(obs), action], -1)
+        q1, q2 = (head(inputs) for head in self.heads)
         return q1, q2

@@ -24,7 +24,6 @@ from distrl.envs import VecEnv, make_run_env
 from distrl.env_names import resolve_env_id
 from distrl.evaluation import evaluate
 from distrl.logs import Console, RunLogger, write_json_atomic
-from distrl.nets.factory import PolicySource
 from distrl.nets.recurrent import StatefulPolicy
 from distrl.protocols import LocalSync, Sync
 from distrl.spaces import DictLayout, stored_layout
@@ -76,8 +75,6 @@ class TrainerBase(RunState):
     algo_name = ""
     counts_iterations = False
     """Whether --iterations bounds this trainer's runs (else it trains for total_steps)."""
-    policy_source: PolicySource = None
-    """The network the Python API was given (module, class or factory); None: ``run.policy``."""
 
     def __init__(self, run: RunConfig, cfg: Any, sync: Sync | None, run_dir: Path | None, log: bool,
                  strategy: StrategyConfig | None, requested: Any, device: torch.device | None):
@@ -86,7 +83,6 @@ class TrainerBase(RunState):
         self.env = make_run_env(run, cfg.n_envs, self.env_id)
         try:
             self.check_spaces(self.env_id, self.env.single_observation_space, self.env.single_action_space, cfg)
-            self.check_networks(run, cfg, self.env.single_observation_space, self.policy_source)
         except ConfigError:
             self.env.close()
             raise
@@ -136,14 +132,8 @@ class TrainerBase(RunState):
         env = make_run_env(run, 1)
         try:
             cls.check_spaces(env.env_id, env.single_observation_space, env.single_action_space, cfg)
-            cls.check_networks(run, cfg, env.single_observation_space, None)
         finally:
             env.close()
-
-    @classmethod
-    def check_networks(cls, run: RunConfig, cfg: Any, observation_space: spaces.Space, policy: PolicySource) -> None:
-        """Refuse, before the run directory is made, what this run's networks (``policy``, else ``run.policy``)
-        cannot do with these observations."""
 
     @classmethod
     def check_spaces(cls, env_id: str, observation_space: spaces.Space, action_space: spaces.Space, cfg: Any) -> None:

@@ -14,7 +14,7 @@ from distrl.algos.sac import SACAlgo
 from distrl.config import ConfigError, RunConfig, SACConfig, StrategyConfig
 from distrl.data.replay import ReplayBuffer, check_replay_memory
 from distrl.env_names import shown_name
-from distrl.nets.factory import PolicySource, check_sac_precision, make_sac_networks
+from distrl.nets.factory import PolicySource, make_sac_networks
 from distrl.spaces import check_observation_space, stored_layout
 from distrl.protocols import Sync
 from distrl.training.common import TrainerBase
@@ -43,10 +43,6 @@ class OffPolicyTrainer(TrainerBase):
         self.replay = ReplayBuffer(cfg.buffer_size, self.obs_shape, self.action_dim, self.obs_dtype)
         self.env_offset = self.sync.rank * cfg.n_envs
         self.start_segment()
-
-    @classmethod
-    def check_networks(cls, run: RunConfig, cfg: Any, observation_space: Any, policy: PolicySource) -> None:
-        check_sac_precision(observation_space, cfg, policy if policy is not None else run.policy, run.precision)
 
     @classmethod
     def check_spaces(cls, env_id: str, observation_space: Any, action_space: Any, cfg: Any) -> None:
