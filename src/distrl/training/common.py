@@ -346,4 +346,3 @@ class TrainerBase(RunState):
         if self.logger is not None:
             self.logger.close()
             self.logger = None
-
