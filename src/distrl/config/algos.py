@@ -144,7 +144,8 @@ class SACConfig:
     """Hidden activation."""
     encoder: Encoder = "auto"
     """Observation encoder, as for PPO: the closed-form MLPs for flat vectors; for images and Dict
-    observations the actor and each critic get their own encoder (auto, nature, small or impala)."""
+    observations the actor gets one and the critic another, which its two Q heads share (auto, nature,
+    small or impala)."""
     save_replay: bool = False
     """Store the replay buffer with each checkpoint (safetensors) so --resume restores it."""
 
