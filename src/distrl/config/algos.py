@@ -148,6 +148,10 @@ class SACConfig:
     small or impala)."""
     save_replay: bool = False
     """Store the replay buffer with each checkpoint (safetensors) so --resume restores it."""
+    optimize_memory_usage: bool = False
+    """Keep each observation once in the replay buffer: a transition's next observation is the one the
+    env's next transition starts from. Halves the buffer's memory for images; an episode takes one row
+    more than its steps, so the buffer holds slightly fewer transitions than buffer_size."""
 
     def __post_init__(self) -> None:
         require_positive(self, "n_envs", "learning_rate", "buffer_size", "batch_size", "train_freq", "gradient_steps",
@@ -157,6 +161,8 @@ class SACConfig:
         require_fraction(self, "gamma")
         require(self.buffer_size >= self.batch_size, "buffer_size", self.buffer_size,
                 f">= batch_size ({self.batch_size})", "a buffer smaller than a batch cannot be sampled")
+        require(not self.optimize_memory_usage or self.buffer_size > 2 * self.n_envs, "buffer_size", self.buffer_size,
+                f"> 2 * n_envs ({2 * self.n_envs}) with optimize_memory_usage", "each env holds up to two rows at once")
         require(len(self.net_arch) > 0 and all(h > 0 for h in self.net_arch),
                 "net_arch", self.net_arch, "one or more positive layer sizes")
         self.entropy_setting()  # validates ent_coef

@@ -77,19 +77,124 @@ class ReplayBuffer:
         tmp.replace(path)
 
     def load(self, path: Path) -> None:
-        from safetensors import SafetensorError
-        from safetensors.numpy import load_file
-
-        try:
-            data = load_file(str(path))
-        except (SafetensorError, OSError) as exc:
-            raise ConfigError(f"replay buffer {str(path)!r} is missing, truncated or corrupt ({exc})") from None
+        data, _ = _load_replay(path, "full")
         n = len(data["rewards"])
         keep = min(n, self.capacity)
         for f in self.FIELDS:
             getattr(self, f)[:keep] = data[f][n - keep:]
         self.size = keep
         self.pos = keep % self.capacity
+
+
+class CompactReplayBuffer:
+    """A ring buffer of ``capacity`` rows that keeps each observation once (``optimize_memory_usage``).
+
+    A transition is stored in the row of its observation and points to the row of its next one.
+    An env's next transition usually starts from that very observation, so it reuses the row:
+    it does whenever its observation is byte for byte the one the row holds. After an episode's end
+    or a reset (each checkpoint starts a new segment) the observation differs and takes a row of its
+    own, so an episode of T steps takes T + 1 rows instead of the 2T rows of :class:`ReplayBuffer`'s
+    two observation arrays. Sampling is uniform over the stored transitions; rows are reused oldest
+    first, and a transition leaves with its own row (its next row is always the newer of the two).
+    """
+
+    FIELDS = ("obs", "actions", "rewards", "terminated", "next_row", "starts")
+
+    def __init__(self, capacity: int, obs_dim: int | tuple[int, ...], action_dim: int,
+                 obs_dtype: np.dtype | type = np.float32):
+        self.capacity = capacity
+        obs_shape = (obs_dim,) if isinstance(obs_dim, int) else tuple(obs_dim)
+        self.obs = np.zeros((capacity, *obs_shape), dtype=obs_dtype)
+        self.actions = np.zeros((capacity, action_dim), dtype=np.float32)
+        self.rewards = np.zeros(capacity, dtype=np.float32)
+        self.terminated = np.zeros(capacity, dtype=np.float32)
+        self.next_row = np.zeros(capacity, dtype=np.int64)
+        self.starts = np.zeros(capacity, dtype=bool)
+        """Whether a row begins a stored transition (else it only holds an observation, or nothing yet)."""
+        self.pos = 0
+        self.filled = 0
+        self.size = 0
+        self.last = np.zeros(0, dtype=np.int64)
+        """Per env: the row holding its latest next observation, -1 if none."""
+
+    def _take(self) -> int:
+        row = self.pos
+        if self.starts[row]:
+            self.starts[row] = False
+            self.size -= 1
+        self.last[self.last == row] = -1
+        self.pos = (row + 1) % self.capacity
+        self.filled = max(self.filled, row + 1)
+        return row
+
+    def add(self, obs: np.ndarray, actions: np.ndarray, rewards: np.ndarray, next_obs: np.ndarray,
+            terminated: np.ndarray, valid: np.ndarray) -> None:
+        """Add one vector step [n_envs, ...]; rows with ``valid == False`` (reset steps) are skipped."""
+        if len(self.last) != len(valid):
+            self.last = np.full(len(valid), -1, dtype=np.int64)
+        for env in np.flatnonzero(valid):
+            row = int(self.last[env])
+            if row < 0 or not np.array_equal(self.obs[row], obs[env]):
+                row = self._take()
+                self.obs[row] = obs[env]
+            following = self._take()
+            self.obs[following] = next_obs[env]
+            self.actions[row] = actions[env]
+            self.rewards[row] = rewards[env]
+            self.terminated[row] = terminated[env]
+            self.next_row[row] = following
+            self.starts[row] = True
+            self.size += 1
+            self.last[env] = following
+
+    def sample(self, batch_size: int, rng: np.random.Generator, device: torch.device | str = "cpu") -> Transitions:
+        idx = rng.integers(0, self.filled, size=batch_size)
+        redraw = ~self.starts[idx]
+        while redraw.any():  # rows that hold only an observation: draw again
+            idx[redraw] = rng.integers(0, self.filled, size=int(redraw.sum()))
+            redraw = ~self.starts[idx]
+        fields = (self.obs[idx], self.actions[idx], self.rewards[idx], self.obs[self.next_row[idx]], self.terminated[idx])
+        return Transitions(*(torch.from_numpy(f).to(device) for f in fields))
+
+    def save(self, path: Path) -> None:
+        """Write the rows in use and where the ring stands, with safetensors (no pickle), atomically."""
+        from safetensors.numpy import save_file
+
+        n = self.filled
+        arrays = {f: np.ascontiguousarray(getattr(self, f)[:n]) for f in self.FIELDS}
+        arrays["ring"] = np.array([self.pos, self.filled, self.size], dtype=np.int64)
+        tmp = path.with_suffix(".tmp")
+        save_file(arrays, str(tmp), metadata={"capacity": str(self.capacity), "layout": "compact"})
+        tmp.replace(path)
+
+    def load(self, path: Path) -> None:
+        data, capacity = _load_replay(path, "compact")
+        if capacity != self.capacity:
+            raise ConfigError(f"replay buffer {str(path)!r} holds {capacity:,} rows; this run's buffer_size is "
+                              f"{self.capacity:,}: resume with the same buffer_size")
+        n = len(data["rewards"])
+        for f in self.FIELDS:
+            getattr(self, f)[:n] = data[f]
+        self.pos, self.filled, self.size = (int(v) for v in data["ring"])
+        self.last = np.zeros(0, dtype=np.int64)  # a resumed run restarts its envs: no row to reuse
+
+
+def _load_replay(path: Path, layout: str) -> tuple[dict[str, np.ndarray], int]:
+    """A saved replay buffer's arrays and capacity, refused when its layout is not ``layout``."""
+    from safetensors import SafetensorError, safe_open
+    from safetensors.numpy import load_file
+
+    try:
+        data = load_file(str(path))
+        with safe_open(str(path), "numpy") as f:
+            metadata = f.metadata() or {}
+    except (SafetensorError, OSError) as exc:
+        raise ConfigError(f"replay buffer {str(path)!r} is missing, truncated or corrupt ({exc})") from None
+    saved = metadata.get("layout", "full")
+    if saved != layout:
+        raise ConfigError(f"replay buffer {str(path)!r} was saved with optimize_memory_usage={saved == 'compact'}: "
+                          f"resume with the same setting")
+    return data, int(metadata.get("capacity", len(data["rewards"])))
 
 
 class VersionedReplay:
@@ -187,15 +292,18 @@ def available_memory_bytes() -> int | None:
 
 
 def check_replay_memory(buffer_size: int, obs_shape: tuple[int, ...], obs_dtype: np.dtype | type, action_dim: int,
-                        fraction: float = 0.8) -> None:
+                        compact: bool = False, fraction: float = 0.8) -> None:
     """Refuse a replay buffer larger than ``fraction`` of the available memory, before allocating it.
 
     numpy's zero-filled arrays are allocated lazily, so an oversized buffer either fails at once
     (CarRacing's 96x96x3 observations at the default 1M transitions asked for 103 GiB) or, worse,
-    runs until the buffer fills and the kernel kills the process.
+    runs until the buffer fills and the kernel kills the process. ``compact``: a
+    :class:`CompactReplayBuffer`, one observation per row.
     """
     obs_bytes = int(np.prod(obs_shape)) * np.dtype(obs_dtype).itemsize
     per_transition = 2 * obs_bytes + 4 * action_dim + 4 + 4  # obs, next_obs, actions, reward, terminated
+    if compact:
+        per_transition += 8 + 1 - obs_bytes  # one observation, its next row's index and whether it starts one
     available = available_memory_bytes()
     if available is None:
         return

@@ -12,7 +12,7 @@ from gymnasium import spaces
 
 from distrl.algos.sac import SACAlgo
 from distrl.config import ConfigError, RunConfig, SACConfig, StrategyConfig
-from distrl.data.replay import ReplayBuffer, check_replay_memory
+from distrl.data.replay import CompactReplayBuffer, ReplayBuffer, check_replay_memory
 from distrl.env_names import shown_name
 from distrl.nets.factory import PolicySource, make_sac_networks
 from distrl.spaces import check_observation_space, stored_layout
@@ -40,7 +40,8 @@ class OffPolicyTrainer(TrainerBase):
         networks = make_sac_networks(self.env.single_observation_space, space, cfg, self.device, run.seed,
                                      self.policy_source, run.precision)
         self.algo = SACAlgo(cfg, networks, self.device, run.seed)
-        self.replay = ReplayBuffer(cfg.buffer_size, self.obs_shape, self.action_dim, self.obs_dtype)
+        buffer = CompactReplayBuffer if cfg.optimize_memory_usage else ReplayBuffer
+        self.replay = buffer(cfg.buffer_size, self.obs_shape, self.action_dim, self.obs_dtype)
         self.env_offset = self.sync.rank * cfg.n_envs
         self.start_segment()
 
@@ -53,7 +54,7 @@ class OffPolicyTrainer(TrainerBase):
         except ConfigError as exc:
             raise ConfigError(f"env={shown_name(env_id)!r}: {exc}") from None
         shape, dtype = stored_layout(observation_space)  # before the run directory or the buffer is made
-        check_replay_memory(cfg.buffer_size, shape, dtype, int(np.prod(action_space.shape)))
+        check_replay_memory(cfg.buffer_size, shape, dtype, int(np.prod(action_space.shape)), cfg.optimize_memory_usage)
 
     def to_env(self, action: np.ndarray) -> np.ndarray:
         """Rescale actions from [-1, 1] to the env's bounds."""
