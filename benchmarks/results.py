@@ -65,7 +65,7 @@ ATARI_SOURCES = [
     "timesteps, average over 6 runs; ppo2 at baselines 7bfbcf1); values are the plotted curve's points, read from "
     "the page's vector graphics at these step counts, smoothing unstated.",
 ]
-NOT_LEARNING = {"save_replay"}  # algorithm fields that change what is stored, not what is learned
+NOT_LEARNING = {"save_replay", "optimize_memory_usage"}  # algorithm fields that change what is stored, not what is learned
 SHORT = {"Hopper-v5": "hopper", "HalfCheetah-v5": "halfcheetah", "Walker2d-v5": "walker2d", "Ant-v5": "ant",
          "CartPole-v1": "cartpole", "Pendulum-v1": "pendulum", "ALE/Breakout-v5": "breakout", "ALE/Pong-v5": "pong"}
 

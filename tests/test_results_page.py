@@ -40,12 +40,12 @@ def test_runs_that_gave_the_env_arguments_get_their_own_row_which_names_them():
     assert rows[1][-1].startswith("RL Zoo 9535")  # the env's published figures still apply
 
 
-def test_a_run_that_stored_its_replay_buffer_still_used_its_preset():
+def test_a_run_that_saved_or_compacted_its_replay_buffer_still_used_its_preset():
     from distrl.config import SACConfig, to_dict
     from distrl.presets import PRESETS
 
     params = {k: v for k, v in PRESETS["sac"]["Hopper-v5"].items() if k != "total_steps"}
-    stored = dict(to_dict(SACConfig(**params)), save_replay=True)
+    stored = dict(to_dict(SACConfig(**params)), save_replay=True, optimize_memory_usage=True)
     sac_run = {"summary": {"algo": "sac", "env": "Hopper-v5"}, "config": {"sac": stored}}
     assert results.settings(sac_run) == "Hopper-v5"
     assert results.settings({**sac_run, "config": {"sac": dict(stored, tau=0.02)}}) == "custom"
