@@ -139,6 +139,24 @@ def test_sac_runs_under_ddp(tmp_path):
     assert effective["learning_starts"] == 100 and effective["learning_rate"] == pytest.approx(2 * 1e-3)  # preset 1e-3
 
 
+@pytest.mark.parametrize("compact", [False, True])
+def test_a_ddp_sac_run_resumed_with_every_ranks_replay_buffer_equals_the_uninterrupted_run(tmp_path, compact):
+    from distrl import checkpoint
+
+    args = ["train", "sac", "Pendulum-v1", "--strategy", "ddp", "--workers", "2", "--total-steps", "600",
+            "--learning-starts", "100", "--batch-size", "32", "--net-arch", "32", "32", "--save-replay",
+            "--checkpoint-every", "300", "--quiet", *(["--optimize-memory-usage"] if compact else [])]
+    for name in ("full", "run"):
+        result = distrl(*args, "--run-dir", str(tmp_path / name))
+        assert result.returncode == 0, result.stderr
+    older = tmp_path / "run" / "checkpoints" / f"step-{300:012d}"
+    assert sorted(p.name for p in older.glob("replay*")) == ["replay-rank1.safetensors", "replay.safetensors"]
+    again = distrl(*args, "--resume", str(older))
+    assert again.returncode == 0, again.stderr
+    tensors = [checkpoint.load(tmp_path / name / "model")[0] for name in ("full", "run")]
+    assert all(torch.equal(tensors[0][k], tensors[1][k]) for k in tensors[0])  # rank 1 kept its own transitions
+
+
 def test_ddp_run_resumes_from_its_checkpoint(tmp_path):
     run_dir = tmp_path / "run"
     args = ["train", "ppo", "CartPole-v1", "--strategy", "ddp", "--workers", "2", *SMALL]

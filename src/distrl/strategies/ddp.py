@@ -87,7 +87,7 @@ def run_worker(run: RunConfig, strategy: StrategyConfig, cfg: Any, run_dir: Path
         strategy = dataclasses.replace(strategy, workers=world)
         effective = scaled(cfg, strategy, world)
         trainer = make_trainer(run.algo, run.replace(device=str(device.type)), effective, sync=sync,
-                               run_dir=run_dir if sync.rank == 0 else None, strategy=strategy,
+                               run_dir=run_dir, strategy=strategy,
                                requested=cfg, device=device)
         try:
             places: list[dict[str, Any] | None] = [None] * world
@@ -96,6 +96,8 @@ def run_worker(run: RunConfig, strategy: StrategyConfig, cfg: Any, run_dir: Path
             if sync.rank == 0:
                 trainer.begin(resume_path)
             trainer.broadcast_state()
+            if sync.rank != 0 and resume_path is not None:
+                trainer.load_worker_state(resume_path)
             for i, tensor in enumerate(trainer.broadcast_tensors()):
                 sync.verify_identical(tensor, f"start-up tensor {i} (parameters or optimizer state)")
             trainer.train()

@@ -304,8 +304,9 @@ class TrainerBase(RunState):
         if finish_collector is not None:  # a pipeline drains its generators and reports its counters
             self.extra_summary.update(finish_collector())
         summary = {**self.summary(), "wall_s": self.wall_before + wall_s}
-        if self.is_main and self.run_dir is not None:
+        if self.run_dir is not None and (self.is_main or self.keeps_worker_state):
             self.save_checkpoint(self.run_dir / checkpoint.MODEL_DIR)
+        if self.is_main and self.run_dir is not None:
             if self.logger is not None:
                 self.logger.summary(summary)
             else:

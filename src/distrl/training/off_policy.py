@@ -43,6 +43,7 @@ class OffPolicyTrainer(TrainerBase):
         buffer = CompactReplayBuffer if cfg.optimize_memory_usage else ReplayBuffer
         self.replay = buffer(cfg.buffer_size, self.obs_shape, self.action_dim, self.obs_dtype)
         self.env_offset = self.sync.rank * cfg.n_envs
+        self.keeps_worker_state = cfg.save_replay  # under ddp each rank keeps its own buffer in checkpoints
         self.start_segment()
 
     @classmethod
@@ -128,6 +129,17 @@ class OffPolicyTrainer(TrainerBase):
     def after_checkpoint(self, path: Path) -> None:
         if self.cfg.save_replay:
             self.replay.save(path / REPLAY_FILE)
+
+    def _rank_replay(self, path: Path) -> Path:
+        return path / f"replay-rank{self.sync.rank}.safetensors"
+
+    def save_worker_state(self, path: Path) -> None:
+        path.mkdir(parents=True, exist_ok=True)  # a rank on another machine keeps its buffer there
+        self.replay.save(self._rank_replay(path))
+
+    def load_worker_state(self, path: Path) -> None:
+        if self.cfg.save_replay and self._rank_replay(path).exists():
+            self.replay.load(self._rank_replay(path))
 
     def broadcast_tensors(self) -> list[torch.Tensor]:
         return self.algo.broadcast_tensors()

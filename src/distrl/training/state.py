@@ -114,17 +114,35 @@ class RunState:
         uninterrupted run does.
         """
         written = None
-        if self.is_main and (path is not None or self.run_dir is not None):
-            target = path or self.run_dir / checkpoint.CHECKPOINTS_DIR / f"step-{self.steps:012d}"  # type: ignore[operator]
+        target = path
+        if target is None and self.run_dir is not None:
+            target = self.run_dir / checkpoint.CHECKPOINTS_DIR / f"step-{self.steps:012d}"
+        if self.is_main and target is not None:
             tensors, state = self.checkpoint_contents()
             written = checkpoint.save(target, tensors, state)
             self.after_checkpoint(target)
+        if self.sync.world_size > 1 and self.keeps_worker_state:
+            self.sync.all_sum(np.zeros(1))  # a barrier: past it, the main worker has written the directory
+            if not self.is_main and target is not None:
+                self.save_worker_state(target)
         if path is None:
             self.start_segment()
         return written
 
     def after_checkpoint(self, path: Path) -> None:
         """Hook: write what does not belong in the checkpoint's tensors (a replay buffer)."""
+
+    keeps_worker_state = False
+    """Whether every worker keeps state of its own in checkpoints (:meth:`save_worker_state`), beside the
+    main worker's; then every worker calls :meth:`save_checkpoint` together."""
+
+    def save_worker_state(self, path: Path) -> None:
+        """Hook, on each worker but the main one: add this worker's own state (its replay buffer) to the
+        checkpoint the main worker has just written at ``path``."""
+
+    def load_worker_state(self, path: Path) -> None:
+        """Hook, on each worker but the main one, after the start-up broadcast: read back what
+        :meth:`save_worker_state` kept in the checkpoint at ``path``."""
 
     def load_checkpoint(self, path: Path) -> None:
         tensors, state = checkpoint.load(path)
