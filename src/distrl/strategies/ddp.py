@@ -96,8 +96,8 @@ def run_worker(run: RunConfig, strategy: StrategyConfig, cfg: Any, run_dir: Path
             if sync.rank == 0:
                 trainer.begin(resume_path)
             trainer.broadcast_state()
-            if sync.rank != 0 and resume_path is not None:
-                trainer.load_worker_state(resume_path)
+            if sync.rank != 0 and resume_path is not None and getattr(trainer, "keeps_worker_state", False):
+                trainer.load_worker_state(resume_path)  # each rank's own part of the checkpoint (SAC's replay)
             for i, tensor in enumerate(trainer.broadcast_tensors()):
                 sync.verify_identical(tensor, f"start-up tensor {i} (parameters or optimizer state)")
             trainer.train()
