@@ -103,6 +103,16 @@ def comparison_table(rows: list[tuple], fmt: Callable[[float | None], str]) -> l
     return lines
 
 
+def raw_values(rows: list[tuple], digits: int) -> str:
+    """The "Raw values" line under a :func:`comparison_table`: every run of both libraries, per row
+    (rows as there, with the raw results and distrl's library name appended)."""
+    def show(values: list) -> list:
+        return [None if v is None else round(v, digits) for v in values]
+
+    return "- Raw values: " + "; ".join(f"{r[0]}: distrl {show(r[6]['values'][r[7]])}, SB3 {show(r[6]['values']['sb3'])}"
+                                        for r in rows)
+
+
 def sb3_seconds_to_target(model: Any, eval_env: Any, budget: int, every: int, target: float,
                           before_eval: Callable[[], None] | None = None) -> dict:
     """Train a stable-baselines3 (or sb3-contrib) model until a 10-episode deterministic evaluation every

@@ -16,7 +16,7 @@ import argparse
 import platform
 import time
 
-from harness import alternate, child_main, comparison_table, median, write_section
+from harness import alternate, child_main, comparison_table, median, raw_values, write_section
 
 ENV = "CarRacing-v3"
 HP = dict(learning_rate=3e-4, buffer_size=10_000, learning_starts=100, batch_size=256, tau=0.005, gamma=0.99,
@@ -92,8 +92,7 @@ def main() -> None:
         "CPU has AVX-512 BF16. SB3 has no such option; the float32 row is the like-for-like one. "
         "`tests/test_sac_module.py` checks that the bfloat16 gradient matches the float32 one (cosine > 0.99) and "
         "that SAC learns a Dict-observation task in both precisions.",
-        "- Raw values: " + "; ".join(f"{r[0]}: distrl {[round(v, 2) for v in r[6]['values'][r[7]]]}, "
-                                     f"SB3 {[round(v, 2) for v in r[6]['values']['sb3']]}" for r in rows),
+        raw_values(rows, 2),
     ]
     write_section("SAC from pixels: distrl vs stable-baselines3", "\n".join(lines))
 

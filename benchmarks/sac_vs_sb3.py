@@ -17,7 +17,8 @@ import argparse
 import platform
 import time
 
-from harness import alternate, child_main, comparison_table, measure, median, sb3_seconds_to_target, write_section
+from harness import (alternate, child_main, comparison_table, measure, median, raw_values, sb3_seconds_to_target,
+                     write_section)
 
 HP = dict(learning_rate=1e-3, buffer_size=1_000_000, learning_starts=100, batch_size=256, tau=0.005, gamma=0.99,
           train_freq=1, gradient_steps=1)
@@ -154,8 +155,7 @@ def main() -> None:
         "- bf16 multiplies the networks' matrices in bfloat16 (operands rounded, float32 results, weights, "
         "Adam and losses); the float32 products above bound float32 only. Pendulum's learning test passes "
         "in both precisions (tests/test_learning.py).",
-        "- Raw values: " + "; ".join(f"{r[0]}: distrl {[None if v is None else round(v, 1) for v in r[6]['values'][r[7]]]}, "
-                                     f"SB3 {[None if v is None else round(v, 1) for v in r[6]['values']['sb3']]}" for r in rows),
+        raw_values(rows, 1),
     ]
     write_section("SAC: distrl vs stable-baselines3", "\n".join(lines))
 
