@@ -112,6 +112,37 @@ def test_the_factory_takes_the_closed_form_path_only_where_it_applies():
                       ModuleAgent)
 
 
+class UsersEncoder(torch.nn.Module):
+    features_dim = 16
+
+    def __init__(self, observation_space, action_space, cfg):
+        super().__init__()
+        self.net = torch.nn.Linear(int(np.prod(observation_space.shape)), 16)  # default (global-generator) init
+
+    def forward(self, obs):
+        return self.net(obs.flatten(1))
+
+
+@pytest.mark.parametrize("cfg, policy", [
+    (PPOConfig(core="lstm", ortho_init=False, n_steps=8, batch_size=8), None),  # default initialisation throughout
+    (PPOConfig(), UsersEncoder),  # the user's layer and distrl's heads
+], ids=["builtin-lstm-without-ortho-init", "users-encoder"])
+def test_a_modules_initial_weights_depend_on_the_seed_alone_and_leave_torchs_generator_as_it_was(cfg, policy):
+    box = gym.spaces.Box(-1, 1, (4,), np.float32)
+
+    def weights(seed: int) -> torch.Tensor:
+        torch.rand(int(torch.randint(1, 100, ()).item()))  # what ran before in the process draws a varying amount
+        before = torch.get_rng_state()
+        agent = make_agent(box, gym.spaces.Discrete(2), cfg, "cpu", seed, policy)
+        assert torch.equal(torch.get_rng_state(), before)
+        return agent.params.data.clone()
+
+    torch.manual_seed(123)
+    first = weights(0)
+    assert torch.equal(weights(0), first)
+    assert not torch.equal(weights(1), first)
+
+
 def test_encoders_are_chosen_from_the_space():
     assert isinstance(make_encoder(gym.spaces.Box(0, 255, (84, 84, 3), np.uint8)), NatureCNN)
     assert isinstance(make_encoder(gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)), NatureCNN)

@@ -82,21 +82,21 @@ def build_module(observation_space: spaces.Space, action_space: spaces.Space, cf
     spec = action_spec(action_space)
     core = getattr(cfg, "core", "none")
     source = resolve_policy(policy)
-    if source is None:
-        net = _with_heads(make_encoder(observation_space, cfg.encoder), spec.head_size, cfg)
-        if getattr(cfg, "ortho_init", True):
-            net.init_orthogonal(torch.Generator().manual_seed(seed))
-        return net
-    if isinstance(source, nn.Module):
-        module = source
-    else:
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)  # the user's own initialisation, the same on every worker and rerun
-            module = source(observation_space, action_space, cfg)
-    if not isinstance(module, nn.Module):
-        raise ConfigError(f"policy={_name(policy)} returned {type(module).__name__}, not a torch.nn.Module")
-    if isinstance(getattr(module, "features_dim", None), (int, np.integer)) and not is_recurrent(module):
-        return _with_heads(module, spec.head_size, cfg)
+    # Layers take their default initialisation from torch's global generator: it is seeded for this build
+    # and restored after, so that every layer made here, the user's or distrl's heads, depends on the run's
+    # seed alone (the same on every worker and rerun, whatever ran before in this process).
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        if source is None:
+            net = _with_heads(make_encoder(observation_space, cfg.encoder), spec.head_size, cfg)
+            if getattr(cfg, "ortho_init", True):
+                net.init_orthogonal(torch.Generator().manual_seed(seed))
+            return net
+        module = source if isinstance(source, nn.Module) else source(observation_space, action_space, cfg)
+        if not isinstance(module, nn.Module):
+            raise ConfigError(f"policy={_name(policy)} returned {type(module).__name__}, not a torch.nn.Module")
+        if isinstance(getattr(module, "features_dim", None), (int, np.integer)) and not is_recurrent(module):
+            return _with_heads(module, spec.head_size, cfg)
     if core != "none" and not is_recurrent(module):
         raise ConfigError(f"core={core!r} is not allowed with policy={_name(policy)}: it returns (head, value) itself; "
                           "give it an integer features_dim (distrl adds the core and heads), or make it recurrent "
