@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import importlib
+from contextlib import contextmanager
 from collections.abc import Callable
 from typing import Any, NamedTuple, Union
 
@@ -72,6 +73,16 @@ def uses_closed_form(observation_space: spaces.Space, action_space: spaces.Space
             and cfg.encoder in ("auto", "mlp") and getattr(cfg, "core", "none") == "none")
 
 
+@contextmanager
+def seeded_layers(seed: int):
+    """Layers made inside take their default initialisation from torch's global generator seeded with ``seed``,
+    which is restored after: a network depends on the run's seed alone (the same on every worker and rerun,
+    whatever ran before in this process)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        yield
+
+
 def build_module(observation_space: spaces.Space, action_space: spaces.Space, cfg: Any,
                  policy: PolicySource, seed: int) -> nn.Module:
     """The network of the module path: the user's (seeded with ``seed``), or the built-in encoder and heads.
@@ -82,11 +93,7 @@ def build_module(observation_space: spaces.Space, action_space: spaces.Space, cf
     spec = action_spec(action_space)
     core = getattr(cfg, "core", "none")
     source = resolve_policy(policy)
-    # Layers take their default initialisation from torch's global generator: it is seeded for this build
-    # and restored after, so that every layer made here, the user's or distrl's heads, depends on the run's
-    # seed alone (the same on every worker and rerun, whatever ran before in this process).
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
+    with seeded_layers(seed):  # the user's layers and distrl's heads alike
         if source is None:
             net = _with_heads(make_encoder(observation_space, cfg.encoder), spec.head_size, cfg)
             if getattr(cfg, "ortho_init", True):
@@ -179,8 +186,7 @@ def make_sac_networks(observation_space: spaces.Space, action_space: spaces.Spac
                            TwinQ(obs_dim, action_dim, cfg.net_arch, cfg.activation, device, seed, extra, low),
                            TwinQ(obs_dim, action_dim, cfg.net_arch, cfg.activation, device, seed, extra, low))
     source = resolve_policy(policy)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)  # module initialisation, the same on every worker and rerun
+    with seeded_layers(seed):
         if source is None:
             made: Any = make_encoder(observation_space, cfg.encoder)
         else:
