@@ -30,30 +30,29 @@ def test_group_advantages_by_hand():
 
 
 def test_token_loss_and_its_derivative_by_hand():
-    new = torch.tensor([[0.0], [-1.1], [-2.0]])
+    new = torch.tensor([[0.0], [-1.1], [-2.0]]).requires_grad_(True)
     behaviour = torch.tensor([[-0.5], [-1.0], [-1.0]])
     adv = torch.tensor([[1.0], [-2.0], [-1.0]])
-    loss, d, clipped, kl = token_loss(new, behaviour, adv, clip_low=0.2, clip_high=0.2)
+    out = token_loss(new, behaviour, adv, clip_low=0.2, clip_high=0.2)
+    (d,) = torch.autograd.grad(out.loss.sum(), [new])
     # row 0: r = e^0.5 = 1.6487 > 1.2 with A > 0: the clipped term 1.2 is the minimum, no gradient
     # row 1: r = e^-0.1 = 0.9048 inside the range: -r A, derivative -A r
     # row 2: r = e^-1 = 0.3679 < 0.8 with A < 0: the clipped term -0.8 is the minimum, no gradient
     r1 = math.exp(-0.1)
-    assert loss.flatten().tolist() == pytest.approx([-1.2, 2 * r1, 0.8])
+    assert out.loss.flatten().tolist() == pytest.approx([-1.2, 2 * r1, 0.8])
     assert d.flatten().tolist() == pytest.approx([0.0, 2 * r1, 0.0])
-    assert clipped.flatten().tolist() == [True, False, True] and kl.abs().sum() == 0
-    loss_high, _, _, _ = token_loss(new, behaviour, adv, clip_low=0.2, clip_high=0.28)  # DAPO's clip-higher
+    assert out.clipped.flatten().tolist() == [True, False, True] and out.kl.abs().sum() == 0
+    loss_high = token_loss(new, behaviour, adv, clip_low=0.2, clip_high=0.28).loss.detach()  # DAPO's clip-higher
     assert float(loss_high[0, 0]) == pytest.approx(-1.28)
     ref = torch.tensor([[-0.2], [-1.1], [-2.0]])
-    loss_kl, d_kl, _, kl = token_loss(new, behaviour, adv, 0.2, 0.2, ref, beta=0.1)
+    out_kl = token_loss(new, behaviour, adv, 0.2, 0.2, ref, beta=0.1)
+    (d_kl,) = torch.autograd.grad(out_kl.loss.sum(), [new])
     k3 = math.exp(-0.2) + 0.2 - 1  # exp(ref - new) - (ref - new) - 1
-    assert kl.flatten().tolist() == pytest.approx([k3, 0.0, 0.0], abs=1e-7)
-    assert float(loss_kl[0, 0]) == pytest.approx(-1.2 + 0.1 * k3)
+    assert out_kl.kl.flatten().tolist() == pytest.approx([k3, 0.0, 0.0], abs=1e-7)
+    assert float(out_kl.loss[0, 0]) == pytest.approx(-1.2 + 0.1 * k3)
+    assert float(out_kl.policy_loss[0, 0]) == pytest.approx(-1.2)
     assert float(d_kl[0, 0]) == pytest.approx(0.1 * (1 - math.exp(-0.2)))  # d k3 / d new = 1 - exp(ref - new)
-    # the stated derivative is the loss's (autograd where the loss is smooth)
-    leaf = new.clone().requires_grad_(True)
-    total, _, _, _ = token_loss(leaf, behaviour, adv, 0.2, 0.2, ref, beta=0.1)
-    total.sum().backward()
-    assert leaf.grad.flatten().tolist() == pytest.approx(d_kl.flatten().tolist(), abs=1e-6)
+    assert float(d_kl[1, 0]) == pytest.approx(2 * r1)
 
 
 def test_the_three_loss_aggregations_by_hand():

@@ -6,7 +6,7 @@ import torch
 from gymnasium import spaces
 
 from distrl.algos.optim import ClippedAdam, linear
-from distrl.algos.ppo import PackedBatch, PPOAlgo, clipped_surrogate, value_loss
+from distrl.algos.ppo import PackedBatch, PPOAlgo, ppo_loss
 from distrl.config import ConfigError, PPOConfig
 from distrl.data.rollout import Rollout, RolloutBatch
 from distrl.nets import ActorCritic, ParamBuffer
@@ -14,39 +14,64 @@ from distrl.protocols import LocalSync
 from reference import distribution, functional_params, values
 
 
+def ppo_parts(log_prob, old, adv, clip_range, values=None, old_values=None, returns=None, clip_range_vf=None,
+              vf_coef=0.0, ent_coef=0.0, entropy=None):
+    """ppo_loss on leaf inputs: the loss, its per-sample parts, and autograd's d loss / d (log_prob, values)."""
+    n = len(log_prob)
+    log_prob = log_prob.clone().requires_grad_(True)
+    values = (torch.zeros(n) if values is None else values).clone().requires_grad_(True)
+    zeros = torch.zeros(n)
+    out = ppo_loss(log_prob, zeros if entropy is None else entropy, values, old, zeros if old_values is None else old_values,
+                   adv, zeros if returns is None else returns, torch.ones(n), clip_range, clip_range_vf, vf_coef, ent_coef)
+    d_log_prob, d_values = torch.autograd.grad(out.loss, [log_prob, values])
+    return out, d_log_prob, d_values
+
+
 def test_clipped_surrogate_by_hand():
     # ratios 1.5, 0.5, 1.1 with clip 0.2: A>0 at 1.5 clips to 1.2; A<0 at 0.5 clips to 0.8; 1.1 is inside
     old = torch.zeros(3)
     log_prob = torch.log(torch.tensor([1.5, 0.5, 1.1]))
     adv = torch.tensor([2.0, -1.0, 3.0])
-    loss, d_lp, clipped, kl = clipped_surrogate(log_prob, old, adv, 0.2)
-    torch.testing.assert_close(loss, torch.tensor([-2.4, 0.8, -3.3]))
+    out, d_lp, _ = ppo_parts(log_prob, old, adv, 0.2)
+    torch.testing.assert_close(out.policy_loss.detach(), torch.tensor([-2.4, 0.8, -3.3]))
     torch.testing.assert_close(d_lp, torch.tensor([0.0, 0.0, -3.3]))  # -A r where unclipped, else 0
-    assert clipped.tolist() == [True, True, False]
-    torch.testing.assert_close(kl, torch.tensor([0.5 - np.log(1.5), -0.5 - np.log(0.5), 0.1 - np.log(1.1)]).float())
+    torch.testing.assert_close(out.loss.detach(), torch.tensor(-2.4 + 0.8 - 3.3))
+    torch.testing.assert_close(out.ratio.detach(), torch.tensor([1.5, 0.5, 1.1]))
 
 
 def test_clipped_surrogate_keeps_gradient_when_clipping_makes_it_worse():
-    # A < 0 and r = 1.5 > 1 + e: min picks the unclipped (more negative) term, which still has a gradient
-    loss, d_lp, _, _ = clipped_surrogate(torch.log(torch.tensor([1.5])), torch.zeros(1), torch.tensor([-1.0]), 0.2)
-    assert float(loss) == pytest.approx(1.5) and float(d_lp) == pytest.approx(1.5)
+    # A < 0 and r = 1.5 > 1 + e: the max picks the unclipped (larger) loss, which still has a gradient
+    out, d_lp, _ = ppo_parts(torch.log(torch.tensor([1.5])), torch.zeros(1), torch.tensor([-1.0]), 0.2)
+    assert float(out.loss) == pytest.approx(1.5) and float(d_lp) == pytest.approx(1.5)
 
 
 def test_value_loss_by_hand_with_and_without_clipping():
+    zeros = torch.zeros(2)
     v, old, ret = torch.tensor([1.0, 0.0]), torch.tensor([0.0, 0.0]), torch.tensor([0.5, 2.0])
-    loss, d = value_loss(v, old, ret, None)
-    torch.testing.assert_close(loss, torch.tensor([0.25, 4.0]))
+    out, _, d = ppo_parts(zeros, zeros, zeros, 0.2, v, old, ret, None, vf_coef=1.0)
+    torch.testing.assert_close(out.value_loss.detach(), torch.tensor([0.25, 4.0]))
     torch.testing.assert_close(d, torch.tensor([1.0, -4.0]))
     # clip 0.2: sample 0 clipped prediction 0.2 -> error 0.09 < 0.25, unclipped taken
-    # sample 1: v == old, errors equal -> unclipped taken
-    v = torch.tensor([1.0, -1.0])
-    loss, d = value_loss(v, old, torch.tensor([0.5, 2.0]), 0.2)
     # sample 1: unclipped error 9, clipped prediction -0.2 -> 4.84 -> unclipped taken; gradient 2 * (-3)
-    torch.testing.assert_close(loss, torch.tensor([0.25, 9.0]))
+    v = torch.tensor([1.0, -1.0])
+    out, _, d = ppo_parts(zeros, zeros, zeros, 0.2, v, old, torch.tensor([0.5, 2.0]), 0.2, vf_coef=1.0)
+    torch.testing.assert_close(out.value_loss.detach(), torch.tensor([0.25, 9.0]))
     torch.testing.assert_close(d, torch.tensor([1.0, -6.0]))
-    v = torch.tensor([1.0])  # returns far above: clipped error (0.2 - 3)^2 > (1 - 3)^2, and it is flat in v
-    loss, d = value_loss(v, torch.zeros(1), torch.tensor([3.0]), 0.2)
-    assert float(loss) == pytest.approx(2.8 ** 2) and float(d) == 0.0
+    # returns far above: clipped error (0.2 - 3)^2 > (1 - 3)^2, and it is flat in v
+    out, _, d = ppo_parts(torch.zeros(1), torch.zeros(1), torch.zeros(1), 0.2, torch.tensor([1.0]), torch.zeros(1),
+                          torch.tensor([3.0]), 0.2, vf_coef=1.0)
+    assert float(out.value_loss) == pytest.approx(2.8 ** 2) and float(d) == 0.0
+
+
+def test_ppo_loss_weighs_the_terms_and_skips_invalid_samples():
+    # two samples, the second invalid: only the first counts, with vf_coef 0.5 and ent_coef 0.1
+    log_prob, entropy = torch.zeros(2), torch.tensor([0.7, 5.0]).requires_grad_(True)
+    values = torch.tensor([1.0, 9.0]).requires_grad_(True)
+    out = ppo_loss(log_prob, entropy, values, torch.zeros(2), torch.zeros(2), torch.tensor([2.0, 3.0]),
+                   torch.tensor([0.0, 0.0]), torch.tensor([1.0, 0.0]), 0.2, None, 0.5, 0.1)
+    assert float(out.loss) == pytest.approx(-2.0 + 0.5 * 1.0 - 0.1 * 0.7)  # r = 1: -A, (1 - 0)^2, entropy 0.7
+    d_entropy, d_values = torch.autograd.grad(out.loss, [entropy, values])
+    assert d_entropy.tolist() == pytest.approx([-0.1, 0.0]) and d_values.tolist() == pytest.approx([1.0, 0.0])
 
 
 def test_linear_schedule():

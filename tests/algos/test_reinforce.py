@@ -3,7 +3,7 @@ import pytest
 import torch
 from gymnasium import spaces
 
-from distrl.algos.reinforce import REINFORCEAlgo, episode_returns_to_go, policy_gradient_terms
+from distrl.algos.reinforce import REINFORCEAlgo, episode_returns_to_go, reinforce_loss
 from distrl.config import REINFORCEConfig
 from distrl.data.episodes import EpisodeBatch, merge_episode_batches
 from distrl.nets import ActorCritic
@@ -18,9 +18,21 @@ def test_returns_to_go_restart_at_each_episode():
 
 
 def test_policy_gradient_loss_sign():
-    loss, d = policy_gradient_terms(torch.tensor([-0.5, -2.0]), torch.tensor([2.0, -1.0]))
-    torch.testing.assert_close(loss, torch.tensor([1.0, -2.0]))  # -log_prob * A
+    log_prob = torch.tensor([-0.5, -2.0]).requires_grad_(True)
+    loss = reinforce_loss(log_prob, torch.zeros(2), torch.zeros(2), torch.zeros(2), torch.tensor([2.0, -1.0]),
+                          baseline=False, vf_coef=0.5, ent_coef=0.0)
+    assert float(loss) == pytest.approx(1.0 - 2.0)  # sum of -log_prob * A
+    (d,) = torch.autograd.grad(loss, [log_prob])
     torch.testing.assert_close(d, torch.tensor([-2.0, 1.0]))
+
+
+def test_reinforce_loss_fits_the_baseline_and_adds_the_entropy_bonus_by_hand():
+    values, entropy = torch.tensor([1.0, 3.0]).requires_grad_(True), torch.tensor([0.5, 0.25]).requires_grad_(True)
+    loss = reinforce_loss(torch.zeros(2), entropy, values, torch.tensor([2.0, 2.0]), torch.zeros(2),
+                          baseline=True, vf_coef=0.5, ent_coef=0.01)
+    assert float(loss) == pytest.approx(0.5 * (1.0 + 1.0) - 0.01 * 0.75)
+    d_values, d_entropy = torch.autograd.grad(loss, [values, entropy])
+    assert d_values.tolist() == pytest.approx([-1.0, 1.0]) and d_entropy.tolist() == pytest.approx([-0.01, -0.01])
 
 
 def one_step_batch(actions, rewards):

@@ -24,6 +24,8 @@ the gradient is the one of the whole global batch, however it is split.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 import torch
 
@@ -52,35 +54,43 @@ def group_advantages(rewards: torch.Tensor, scale: str = "group", batch_std: flo
     return centred / (rewards.std(dim=1, keepdim=True) + ADVANTAGE_EPS)
 
 
+class TokenLoss(NamedTuple):
+    """GRPO's per-token loss and its parts, each [n, T]."""
+
+    loss: torch.Tensor
+    """``policy_loss + beta * kl``."""
+    policy_loss: torch.Tensor
+    """The clipped surrogate."""
+    kl: torch.Tensor
+    """k3 estimate of KL(new || reference); zeros without a reference."""
+    clipped: torch.Tensor
+    """Where the clipped term was the larger (bool)."""
+
+
 def token_loss(log_probs: torch.Tensor, behaviour_log_probs: torch.Tensor, advantages: torch.Tensor,
                clip_low: float, clip_high: float, ref_log_probs: torch.Tensor | None = None,
-               beta: float = 0.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per-token GRPO loss and its derivative in the token log-probability.
+               beta: float = 0.0) -> TokenLoss:
+    """GRPO's per-token objective on the policy's token log-probabilities [n, T]::
 
-    ``l = -min(r A, clip(r, 1 - clip_low, 1 + clip_high) A) + beta * kl`` with ``r = exp(log_prob -
-    behaviour)`` and ``kl = exp(ref - log_prob) - (ref - log_prob) - 1``. ``advantages`` broadcast
-    (``[n, 1]`` for one per completion).
+        r           = exp(log_prob - behaviour_log_prob)
+        policy_loss = max(-A r, -A clip(r, 1 - clip_low, 1 + clip_high))
+        kl          = exp(ref - log_prob) - (ref - log_prob) - 1
+        loss        = policy_loss + beta * kl
 
-    Returns:
-        loss [n, T]; dl/d(log_prob) [n, T], which is ``-A r`` where the unclipped term is the minimum
-        (0 where the clipped one is: it does not depend on the policy there) plus
-        ``beta * (1 - exp(ref - log_prob))``; whether the clipped term was taken [n, T]; kl [n, T]
-        (zeros without a reference).
+    ``advantages`` broadcast (``[n, 1]`` for one per completion). :func:`token_weights` turns the
+    per-token losses into the batch's loss.
     """
     ratio = torch.exp(log_probs - behaviour_log_probs)
-    unclipped = ratio * advantages
-    clipped = ratio.clamp(1.0 - clip_low, 1.0 + clip_high) * advantages
-    takes_unclipped = unclipped <= clipped
-    loss = -torch.where(takes_unclipped, unclipped, clipped)
-    d_log_prob = (-unclipped).masked_fill(~takes_unclipped, 0.0)
+    unclipped = -advantages * ratio
+    clipped = -advantages * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
+    policy_loss = torch.max(unclipped, clipped)
     if ref_log_probs is None or beta == 0.0:
-        kl = torch.zeros_like(loss)
+        kl = torch.zeros_like(policy_loss)
+        loss = policy_loss
     else:
-        ref_ratio = torch.exp(ref_log_probs - log_probs)
-        kl = ref_ratio - (ref_log_probs - log_probs) - 1.0
-        loss = loss + beta * kl
-        d_log_prob = d_log_prob + beta * (1.0 - ref_ratio)
-    return loss, d_log_prob, ~takes_unclipped, kl
+        kl = torch.exp(ref_log_probs - log_probs) - (ref_log_probs - log_probs) - 1.0
+        loss = policy_loss + beta * kl
+    return TokenLoss(loss, policy_loss, kl, (clipped > unclipped).detach())
 
 
 def token_weights(mask: torch.Tensor, loss_type: str, max_new_tokens: int) -> tuple[torch.Tensor, float]:
@@ -136,7 +146,7 @@ class GRPOAlgo:
         assert batch.rewards is not None and batch.reward is not None
         grad = policy.params.grad
         grad.zero_()
-        stats = torch.zeros(len(STATS) + batch.rewards.shape[1], dtype=torch.float64)
+        sums = dict.fromkeys(STATS, 0.0)
         per = cfg.microbatch_size or batch.size
         for start in range(0, batch.size, per):
             rows = slice(start, min(start + per, batch.size))
@@ -150,21 +160,24 @@ class GRPOAlgo:
                     ref = self.reference.token_log_probs(tensors["prompt"], tensors["prompt_mask"], tensors["tokens"],
                                                          tensors["mask"])
             behaviour = torch.from_numpy(part.log_probs).to(device)
-            loss, d_log_prob, clipped, kl = token_loss(log_probs.detach(), behaviour, advantages[rows].unsqueeze(1),
-                                                       cfg.clip_range, cfg.clip_high, ref, cfg.beta)
+            losses = token_loss(log_probs, behaviour, advantages[rows].unsqueeze(1), cfg.clip_range, cfg.clip_high,
+                                ref, cfg.beta)
             weights, count = token_weights(tensors["mask"], cfg.loss_type, cfg.max_new_tokens)
-            torch.autograd.backward(log_probs, d_log_prob * weights)  # accumulates into the flat gradient
+            loss = (losses.loss * weights).sum()
+            loss.backward()  # accumulates into the flat gradient
             valid = tensors["mask"].float()
-            policy_part = loss - cfg.beta * kl
-            stats[:6] += torch.stack([torch.tensor(count, dtype=torch.float64), (loss * weights).sum().double(),
-                                      (policy_part * weights).sum().double(), (kl * weights).sum().double(),
-                                      (clipped.float() * valid).sum().double(), valid.sum().double()])
+            with torch.no_grad():
+                sums["count"] += count
+                sums["loss"] += float(loss)
+                sums["policy_loss"] += float((losses.policy_loss * weights).sum())
+                sums["kl"] += float((losses.kl * weights).sum())
+                sums["clipped_tokens"] += float((losses.clipped.float() * valid).sum())
+                sums["tokens"] += float(valid.sum())
         groups = batch.reward.reshape(-1, batch.group_size)
-        stats[6:len(STATS)] += torch.tensor([
-            batch.size, float(batch.reward.sum()), float(np.square(batch.reward).sum()),
-            float((groups.std(axis=1) == 0).sum()), groups.shape[0], float((policy_version - batch.version).sum())],
-            dtype=torch.float64)
-        stats[len(STATS):] += torch.from_numpy(batch.rewards.sum(axis=0)).double()
+        sums.update(completions=batch.size, reward=float(batch.reward.sum()),
+                    reward_sq=float(np.square(batch.reward).sum()), flat_groups=float((groups.std(axis=1) == 0).sum()),
+                    groups=groups.shape[0], lag=float((policy_version - batch.version).sum()))
+        stats = torch.tensor([sums[name] for name in STATS] + batch.rewards.sum(axis=0).tolist(), dtype=torch.float64)
         sync.gradients(grad, stats)
         count = float(stats[0])
         grad.div_(max(count, 1e-12))

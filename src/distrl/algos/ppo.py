@@ -16,6 +16,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
+from distrl.algos.autodiff import leaves, output_grads
 from distrl.algos.optim import ClippedAdam, linear
 from distrl.config import PPOConfig
 from distrl.data.rollout import Rollout, RolloutBatch, Sequences, gae
@@ -24,46 +25,43 @@ from distrl.nets.recurrent import sequence_minibatch_rows, state_from_numpy
 from distrl.protocols import Sync
 
 
-def clipped_surrogate(log_prob: torch.Tensor, old_log_prob: torch.Tensor, advantages: torch.Tensor,
-                      clip_range: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per-sample PPO policy loss ``l = -min(r A, clip(r, 1 - e, 1 + e) A)`` with ``r = exp(log_prob - old)``.
+class PPOLoss(NamedTuple):
+    """The PPO loss of a minibatch and the per-sample parts it is made of (for the statistics)."""
 
-    Returns:
-        loss [B]; dl/d(log_prob) [B], which is ``-A r`` where the unclipped term is the
-        minimum and 0 where the clipped term is (it does not depend on the policy there);
-        whether the ratio was outside the clip range [B]; and Schulman's approx-KL
-        estimate ``(r - 1) - log r`` [B] (http://joschu.net/blog/kl-approx.html).
+    loss: torch.Tensor
+    """Scalar: the per-sample loss summed over valid samples (the algorithm divides by the global count)."""
+    policy_loss: torch.Tensor
+    """[B] clipped surrogate."""
+    value_loss: torch.Tensor
+    """[B] squared error of the value (clipped as PPO's original when ``clip_range_vf`` is set)."""
+    ratio: torch.Tensor
+    """[B] probability ratio ``pi / pi_old`` of the taken actions."""
+
+
+def ppo_loss(log_prob: torch.Tensor, entropy: torch.Tensor, values: torch.Tensor, old_log_prob: torch.Tensor,
+             old_values: torch.Tensor, advantages: torch.Tensor, returns: torch.Tensor, valid: torch.Tensor,
+             clip_range: float, clip_range_vf: float | None, vf_coef: float, ent_coef: float) -> PPOLoss:
+    """PPO's objective on the network's outputs for a minibatch of B samples (all arguments [B]).
+
+    Per sample, with ``r = exp(log_prob - old_log_prob)`` and ``e = clip_range``::
+
+        policy_loss = max(-A r, -A clip(r, 1 - e, 1 + e))
+        value_loss  = (v - R)^2, or max((v - R)^2, (v_old + clip(v - v_old, -e_vf, e_vf) - R)^2)
+        loss        = policy_loss + vf_coef * value_loss - ent_coef * entropy
+
+    summed over the samples where ``valid`` is 1. The max makes the surrogate pessimistic: a ratio
+    that left the clip range in the direction the advantage favours earns nothing more.
     """
-    log_ratio = log_prob - old_log_prob
-    ratio = log_ratio.exp()
-    unclipped = ratio * advantages
-    clipped = ratio.clamp(1.0 - clip_range, 1.0 + clip_range) * advantages
-    takes_unclipped = unclipped <= clipped
-    loss = -torch.where(takes_unclipped, unclipped, clipped)
-    d_log_prob = (-unclipped).masked_fill_(~takes_unclipped, 0.0)
-    ratio_minus_one = ratio - 1.0
-    was_clipped = ratio_minus_one.abs() > clip_range
-    approx_kl = ratio_minus_one - log_ratio
-    return loss, d_log_prob, was_clipped, approx_kl
-
-
-def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor,
-               clip_range_vf: float | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-sample squared error ``(v - R)^2`` and its derivative in ``v``.
-
-    With ``clip_range_vf`` the prediction is also clipped to ``old ± clip_range_vf`` and
-    the larger of the two errors is taken (PPO's original value clipping).
-    """
-    error = values - returns
-    if clip_range_vf is None:
-        return error.square(), 2.0 * error
-    delta = values - old_values
-    clipped_error = old_values + delta.clamp(-clip_range_vf, clip_range_vf) - returns
-    takes_clipped = clipped_error.square() > error.square()
-    inside = delta.abs() < clip_range_vf  # where the clipped prediction still moves with v
-    loss = torch.where(takes_clipped, clipped_error, error).square()
-    d_values = 2.0 * torch.where(takes_clipped, clipped_error * inside, error)
-    return loss, d_values
+    ratio = (log_prob - old_log_prob).exp()
+    policy_loss = torch.max(-advantages * ratio, -advantages * ratio.clamp(1.0 - clip_range, 1.0 + clip_range))
+    value_loss = (values - returns).square()
+    if clip_range_vf is not None:
+        clipped_values = old_values + (values - old_values).clamp(-clip_range_vf, clip_range_vf)
+        value_loss = torch.max(value_loss, (clipped_values - returns).square())
+    loss = policy_loss + vf_coef * value_loss
+    if ent_coef:
+        loss = loss - ent_coef * entropy
+    return PPOLoss(loss @ valid, policy_loss, value_loss, ratio)
 
 
 # Per-sample statistics summed over valid samples and workers with every minibatch gradient.
@@ -310,9 +308,8 @@ class PPOAlgo:
         return ((packed.rows(sequence_minibatch_rows(T, N, envs)), sequences.select(envs)) for envs in chunks)
 
     def _minibatch_gradient(self, mb: _Rows, clip_range: float, sequences: Sequences | None = None) -> torch.Tensor:
-        """Put the gradient of the minibatch loss, summed over valid samples, in the buffer.
+        """Put the gradient of the minibatch's :func:`ppo_loss` (summed over valid samples) in the buffer.
 
-        Per sample: ``l = policy_loss + vf_coef * value_loss - ent_coef * entropy``.
         Returns the summed statistics (see ``_STATS``) that travel with the gradient.
         """
         cfg = self.cfg
@@ -322,13 +319,18 @@ class PPOAlgo:
         else:
             fwd = agent.forward_sequences(mb.obs, sequences.initial_state, sequences.starts)
         terms = agent.dist_terms(fwd, mb.actions)
-        policy_loss, d_log_prob, was_clipped, approx_kl = clipped_surrogate(
-            terms.log_prob, mb.old_log_prob, mb.advantages, clip_range)
-        v_loss, d_values = value_loss(fwd.values, mb.old_values, mb.returns, cfg.clip_range_vf)
-        d_entropy = -cfg.ent_coef * mb.valid if cfg.ent_coef else None
-        agent.backward(fwd, terms, mb.actions, d_log_prob * mb.valid, d_entropy, (cfg.vf_coef * d_values) * mb.valid)
-        per_sample = torch.stack([mb.valid, approx_kl, was_clipped.float(), policy_loss, v_loss, terms.entropy])
-        return (per_sample @ mb.valid).detach().double()  # statistics only (a module's outputs carry a graph)
+        outputs = leaves(terms.log_prob, terms.entropy, fwd.values)
+        loss = ppo_loss(*outputs, mb.old_log_prob, mb.old_values, mb.advantages, mb.returns, mb.valid,
+                        clip_range, cfg.clip_range_vf, cfg.vf_coef, cfg.ent_coef)
+        d_log_prob, d_entropy, d_values = output_grads(loss.loss, outputs)
+        agent.backward(fwd, terms, mb.actions, d_log_prob, d_entropy, d_values)
+        with torch.no_grad():
+            ratio_minus_one = loss.ratio - 1.0
+            approx_kl = ratio_minus_one - (outputs[0] - mb.old_log_prob)  # (http://joschu.net/blog/kl-approx.html)
+            was_clipped = (ratio_minus_one.abs() > clip_range).float()
+            per_sample = torch.stack([mb.valid, approx_kl, was_clipped, loss.policy_loss, loss.value_loss,
+                                      terms.entropy.detach()])
+            return (per_sample @ mb.valid).double()
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         return self.optimizer.state_dict()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from distrl.algos.autodiff import leaves, output_grads
 from distrl.algos.optim import ClippedAdam
 from distrl.config import REINFORCEConfig
 from distrl.data.episodes import EpisodeBatch
@@ -24,9 +25,21 @@ def episode_returns_to_go(rewards: np.ndarray, starts: np.ndarray, gamma: float)
     return np.concatenate([discounted_returns(rewards[a:b], gamma) for a, b in zip(starts[:-1], starts[1:])])
 
 
-def policy_gradient_terms(log_prob: torch.Tensor, advantages: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-sample loss ``-log_prob * A`` and its derivative in ``log_prob`` (``-A``)."""
-    return -log_prob * advantages, -advantages
+def reinforce_loss(log_prob: torch.Tensor, entropy: torch.Tensor, values: torch.Tensor, returns: torch.Tensor,
+                   advantages: torch.Tensor, baseline: bool, vf_coef: float, ent_coef: float) -> torch.Tensor:
+    """REINFORCE's objective on the network's outputs, summed over the batch's steps (all arguments [B])::
+
+        loss = -log_prob * A + vf_coef * (v - G)^2 - ent_coef * entropy
+
+    ``A`` is the (standardised) return or, with a ``baseline``, the return less the detached value;
+    the value term fits the baseline to the return ``G`` and is left out without one.
+    """
+    loss = -log_prob * advantages
+    if baseline:
+        loss = loss + vf_coef * (values - returns).square()
+    if ent_coef:
+        loss = loss - ent_coef * entropy
+    return loss.sum()
 
 
 class REINFORCEAlgo:
@@ -54,14 +67,15 @@ class REINFORCEAlgo:
             mean = total / max(count, 1.0)
             std = np.sqrt(max(total_sq / max(count, 1.0) - mean * mean, 0.0))
             advantages = (advantages - mean) / (std + 1e-8)
-        policy_loss, d_log_prob = policy_gradient_terms(terms.log_prob, advantages)
-        value_error = fwd.values - returns
-        d_values = 2.0 * cfg.vf_coef * value_error if cfg.baseline else torch.zeros_like(value_error)
-        d_entropy = torch.full_like(returns, -cfg.ent_coef) if cfg.ent_coef else None
-        agent.backward(fwd, terms, actions, d_log_prob, d_entropy, d_values)
-        value_loss = value_error.square() if cfg.baseline else torch.zeros_like(value_error)
-        stats = torch.stack([torch.tensor(float(len(returns))), policy_loss.sum(), value_loss.sum(),
-                             terms.entropy.sum()]).detach().double()
+        outputs = leaves(terms.log_prob, terms.entropy, fwd.values)
+        loss = reinforce_loss(*outputs, returns, advantages, cfg.baseline, cfg.vf_coef, cfg.ent_coef)
+        d_log_prob, d_entropy, d_values = output_grads(loss, outputs)
+        agent.backward(fwd, terms, actions, d_log_prob, d_entropy,
+                       d_values if d_values is not None else torch.zeros_like(returns))
+        with torch.no_grad():
+            value_loss = (fwd.values - returns).square() if cfg.baseline else torch.zeros_like(returns)
+            stats = torch.stack([torch.tensor(float(len(returns))), (-terms.log_prob * advantages).sum(),
+                                 value_loss.sum(), terms.entropy.sum()]).double()
         sync.gradients(agent.params.grad, stats)
         count = float(stats[0])
         agent.params.grad.div_(count)

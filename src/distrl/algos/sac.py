@@ -4,12 +4,10 @@ One gradient step, in stable-baselines3's order:
 
 1. entropy coefficient alpha = exp(log_alpha), fixed for this step;
 2. critic target ``y = r + gamma (1 - terminated) (min_i Q'_i(s', a') - alpha log pi(a'|s'))``
-   with ``a' ~ pi(.|s')`` and the target critics Q';
-3. critic loss ``1/2 sum_i (Q_i(s, a) - y)^2`` and entropy loss
-   ``-log_alpha (log pi(a~|s) + target_entropy)``: one sync, one Adam step (log_alpha
-   lives in the critic's parameter buffer);
-4. actor loss ``alpha log pi(a~|s) - min_i Q_i(s, a~)`` against the updated critics: one sync,
-   one Adam step;
+   with ``a' ~ pi(.|s')`` and the target critics Q' (:func:`critic_target`);
+3. :func:`critic_loss` and :func:`temperature_loss`: one sync, one Adam step (log_alpha lives in
+   the critic's parameter buffer);
+4. :func:`actor_loss` against the updated critics: one sync, one Adam step;
 5. Polyak update of the target critics.
 
 Losses are summed over samples; ``Sync.gradients`` sums gradients and sample counts over
@@ -23,6 +21,7 @@ import math
 import numpy as np
 import torch
 
+from distrl.algos.autodiff import leaves, output_grads
 from distrl.algos.optim import ClippedAdam
 from distrl.config import SACConfig
 from distrl.data.replay import Transitions
@@ -41,6 +40,22 @@ def critic_target(rewards: torch.Tensor, terminated: torch.Tensor, next_q1: torc
     return rewards + gamma * (1.0 - terminated) * soft_value
 
 
+def critic_loss(q1: torch.Tensor, q2: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """``1/2 sum_i (Q_i(s, a) - y)^2`` over both critics, summed over samples (``target`` y detached)."""
+    return 0.5 * ((q1 - target).square() + (q2 - target).square()).sum()
+
+
+def actor_loss(log_prob: torch.Tensor, q1: torch.Tensor, q2: torch.Tensor, alpha: float) -> torch.Tensor:
+    """``alpha log pi(a~|s) - min_i Q_i(s, a~)`` with ``a~`` the reparameterised action, summed over samples."""
+    return (alpha * log_prob - torch.min(q1, q2)).sum()
+
+
+def temperature_loss(log_alpha: torch.Tensor, log_prob: torch.Tensor, target_entropy: float) -> torch.Tensor:
+    """``-log_alpha (log pi(a~|s) + target_entropy)`` summed over samples (``log_prob`` detached): alpha
+    rises while the policy's entropy is below the target and falls while it is above."""
+    return -(log_alpha * (log_prob + target_entropy)).sum()
+
+
 def polyak(target: torch.Tensor, source: torch.Tensor, tau: float) -> None:
     """``target <- (1 - tau) target + tau source``, in place."""
     target.lerp_(source, tau)
@@ -49,8 +64,10 @@ def polyak(target: torch.Tensor, source: torch.Tensor, tau: float) -> None:
 class SACAlgo:
     """SAC over a squashed Gaussian actor and twin critics with target copies.
 
-    The actor's loss reaches it through the critic: the critic states d(loss)/d(action) (its
-    ``action_grad``), and the actor turns that and d(loss)/d(log-prob) into its own gradient.
+    The losses are written on the networks' outputs (Q-values, log-probs); autograd gives their
+    gradients there, and the networks carry them to their parameters. The actor's loss reaches it
+    through the critic: the critic turns d(loss)/dQ_i into d(loss)/d(action) (its ``action_grad``),
+    and the actor turns that and d(loss)/d(log-prob) into its own gradient.
     """
 
     def __init__(self, cfg: SACConfig, networks: SACNetworks, device: torch.device, seed: int):
@@ -94,28 +111,31 @@ class SACAlgo:
             y = critic_target(batch.rewards, batch.terminated, target_q.q1, target_q.q2, nxt.log_prob, alpha, cfg.gamma)
         pi = self.actor.sample(batch.obs, eps_pi)
 
-        # critic and entropy coefficient: d/dQ_i of 1/2 (Q_i - y)^2 is Q_i - y
+        # critic and entropy coefficient
         fwd = self.critic.forward(batch.obs, batch.actions)
-        d_q1, d_q2 = fwd.q1 - y, fwd.q2 - y
+        q1, q2 = leaves(fwd.q1, fwd.q2)
+        loss_q = critic_loss(q1, q2, y)
+        d_q1, d_q2 = output_grads(loss_q, (q1, q2))
         self.critic.backward(fwd, d_q1, d_q2)
-        entropy_gap = pi.log_prob.detach() + self.target_entropy
-        log_alpha_grad = -entropy_gap.sum() if self.learn_alpha else torch.zeros((), device=self.device)
-        self.critic.params.grad_view("log_alpha").copy_(log_alpha_grad)
-        critic_loss = 0.5 * (d_q1.square() + d_q2.square())
-        stats = torch.stack([ones.sum(), critic_loss.sum(), (-self.critic.params.view("log_alpha")[0] * entropy_gap).sum(),
-                             fwd.q1.sum()]).detach().double()
+        (log_alpha,) = leaves(self.critic.params.view("log_alpha")[0])
+        loss_alpha = temperature_loss(log_alpha, pi.log_prob.detach(), self.target_entropy)
+        if self.learn_alpha:
+            self.critic.params.grad_view("log_alpha").copy_(output_grads(loss_alpha, (log_alpha,))[0])
+        else:
+            self.critic.params.grad_view("log_alpha").zero_()
+        stats = torch.stack([ones.sum(), loss_q, loss_alpha, fwd.q1.sum()]).detach().double()
         sync.gradients(self.critic.params.grad, stats)
         count = float(stats[0])
         self.critic.params.grad.div_(count)
         self.critic_optimizer.step()
 
-        # actor, against the updated critics: d/da of -min(Q1, Q2), d/d log_pi of alpha log_pi
+        # actor, against the updated critics: the critic carries d(loss)/dQ_i back to the action
         q_pi = self.critic.forward(batch.obs, pi.action)
-        first = (q_pi.q1 <= q_pi.q2).float()
-        d_action = self.critic.action_grad(q_pi, -first, first - 1.0)
-        self.actor.backward(pi, d_action, alpha * ones)
-        actor_loss = alpha * pi.log_prob - torch.minimum(q_pi.q1, q_pi.q2)
-        actor_stats = torch.stack([ones.sum(), actor_loss.sum(), pi.log_prob.sum()]).detach().double()
+        log_prob, q1_pi, q2_pi = leaves(pi.log_prob, q_pi.q1, q_pi.q2)
+        loss_pi = actor_loss(log_prob, q1_pi, q2_pi, alpha)
+        d_log_prob, d_q1_pi, d_q2_pi = output_grads(loss_pi, (log_prob, q1_pi, q2_pi))
+        self.actor.backward(pi, self.critic.action_grad(q_pi, d_q1_pi, d_q2_pi), d_log_prob)
+        actor_stats = torch.stack([ones.sum(), loss_pi, pi.log_prob.sum()]).detach().double()
         sync.gradients(self.actor.params.grad, actor_stats)
         self.actor.params.grad.div_(float(actor_stats[0]))
         self.actor_optimizer.step()
