@@ -194,9 +194,9 @@ def curve_label(run: dict) -> str:
     return preset + (f" ({'; '.join(extra)})" if extra else "")
 
 
-def curve_figures(runs: list[dict]) -> list[str]:
+def curve_figures(runs: list[dict], draw: bool = True) -> list[str]:
     """One PNG per (algorithm, env): each setting's runs as one curve (the mean over seeds, the band from the
-    lowest to the highest), against total steps."""
+    lowest to the highest), against total steps. ``draw=False``: only the page's lines that show them."""
     by_env: dict[tuple, dict[str, list[Path]]] = defaultdict(lambda: defaultdict(list))
     for run in sorted(runs, key=lambda r: (curve_label(r), r["seed"])):
         by_env[(run["summary"]["algo"], run["summary"]["env"])][curve_label(run)].append(run["dir"])
@@ -204,6 +204,12 @@ def curve_figures(runs: list[dict]) -> list[str]:
     for (algo, env), groups in sorted(by_env.items(), key=lambda kv: kv[0][1]):
         dirs = [d for members in groups.values() for d in members]
         name = f"{algo}-{SHORT.get(env, env)}.png"
+        lines += [f"![{algo.upper()} {env}](results/{name})", ""]
+        with_time = len({run["summary"]["strategy"] for run in runs if run["dir"] in dirs}) > 1
+        if with_time:
+            lines += [f"![{algo.upper()} {env} against wall time](results/{name.replace('.png', '-time.png')})", ""]
+        if not draw:
+            continue
         smooth = 100 if env in ATARI_REFERENCES else 20 if env not in ("CartPole-v1", "Pendulum-v1") else 10
         for reference in sorted((RESULTS / "sb3").glob(f"sb3-{algo}-{env}-*")):  # sb3_reference.py, same env
             groups[f"stable-baselines3 {reference.name.split(env + '-')[-1]}"].append(reference)
@@ -214,12 +220,9 @@ def curve_figures(runs: list[dict]) -> list[str]:
                 fig.axes[0].plot(ATARI_POINTS, values, marker=marker, linestyle="--", label=f"{label} (v4, published)")
             fig.axes[0].legend(loc="best", fontsize=8)
             fig.savefig(RESULTS / name, dpi=100)
-        lines += [f"![{algo.upper()} {env}](results/{name})", ""]
-        if len({run["summary"]["strategy"] for run in runs if run["dir"] in dirs}) > 1:
-            time_name = name.replace(".png", "-time.png")
-            reward_curves(sorted(dirs), "time", k=smooth, out=RESULTS / time_name,
+        if with_time:
+            reward_curves(sorted(dirs), "time", k=smooth, out=RESULTS / name.replace(".png", "-time.png"),
                           title=f"{algo.upper()} {env} against wall time")
-            lines += [f"![{algo.upper()} {env} against wall time](results/{time_name})", ""]
     return lines
 
 
@@ -289,7 +292,8 @@ def sb3_section(runs: list[dict]) -> list[str]:
             "the v5 env distrl trains on.", "", *markdown_table(header, rows), ""]
 
 
-def write_page() -> None:
+def page_text(draw: bool = True) -> str:
+    """docs/results.md as it follows from the kept runs; ``draw`` also redraws its PNGs."""
     runs = load_runs()
     notes = RESULTS / "NOTES.md"
     body = ["# Results", "",
@@ -297,11 +301,16 @@ def write_page() -> None:
             "kept in `docs/results/` (each run's monitor.csv, summary.json and config.json). "
             "Return columns: mean ± std over seeds of each run's mean over its last 100 training episodes, "
             "and of its final 10-episode deterministic evaluation.", "",
-            "## Learning", "", *learning_table(runs), "", *curve_figures(runs), *atari_section(runs), *sb3_section(runs),
+            "## Learning", "", *learning_table(runs), "", *curve_figures(runs, draw), *atari_section(runs),
+            *sb3_section(runs),
             "## Speedup against ideal, per strategy", "", *scaling_section()]
     if notes.is_file():
         body += [notes.read_text().strip(), ""]
-    PAGE.write_text("\n".join(body).rstrip() + "\n")
+    return "\n".join(body).rstrip() + "\n"
+
+
+def write_page() -> None:
+    PAGE.write_text(page_text())
     print(f"wrote {PAGE}")
 
 

@@ -65,3 +65,9 @@ def test_settings_shared_by_several_presets_are_named_after_the_runs_env():
     assert results.settings(ppo_run("Ant-v5", "ant-cleanrl")) == "ant-cleanrl"
     assert results.settings(ppo_run("Hopper-v5", "ant-cleanrl")) == "Hopper-v5"
     assert results.settings(ppo_run("HalfCheetah-v5", "ant-tianshou")) == "halfcheetah-tianshou"
+
+
+def test_the_results_page_is_what_the_kept_runs_regenerate():
+    # docs/results.md is generated: a hand edit, or a kept run whose page was not rewritten, shows up here
+    assert results.PAGE.read_text() == results.page_text(draw=False), (
+        "docs/results.md differs from what `python benchmarks/results.py` writes: run it and commit the page")
