@@ -87,7 +87,7 @@ class Model:
     @property
     def recurrent(self) -> bool:
         """Whether the policy carries a state through each episode (``core='lstm'|'gru'``)."""
-        return bool(getattr(getattr(self._trainer, "agent", None), "recurrent", False))
+        return False
 
     def _act(self, obs: np.ndarray, deterministic: bool, rng: np.random.Generator, state: Any = None,
              starts: np.ndarray | None = None) -> tuple[np.ndarray, Any]:
@@ -204,13 +204,16 @@ class PPO(Model):
     algo = "ppo"
     _trainer: OnPolicyTrainer
 
+    @property
+    def recurrent(self) -> bool:
+        return self._trainer.agent.recurrent
+
     def _act(self, obs: np.ndarray, deterministic: bool, rng: np.random.Generator, state: Any = None,
              starts: np.ndarray | None = None) -> tuple[np.ndarray, Any]:
         agent = self._trainer.agent
         noise = None if deterministic else agent.spec.draw_noise(rng, (len(obs),))
-        normalizer = getattr(self._trainer, "obs_normalizer", None)
-        obs = normalizer(obs) if normalizer is not None else obs
-        if not getattr(agent, "recurrent", False):
+        obs = self._trainer.policy_obs(obs)
+        if not agent.recurrent:
             return agent.env_action(agent.act(obs, noise)), None
         if state is None:
             state_t, starts = agent.initial_state(len(obs)), np.ones(len(obs), dtype=bool)

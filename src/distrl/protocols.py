@@ -20,6 +20,8 @@ class Sync(Protocol):
 
     rank: int
     world_size: int
+    sync_s: float
+    """Seconds spent in collectives so far (the run's summary reports it)."""
 
     def gradients(self, grad: torch.Tensor, stats: torch.Tensor) -> None:
         """Sum a flat gradient and a small vector of summed statistics over workers, in place."""
@@ -51,6 +53,7 @@ class LocalSync:
 
     rank = 0
     world_size = 1
+    sync_s = 0.0
 
     def gradients(self, grad: torch.Tensor, stats: torch.Tensor) -> None:
         return None

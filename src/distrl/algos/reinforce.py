@@ -55,7 +55,7 @@ class REINFORCEAlgo:
         returns = torch.from_numpy(episode_returns_to_go(batch.rewards, batch.starts, cfg.gamma)).float().to(device)
         obs = torch.from_numpy(batch.obs).to(device)
         actions = torch.from_numpy(batch.actions).to(device)
-        if getattr(agent, "recurrent", False):  # each episode one sequence from the initial state
+        if agent.recurrent:  # each episode one sequence from the initial state
             fwd = agent.forward_episodes(obs, batch.starts)
         else:
             fwd = agent.forward_train(obs)

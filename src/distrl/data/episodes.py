@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
+from distrl.data.collector import Collector, LocalCollection
 from distrl.envs import VecEnv
 from distrl.nets import Agent
 from distrl.spaces import stored_layout
@@ -47,7 +49,14 @@ def merge_episode_batches(parts: list[EpisodeBatch]) -> EpisodeBatch:
         collect_s=max(p.collect_s for p in parts))
 
 
-class EpisodeCollector:
+class EpisodeSource(Collector, Protocol):
+    """A collector of whole episodes (REINFORCE's): this process's environments or remote workers."""
+
+    def collect(self, n_episodes: int, policy_version: int) -> EpisodeBatch:
+        ...
+
+
+class EpisodeCollector(LocalCollection):
     """Runs a vector env with the current policy until a number of episodes have ended.
 
     Every call starts fresh episodes (a policy update between calls would otherwise leave
@@ -87,16 +96,14 @@ class EpisodeCollector:
         lengths: list[int] = []
         steps, t = 0, 0
         noise = self._noise()
-        recurrent = getattr(self.agent, "recurrent", False)
+        recurrent = self.agent.recurrent
+        state, starts = None, np.ones(n, dtype=bool)
         if recurrent:  # every episode begins from the initial state
-            state, starts = self.agent.initial_state(n), np.ones(n, dtype=bool)
+            state = self.agent.initial_state(n)
         while len(done) < n_episodes:
             if t == NOISE_BLOCK:
                 noise, t = self._noise(), 0
-            if recurrent:
-                action, _, _, state = self.agent.act_state(obs, noise[t], state, starts)
-            else:
-                action = self.agent.act(obs, noise[t])
+            action, _, _, state = self.agent.act_step(obs, noise[t], state, starts)
             step = self.env.step(self.agent.env_action(action))
             if recurrent:
                 starts = ~step.valid

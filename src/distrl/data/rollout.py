@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 import numpy as np
 import torch
 
+from distrl.data.collector import Collector, LocalCollection
 from distrl.data.normalize import ObsNormalizer, RewardScaler
 from distrl.envs import VecEnv
 from distrl.nets import Agent
@@ -139,7 +140,14 @@ class RolloutBatch:
         return int(self.obs.shape[0])
 
 
-class RolloutCollector:
+class RolloutSource(Collector, Protocol):
+    """A collector of fixed-length rollouts (PPO's): this process's environments, remote workers or a pipeline."""
+
+    def collect(self, policy_version: int, preempt: Callable[[], bool] | None = None, min_steps: int = 0) -> Rollout:
+        ...
+
+
+class RolloutCollector(LocalCollection):
     """Steps a :class:`VecEnv` with the current policy for ``n_steps`` per rollout.
 
     Sampling noise comes from one random stream per environment, keyed by the run seed
@@ -159,7 +167,7 @@ class RolloutCollector:
         self.noise_rngs: list[np.random.Generator] = []
         self._raw_obs: np.ndarray | None = None
         self.obs_shape, self.obs_dtype = stored_layout(env.single_observation_space)
-        self.recurrent = getattr(agent, "recurrent", False)
+        self.recurrent = agent.recurrent
         self._state: Any = None
         self._starts = np.ones(env.n_envs, dtype=bool)
 
@@ -208,8 +216,7 @@ class RolloutCollector:
         # A module network's acting pass yields the value and the action's log-prob as well: keeping them
         # spares two forward passes over the rollout. The closed-form MLPs act on the policy alone and
         # compute both afterwards in one batched pass, which is cheaper for them.
-        recording = getattr(self.agent, "records_while_acting", False)
-        if recording:
+        if self.agent.records_while_acting:
             rollout.log_probs = np.zeros((T, N), dtype=np.float32)
             rollout.values = np.empty((T + 1, N), dtype=np.float32)
         if self.recurrent:  # the fragment's initial state, from which training replays it
@@ -221,12 +228,9 @@ class RolloutCollector:
         for t in range(T):
             if self.recurrent:
                 rollout.starts[t] = self._starts
-                action, rollout.log_probs[t], rollout.values[t], self._state = self.agent.act_state(
-                    obs[t], noise[t], self._state, self._starts)
-            elif recording:
-                action, rollout.log_probs[t], rollout.values[t] = self.agent.act_recording(obs[t], noise[t])
-            else:
-                action = self.agent.act(obs[t], noise[t])
+            action, log_probs, values, self._state = self.agent.act_step(obs[t], noise[t], self._state, self._starts)
+            if rollout.log_probs is not None:
+                rollout.log_probs[t], rollout.values[t] = log_probs, values
             actions[t] = action
             step = self.env.step(self.agent.env_action(action))
             raw_obs[t + 1] = step.obs
@@ -249,7 +253,7 @@ class RolloutCollector:
         if self.recurrent:  # the last observation's value from the state reached, which goes on to the next fragment
             rollout.starts[T:] = self._starts
             rollout.values[T:] = self.agent.value_state(obs[T], self._state, self._starts)
-        elif recording:  # the value of the last observation, repeated over any padding
+        elif self.agent.records_while_acting:  # the value of the last observation, repeated over any padding
             rollout.values[T:] = self.agent.values(torch.from_numpy(obs[T])).cpu().numpy()
         if normalize:
             rollout.obs_moments = self.obs_normalizer.moments(raw_obs[1:T + 1].reshape(T * N, *self.obs_shape))

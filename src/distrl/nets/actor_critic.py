@@ -9,6 +9,7 @@ import numpy as np
 import torch
 from gymnasium import spaces
 
+from distrl.nets.agent import ActStep, State
 from distrl.nets.core import MLP, ParamBuffer, mlp_shapes
 from distrl.nets.distributions import (CategoricalTerms, GaussianTerms, categorical_grad, categorical_terms,
                                        gaussian_grad, gaussian_terms, inverse_cdf_sample, sample_actions)
@@ -27,6 +28,11 @@ class TrainForward:
     critic_inputs: list[torch.Tensor]
 class ActorCritic:
     """Separate policy and critic MLPs; a categorical or state-independent-std Gaussian policy."""
+
+    recurrent = False
+    records_while_acting = False
+    """Acting runs the policy alone, as numpy; a rollout's values and log-probs come afterwards in one batched
+    pass, which is cheaper for these small networks than one per step."""
 
     def __init__(self, obs_dim: int, action_space: spaces.Space, net_arch: tuple[int, ...] = (64, 64),
                  activation: str = "tanh", log_std_init: float = 0.0, ortho_init: bool = True,
@@ -83,6 +89,10 @@ class ActorCritic:
         if self.discrete:  # called every step: the choice is drawn here, without sample_actions' dispatch
             return inverse_cdf_sample(out, noise)
         return sample_actions("gaussian", out, np.exp(self._acting_log_std), noise)
+
+    def act_step(self, obs: np.ndarray, noise: np.ndarray | None, state: State | None = None,
+                 starts: np.ndarray | None = None) -> ActStep:
+        return ActStep(self.act(obs, noise), None, None, None)
 
     def env_action(self, action: np.ndarray) -> np.ndarray:
         """The action to send to the env: Gaussian samples clipped to the action bounds."""

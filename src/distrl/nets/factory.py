@@ -24,6 +24,7 @@ from torch import nn
 from distrl.config import ConfigError
 from distrl.env_names import MEMORY, remembered, shown_name
 from distrl.nets.actor_critic import ActorCritic
+from distrl.nets.agent import Agent
 from distrl.nets.causal_lm import CausalLMPolicy
 from distrl.nets.encoders import ActorCriticModule, make_encoder
 from distrl.nets.group_policy import CategoricalPolicy
@@ -33,7 +34,6 @@ from distrl.nets.sac import SquashedGaussianActor, TwinQ
 from distrl.nets.sac_module import ModuleSquashedActor, ModuleTwinQ, SACActorModule, TwinQModule
 from distrl.spaces import action_spec, check_observation_space, is_image, is_vector
 
-Agent = Union[ActorCritic, ModuleAgent, RecurrentAgent]
 PolicySource = Union[str, nn.Module, Callable[..., nn.Module], None]
 """What a user passes as the network: 'package.module:function', a module, a module class or a factory."""
 

@@ -26,6 +26,7 @@ from torch import nn
 from torch.func import functional_call
 
 from distrl.config import ConfigError
+from distrl.nets.agent import ActStep, State
 from distrl.nets.core import ParamBuffer, write_grad
 from distrl.nets.distributions import (CategoricalTerms, GaussianTerms, categorical_terms, gaussian_terms,
                                        multi_categorical_terms, sample_actions)
@@ -49,8 +50,9 @@ class ModuleForward:
 class ModuleAgent:
     """An actor-critic over a user's or a built-in module, with the interface of ``ActorCritic``."""
 
+    recurrent = False
     records_while_acting = True
-    """Collectors keep the value and log-prob from :meth:`act_recording` (see ``RolloutCollector``)."""
+    """Collectors keep the value and log-prob that :meth:`act_step` gives (see ``RolloutCollector``)."""
 
     def __init__(self, module: nn.Module, observation_space: spaces.Space, action_space: spaces.Space,
                  log_std_init: float = 0.0, device: torch.device | str = "cpu", autocast: torch.dtype | None = None):
@@ -105,6 +107,10 @@ class ModuleAgent:
 
     def refresh_acting_copy(self) -> None:
         """Acting reads the parameter buffer itself: nothing to refresh."""
+
+    def act_step(self, obs: np.ndarray, noise: np.ndarray | None, state: State | None = None,
+                 starts: np.ndarray | None = None) -> ActStep:
+        return ActStep(*self.act_recording(obs, noise), None)
 
     @torch.no_grad()
     def act(self, obs: np.ndarray, noise: np.ndarray | None) -> np.ndarray:

@@ -27,9 +27,9 @@ from torch import nn
 from distrl.config import ConfigError
 from distrl.nets.distributions import sample_actions
 from distrl.nets.encoders import ActorCriticModule
+from distrl.nets.agent import ActStep, State
 from distrl.nets.module import LOG_STD, ModuleAgent, ModuleForward
 
-State = tuple[torch.Tensor, ...]
 
 
 
@@ -203,6 +203,11 @@ class RecurrentAgent(ModuleAgent):
         fwd = self.forward_sequences(padded.reshape(longest * count, *obs.shape[1:]), self.initial_state(count), starts)
         rows = torch.from_numpy(step * count + episode).to(self.device)
         return ModuleForward(fwd.head[rows], fwd.values[rows], fwd.log_std)
+
+    def act_step(self, obs: np.ndarray, noise: np.ndarray | None, state: State | None = None,
+                 starts: np.ndarray | None = None) -> ActStep:
+        assert state is not None and starts is not None, "a recurrent agent acts with its state and the episode starts"
+        return ActStep(*self.act_state(obs, noise, state, starts))
 
     # The feed-forward entry points see single observations, without a state: a recurrent agent has none.
     def act(self, obs: np.ndarray, noise: np.ndarray | None) -> np.ndarray:

@@ -28,7 +28,7 @@ from distrl.config import RunConfig, StrategyConfig
 from distrl.data.episodes import EpisodeBatch, merge_episode_batches
 from distrl.data.rollout import Rollout
 from distrl.data.wire import pack, unpack
-from distrl.strategies.actors import as_array, spend_restart
+from distrl.strategies.actors import as_array, overhead_summary, spend_restart
 
 INLINE_BYTES = 100_000
 """Weights smaller than this travel inside each worker's call (Ray's inline limit for arguments);
@@ -312,6 +312,13 @@ class RemoteCollector:
         from distrl.strategies.actors import RayActors, resolve_placements, where_note
 
         return where_note(resolve_placements(RayActors(self.ray), [self.places[worker][-1:]], 0.5)[0][0])
+
+    def iteration_metrics(self) -> dict[str, float]:
+        return {"time/overhead_s": self.last_overhead_s}
+
+    def summary(self) -> dict[str, Any]:
+        """Per-iteration transport overhead (weights out, scheduling, results back)."""
+        return overhead_summary(self.overheads)
 
     def finish(self) -> dict[str, Any]:
         """For summary.json: where each rollout worker ran (every actor it has had, the replaced ones first)."""

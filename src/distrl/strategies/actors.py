@@ -176,3 +176,10 @@ class RayActors:
             self.ray.kill(actor)
         except Exception:  # noqa: BLE001, S110 - it may already be gone
             pass
+
+
+def overhead_summary(overheads: list[float]) -> dict[str, float]:
+    """Median and largest per-iteration overhead of remote collection, in milliseconds (nothing before the first)."""
+    if not overheads:
+        return {}
+    return {"overhead_ms_median": 1000 * float(np.median(overheads)), "overhead_ms_max": 1000 * float(np.max(overheads))}

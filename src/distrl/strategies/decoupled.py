@@ -30,7 +30,7 @@ import torch.distributed as dist
 from distrl.algos.ppo import UPDATE_METRICS, PackedBatch, PPOAlgo
 from distrl.config import ConfigError, PPOConfig, RunConfig, StrategyConfig
 from distrl.data.normalize import ObsNormalizer
-from distrl.data.rollout import RolloutBatch, Sequences
+from distrl.data.rollout import Rollout, RolloutBatch, Sequences
 from distrl.nets.recurrent import sequence_minibatch_rows
 from distrl.protocols import Sync
 
@@ -122,21 +122,27 @@ def _receive_batch(rows: int, obs_shape: tuple[int, ...], obs_dtype: torch.dtype
 
 
 class PlayerAlgo:
-    """Stands in for :class:`PPOAlgo` on the player: prepares batches locally, updates remotely.
-
-    Everything but ``update`` and ``state_dict`` is the wrapped algorithm's.
-    """
+    """The player's learning rule (an ``OnPolicyUpdate``): prepares batches with :class:`PPOAlgo` here, and
+    updates on the trainers, whose weights come back."""
 
     def __init__(self, algo: PPOAlgo, strategy: StrategyConfig, world: int):
         self.algo = algo
+        self.optimizer = algo.optimizer
+        """The trainers' Adam state, fetched for checkpoints (:meth:`state_dict`)."""
         self.share = strategy.share_data
         self.trainers = world - 1
         self.segment = 0
         self.wait_s = 0.0
         """Seconds the player spent waiting for the trainers' weights."""
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.algo, name)
+    def prepare(self, rollout: Rollout) -> RolloutBatch:
+        return self.algo.prepare(rollout)
+
+    def advantage_moments(self, batch: RolloutBatch) -> np.ndarray:
+        return self.algo.advantage_moments(batch)
+
+    def load_state_dict(self, tensors: dict[str, torch.Tensor]) -> None:
+        self.algo.load_state_dict(tensors)
 
     def reseed(self, seed: int, rank: int, segment: int) -> None:
         self.segment = segment
@@ -219,7 +225,7 @@ def run_trainer(run: RunConfig, strategy: StrategyConfig, cfg: PPOConfig, device
         if new_segment != segment:  # every trainer shuffles alike with --share-data, apart otherwise
             segment = new_segment
             algo.reseed(run.seed, 0 if strategy.share_data else rank, segment)
-        recurrent = (cfg.n_steps, agent.initial_state(1)) if getattr(agent, "recurrent", False) else None
+        recurrent = (cfg.n_steps, agent.initial_state(1)) if agent.recurrent else None
         obs, data, sequences = _receive_batch(cfg.rollout_size, obs_shape, torch_dtype, PackedBatch.columns(action_shape),
                                               strategy.share_data, trainers, recurrent)
         if sequences is not None:
@@ -280,19 +286,22 @@ def run_decoupled_rank(run: RunConfig, strategy: StrategyConfig, cfg: PPOConfig,
         set_cpu_options(run)
         run_trainer(run, strategy, cfg, device, trainers_group)
         return None
-    player = OnPolicyTrainer(run.replace(device=strategy.player_device), cfg, run_dir=run_dir, strategy=strategy)
-    player.algo = PlayerAlgo(player.algo, strategy, world)
+    player = OnPolicyTrainer(run.replace(device=strategy.player_device), cfg, run_dir=run_dir, strategy=strategy,
+                             update_factory=lambda algo: PlayerAlgo(algo, strategy, world))
+    player_algo = player.algo
+    assert isinstance(player_algo, PlayerAlgo)
     try:
         player.begin(resume_path)
         send_start_state(player)
         player.train()
+        player.extra_summary["player_wait_s"] = player_algo.wait_s
         summary = player.finish(time.perf_counter() - start)
     except BaseException:
         player.close()
         raise
     finally:
         try:
-            player.algo.stop()
+            player_algo.stop()
         except Exception:  # noqa: BLE001 - the trainers may already be gone; the launcher reports them
             pass
     return summary

@@ -18,7 +18,7 @@ import numpy as np
 
 from distrl.config import ConfigError, RunConfig, StrategyConfig
 from distrl.data.replay import VersionedReplay
-from distrl.strategies.actors import ActorEngine, RayActors
+from distrl.strategies.actors import ActorEngine, RayActors, overhead_summary
 from distrl.strategies.pipeline import PipelineStats, actor_engine
 from distrl.strategies.pool import GeneratorPool
 
@@ -119,6 +119,13 @@ class AsyncCollector:
                              "pipeline/buffer_size": float(len(self.replay)),
                              "pipeline/generator_restarts": float(self.pool.restarted())}
         return rollout
+
+    def iteration_metrics(self) -> dict[str, float]:
+        return {"time/overhead_s": self.last_overhead_s, **self.last_metrics}
+
+    def summary(self) -> dict[str, Any]:
+        """The learner's waits for data, per fragment."""
+        return overhead_summary(self.overheads)
 
     def finish(self) -> dict[str, Any]:
         """Drain the generations under way into the buffer; the pipeline's figures for summary.json.

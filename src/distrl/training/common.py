@@ -19,11 +19,13 @@ from gymnasium import spaces
 
 import distrl
 from distrl import checkpoint
+from distrl.data.collector import Collector
 from distrl.config import ConfigError, RunConfig, StrategyConfig
 from distrl.envs import VecEnv, make_run_env
 from distrl.env_names import resolve_env_id
 from distrl.evaluation import evaluate
 from distrl.logs import Console, RunLogger, write_json_atomic
+from distrl.nets.agent import Agent
 from distrl.nets.recurrent import StatefulPolicy
 from distrl.protocols import LocalSync, Sync
 from distrl.spaces import DictLayout, stored_layout
@@ -74,6 +76,8 @@ class TrainerBase(RunState):
 
     algo_name = ""
     counts_iterations = False
+    collector: Collector | None = None
+    """What collects this trainer's experience, where it has one (SAC steps its environments itself)."""
     """Whether --iterations bounds this trainer's runs (else it trains for total_steps)."""
 
     def __init__(self, run: RunConfig, cfg: Any, sync: Sync | None, run_dir: Path | None, log: bool,
@@ -157,6 +161,10 @@ class TrainerBase(RunState):
     def train(self, total_steps: int | None = None, stop_at: int | None = None) -> dict[str, Any]:
         raise NotImplementedError
 
+    def policy_obs(self, obs: np.ndarray) -> np.ndarray:
+        """Observations [B, ...] as the policy sees them (normalised, where the run normalises them)."""
+        return obs
+
     def act_for_eval(self, obs: np.ndarray, starts: np.ndarray) -> np.ndarray:
         """Deterministic env actions for raw observations [B, ...]; ``starts`` [B] marks the observations
         that begin an episode (a recurrent policy restarts its state there)."""
@@ -165,8 +173,8 @@ class TrainerBase(RunState):
     def greedy_actions(self, obs: np.ndarray, starts: np.ndarray) -> np.ndarray:
         """The policy's deterministic actions (before ``env_action``), carrying a recurrent policy's state
         from call to call (for evaluation, which begins every episode with ``starts``)."""
-        agent: Any = self.agent  # type: ignore[attr-defined]
-        if not getattr(agent, "recurrent", False):
+        agent: Agent = self.agent  # type: ignore[attr-defined]
+        if not agent.recurrent:
             return agent.act(obs, None)
         if self._eval_policy is None or self._eval_policy.n_envs != len(obs):
             self._eval_policy = StatefulPolicy(agent, len(obs))
@@ -278,31 +286,22 @@ class TrainerBase(RunState):
             "workers": self.strategy.workers if self.strategy.strategy != "single" else 1,
             "total_steps": self.steps, "iterations": self.iteration,
             "episodes": self.episodes, "train_s": self.train_s, "eval_s": self.eval_s,
-            "update_s": self.update_s, "sync_s": getattr(self.sync, "sync_s", 0.0),
+            "update_s": self.update_s, "sync_s": self.sync.sync_s,
             "sps": self.steps / max(self.train_s, 1e-9), "final_mean_return": mean_return,
             "final_eval_mean_return": self.last_eval[0] if self.last_eval else None,
             "final_eval_std_return": self.last_eval[1] if self.last_eval else None,
             "events": self.events, "distrl_version": distrl.__version__,
             **self.extra_summary,
-            **self._overhead_summary(),
-            **({"player_wait_s": self.algo.wait_s} if hasattr(getattr(self, "algo", None), "wait_s") else {}),
+            **(self.collector.summary() if self.collector is not None else {}),
         }
-
-    def _overhead_summary(self) -> dict[str, float]:
-        """Per-iteration transport overhead of remote collection (weights out, scheduling, results back)."""
-        overheads = getattr(getattr(self, "collector", None), "overheads", None)
-        if not overheads:
-            return {}
-        return {"overhead_ms_median": 1000 * float(np.median(overheads)), "overhead_ms_max": 1000 * float(np.max(overheads))}
 
     def finish(self, wall_s: float) -> dict[str, Any]:
         """Final evaluation, model and summary.json (main worker), then close; ``wall_s`` is this
         process's time, to which a resumed run adds its earlier processes' (``wall_before``)."""
         if self.is_main and self._eval_steps != self.steps:
             self.evaluate_now()
-        finish_collector = getattr(getattr(self, "collector", None), "finish", None)
-        if finish_collector is not None:  # a pipeline drains its generators and reports its counters
-            self.extra_summary.update(finish_collector())
+        if self.collector is not None:  # a pipeline drains its generators and reports its counters
+            self.extra_summary.update(self.collector.finish())
         summary = {**self.summary(), "wall_s": self.wall_before + wall_s}
         if self.run_dir is not None and (self.is_main or self.keeps_worker_state):
             self.save_checkpoint(self.run_dir / checkpoint.MODEL_DIR)
@@ -337,9 +336,8 @@ class TrainerBase(RunState):
     def close(self) -> None:
         if self.console is not None:
             self.console.close()
-        close_collector = getattr(getattr(self, "collector", None), "close", None)
-        if close_collector is not None:
-            close_collector()
+        if self.collector is not None:
+            self.collector.close()
         self.env.close()
         if self._eval_env is not None:
             self._eval_env.close()

@@ -12,7 +12,7 @@ import torch
 
 from distrl.algos.reinforce import REINFORCEAlgo
 from distrl.config import REINFORCEConfig, RunConfig, StrategyConfig
-from distrl.data.episodes import EpisodeCollector
+from distrl.data.episodes import EpisodeCollector, EpisodeSource
 from distrl.nets import make_agent
 from distrl.nets.factory import PolicySource, check_agent_spaces
 from distrl.protocols import Sync
@@ -28,14 +28,14 @@ class EpisodicTrainer(TrainerBase):
     def __init__(self, run: RunConfig, cfg: REINFORCEConfig, sync: Sync | None = None,
                  run_dir: Path | None = None, log: bool = True, strategy: StrategyConfig | None = None,
                  requested: REINFORCEConfig | None = None, device: torch.device | None = None,
-                 collector_factory: Callable[[TrainerBase], Any] | None = None, policy: PolicySource = None):
+                 collector_factory: Callable[[TrainerBase], EpisodeSource] | None = None, policy: PolicySource = None):
         super().__init__(run, cfg, sync, run_dir, log, strategy, requested, device)
         self.agent = make_agent(self.env.single_observation_space, self.env.single_action_space, cfg, self.device,
                                 run.seed, policy if policy is not None else run.policy, run.precision)
         self.algo = REINFORCEAlgo(cfg, self.agent)
         self.last_iteration_return: float | None = None
         if collector_factory is None:
-            self.collector: Any = EpisodeCollector(self.env, self.agent, run.seed, self.sync.rank * cfg.n_envs,
+            self.collector: EpisodeSource = EpisodeCollector(self.env, self.agent, run.seed, self.sync.rank * cfg.n_envs,
                                                    cfg.max_episode_steps)
         else:
             self.collector = collector_factory(self)
@@ -69,7 +69,7 @@ class EpisodicTrainer(TrainerBase):
             self.last_iteration_return = mean_return
             metrics.update({"time/collect_s": batch.collect_s, "time/update_s": now - update_start,
                             "charts/mean_return": mean_return,
-                            "time/overhead_s": getattr(self.collector, "last_overhead_s", 0.0)})
+                            **self.collector.iteration_metrics()})
             self._log(batch.episode_returns, batch.episode_lengths, counts[1:], metrics)
             if self.console is not None:
                 of = f"/{iterations}" if iterations else ""

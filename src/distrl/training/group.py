@@ -265,7 +265,7 @@ class GroupTrainer:
             "workers": self.strategy.workers if self.strategy.strategy != "single" else 1,
             "learner_steps": self.version, "completions": self.completions, "tokens": self.tokens,
             "train_s": self.train_s, "update_s": self.update_s, "learn_s": self.update_s,
-            "sync_s": getattr(self.sync, "sync_s", 0.0), **timing,
+            "sync_s": self.sync.sync_s, **timing,
             "learner_busy_fraction": busy, "learner_steps_per_s": self.version / max(self.train_s, 1e-9),
             "policy_lag_mean": 0.0, "completions_per_s": self.completions / max(self.train_s, 1e-9),
             "tokens_per_s": self.tokens / max(self.train_s, 1e-9),

@@ -6,19 +6,47 @@ import math
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 
+from distrl.algos.optim import ClippedAdam
 from distrl.algos.ppo import PPOAlgo
 from distrl.config import PPOConfig, RunConfig, StrategyConfig
 from distrl.data.normalize import ObsNormalizer, RewardScaler
-from distrl.data.rollout import Rollout, RolloutBatch, RolloutCollector
+from distrl.data.rollout import Rollout, RolloutBatch, RolloutCollector, RolloutSource
 from distrl.nets import make_agent
 from distrl.nets.factory import PolicySource, check_agent_spaces
 from distrl.protocols import Sync
 from distrl.training.common import TrainerBase
+
+
+class OnPolicyUpdate(Protocol):
+    """What the on-policy loop asks of its learning rule: :class:`~distrl.algos.ppo.PPOAlgo`, or a stand-in
+    that prepares batches here and updates elsewhere (decoupled's player)."""
+
+    optimizer: ClippedAdam
+    """Its Adam state is broadcast at start-up and kept in checkpoints."""
+
+    def reseed(self, seed: int, rank: int, segment: int) -> None:
+        ...
+
+    def prepare(self, rollout: Rollout) -> RolloutBatch:
+        ...
+
+    def advantage_moments(self, batch: RolloutBatch) -> np.ndarray:
+        ...
+
+    def update(self, batch: RolloutBatch, sync: Sync, progress_remaining: float = 1.0,
+               advantage_moments: np.ndarray | None = None) -> dict[str, float]:
+        ...
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        ...
+
+    def load_state_dict(self, tensors: dict[str, torch.Tensor]) -> None:
+        ...
 
 
 class OnPolicyTrainer(TrainerBase):
@@ -29,7 +57,8 @@ class OnPolicyTrainer(TrainerBase):
     def __init__(self, run: RunConfig, cfg: PPOConfig, sync: Sync | None = None,
                  run_dir: Path | None = None, log: bool = True, strategy: StrategyConfig | None = None,
                  requested: PPOConfig | None = None, device: torch.device | None = None,
-                 collector_factory: Callable[[TrainerBase], Any] | None = None, policy: PolicySource = None):
+                 collector_factory: Callable[[TrainerBase], RolloutSource] | None = None, policy: PolicySource = None,
+                 update_factory: Callable[[PPOAlgo], OnPolicyUpdate] | None = None):
         """
         Args:
             run, cfg: what to train; ``cfg`` is the config this worker runs (after scaling).
@@ -39,6 +68,7 @@ class OnPolicyTrainer(TrainerBase):
             requested: the PPO config as the user gave it, before ``--scaling``.
             device: overrides ``run.device`` (a ddp rank's own GPU).
             collector_factory: builds a collector in place of the local one (actor-learner's remote workers).
+            update_factory: wraps the PPO learning rule in place of using it here (decoupled's player).
             policy: the network, when the Python API was given a module, class or factory (default: ``run.policy``).
         """
         super().__init__(run, cfg, sync, run_dir, log, strategy, requested, device)
@@ -46,11 +76,12 @@ class OnPolicyTrainer(TrainerBase):
                                 run.seed, policy if policy is not None else run.policy, run.precision)
         self.obs_normalizer = ObsNormalizer.for_space(self.env.single_observation_space, cfg.normalize_obs, cfg.clip_obs)
         self.reward_scaler = RewardScaler(cfg.n_envs, cfg.gamma, cfg.normalize_reward)
-        self.collector: Any = RolloutCollector(self.env, self.agent, self.obs_normalizer, self.reward_scaler,
+        self.collector: RolloutSource = RolloutCollector(self.env, self.agent, self.obs_normalizer, self.reward_scaler,
                                                cfg.n_steps, run.seed, env_offset=self.sync.rank * cfg.n_envs)
         if collector_factory is not None:
             self.collector = collector_factory(self)
-        self.algo = PPOAlgo(cfg, self.agent, run.seed)
+        algo = PPOAlgo(cfg, self.agent, run.seed)
+        self.algo: OnPolicyUpdate = update_factory(algo) if update_factory is not None else algo
         self.start_segment()
 
     @classmethod
@@ -61,7 +92,7 @@ class OnPolicyTrainer(TrainerBase):
         """Train until ``total_steps`` (schedules anneal over it); ``stop_at`` ends early, as an interruption would."""
         total = total_steps if total_steps is not None else self.run.total_steps
         limit = min(total, stop_at) if stop_at is not None else total
-        per_iteration = self.cfg.rollout_size * self.sync.world_size * getattr(self.collector, "n_workers", 1)
+        per_iteration = self.cfg.rollout_size * self.sync.world_size * self.collector.n_workers
         preempt, min_steps = None, 0
         if self.strategy.sync_frac < 1.0 and self.sync.world_size > 1:
             needed = math.ceil(self.strategy.sync_frac * self.sync.world_size)
@@ -83,8 +114,7 @@ class OnPolicyTrainer(TrainerBase):
             metrics.update({"charts/samples": float(totals["samples"][0]), "charts/local_samples": float(rollout.valid.sum()),
                             "time/collect_s": rollout.collect_s, "time/update_s": now - update_start,
                             "time/collected_steps": float(rollout.collected_steps),
-                            "time/overhead_s": getattr(self.collector, "last_overhead_s", 0.0),
-                            **getattr(self.collector, "last_metrics", {})})
+                            **self.collector.iteration_metrics()})
             self._log(rollout.episode_returns, rollout.episode_lengths, totals["episodes"], metrics)
             if self._crossed(self.run.eval_every, per_iteration) and self._evaluate_and_check_target():
                 break
@@ -124,7 +154,10 @@ class OnPolicyTrainer(TrainerBase):
                 "obs_stats": self.obs_normalizer.stats.state(), "reward_stats": self.reward_scaler.stats.state()}
 
     def act_for_eval(self, obs: np.ndarray, starts: np.ndarray) -> np.ndarray:
-        return self.agent.env_action(self.greedy_actions(self.obs_normalizer(obs), starts))
+        return self.agent.env_action(self.greedy_actions(self.policy_obs(obs), starts))
+
+    def policy_obs(self, obs: np.ndarray) -> np.ndarray:
+        return self.obs_normalizer(obs)
 
     def start_segment(self) -> None:
         """Restart environments, sampling noise and minibatch shuffling from seeds derived from the step count."""
