@@ -5,13 +5,13 @@ of range raises :class:`ConfigError` whose message names the field, the value an
 is allowed, so the command line can print it as one line and exit with status 2.
 """
 
-from distrl.config.algos import ALGO_CONFIGS, GRPOConfig, PPOConfig, REINFORCEConfig, SACConfig
+from distrl.config.algos import ALGO_CONFIGS, ActorCriticNet, GRPOConfig, PPOConfig, REINFORCEConfig, SACConfig
 from distrl.config.base import (Activation, ConfigError, Core, Device, Encoder, Engine, Launcher, OnWorkerError,
                                 Precision, ReplaySampling, Scaling, Schedule, Strategy, Tracker, VecMode, check_types,
                                 from_dict, require, split_by_config, to_dict)
 from distrl.config.run import RunConfig, StrategyConfig, parse_env_kwargs, scaled
 
-__all__ = ["ALGO_CONFIGS", "Activation", "ConfigError", "Core", "Device", "Encoder", "Engine", "GRPOConfig", "Launcher",
+__all__ = ["ALGO_CONFIGS", "Activation", "ActorCriticNet", "ConfigError", "Core", "Device", "Encoder", "Engine", "GRPOConfig", "Launcher",
            "OnWorkerError", "PPOConfig", "Precision", "REINFORCEConfig", "ReplaySampling", "RunConfig", "SACConfig",
            "Scaling", "Schedule", "Strategy", "StrategyConfig", "Tracker", "VecMode", "check_types", "from_dict",
            "parse_env_kwargs", "require", "scaled", "split_by_config", "to_dict"]

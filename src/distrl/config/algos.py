@@ -8,7 +8,38 @@ from distrl.config.base import (Activation, Core, Encoder, GRPOLoss, RewardScali
                                 require_fraction, require_positive)
 
 @dataclass(frozen=True)
-class PPOConfig:
+class ActorCriticNet:
+    """The actor-critic network of PPO and REINFORCE (``nets.make_agent`` builds it): an encoder, an
+    optional recurrent core, then a policy and a critic (REINFORCE's baseline) of ``net_arch`` each."""
+
+    net_arch: tuple[int, ...] = (64, 64)
+    """Hidden layer sizes of the policy and of the critic (separate networks; after the encoder's
+    features for images and Dict observations, where () gives linear heads)."""
+    activation: Activation = "tanh"
+    """Hidden activation."""
+    encoder: Encoder = "auto"
+    """Observation encoder: auto picks the Nature CNN for images of at least 36x36, a small CNN for
+    smaller ones, one encoder per key for Dict observations, and the closed-form MLPs for flat vectors;
+    nature, small or impala (the IMPALA ResNet) ask for that CNN; mlp flattens images too."""
+    core: Core = "none"
+    """A recurrent core between the encoder and the heads, for partially observed tasks: lstm or gru,
+    or none for a feed-forward policy. The policy then carries a state through each episode and trains
+    on whole sequences."""
+    core_size: int = 128
+    """Hidden units of the recurrent core."""
+    log_std_init: float = 0.0
+    """Initial log standard deviation of Gaussian policies (the std is learned)."""
+    ortho_init: bool = True
+    """Orthogonal initialisation (gain sqrt(2) hidden, 0.01 policy output, 1 value output)."""
+
+    def __post_init__(self) -> None:
+        require(all(h > 0 for h in self.net_arch),
+                "net_arch", self.net_arch, "positive layer sizes (none: linear heads)")
+        require_positive(self, "core_size")
+
+
+@dataclass(frozen=True)
+class PPOConfig(ActorCriticNet):
     """Proximal Policy Optimization (Schulman et al. 2017, arXiv:1707.06347).
 
     Names and defaults follow stable-baselines3, so its users can carry settings over.
@@ -49,25 +80,6 @@ class PPOConfig:
     recompute_advantage: bool = False
     """Before every epoch after the first, recompute the rollout's values, advantages and value targets
     with the current critic (Andrychowicz et al. 2021, arXiv:2006.05990, sec. 3.5); feed-forward only."""
-    net_arch: tuple[int, ...] = (64, 64)
-    """Hidden layer sizes of the policy and of the critic (separate networks; after the encoder's
-    features for images and Dict observations, where () gives linear heads)."""
-    activation: Activation = "tanh"
-    """Hidden activation."""
-    encoder: Encoder = "auto"
-    """Observation encoder: auto picks the Nature CNN for images of at least 36x36, a small CNN for
-    smaller ones, one encoder per key for Dict observations, and the closed-form MLPs for flat vectors;
-    nature, small or impala (the IMPALA ResNet) ask for that CNN; mlp flattens images too."""
-    core: Core = "none"
-    """A recurrent core between the encoder and the heads, for partially observed tasks: lstm or gru,
-    or none for a feed-forward policy. The policy then carries a state through each episode and trains
-    on whole sequences."""
-    core_size: int = 128
-    """Hidden units of the recurrent core."""
-    log_std_init: float = 0.0
-    """Initial log standard deviation of Gaussian policies."""
-    ortho_init: bool = True
-    """Orthogonal initialisation (gain sqrt(2) hidden, 0.01 policy output, 1 value output)."""
     normalize_obs: bool = False
     """Normalise observations with running mean/std (saved with the model)."""
     normalize_reward: bool = False
@@ -76,6 +88,7 @@ class PPOConfig:
     """Clip normalised observations to [-clip_obs, clip_obs]."""
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         require_positive(self, "n_envs", "n_steps", "batch_size", "n_epochs", "learning_rate")
         require_positive(self, "clip_range", "max_grad_norm", "clip_obs")
         require_fraction(self, "gamma")
@@ -86,13 +99,10 @@ class PPOConfig:
             require(self.clip_range_vf > 0, "clip_range_vf", self.clip_range_vf, "> 0 or None")
         if self.target_kl is not None:
             require(self.target_kl > 0, "target_kl", self.target_kl, "> 0 or None")
-        require(all(h > 0 for h in self.net_arch),
-                "net_arch", self.net_arch, "positive layer sizes (none: linear heads)")
         rollout = self.n_envs * self.n_steps
         require(rollout % self.batch_size == 0, "batch_size", self.batch_size,
                 f"a divisor of n_envs * n_steps = {rollout}",
                 f"e.g. --batch-size {nearest_divisor(rollout, self.batch_size)}")
-        require_positive(self, "core_size")
         require(not (self.recompute_advantage and self.core != "none"), "recompute_advantage",
                 self.recompute_advantage, f"False with core={self.core!r} (feed-forward policies only)")
         if self.core != "none":  # a minibatch is a set of whole environment sequences
@@ -181,7 +191,7 @@ class SACConfig:
 
 
 @dataclass(frozen=True)
-class REINFORCEConfig:
+class REINFORCEConfig(ActorCriticNet):
     """REINFORCE (Williams 1992): the policy gradient of whole episodes' discounted returns."""
 
     n_envs: int = 1
@@ -202,33 +212,15 @@ class REINFORCEConfig:
     """Entropy bonus coefficient."""
     max_grad_norm: float = 1.0
     """Clip the global gradient norm to this value."""
-    net_arch: tuple[int, ...] = (64, 64)
-    """Hidden layers of the policy (and of the baseline)."""
-    activation: Activation = "tanh"
-    """Hidden activation."""
-    encoder: Encoder = "auto"
-    """Observation encoder: auto picks the Nature CNN for images of at least 36x36, a small CNN for
-    smaller ones, one encoder per key for Dict observations, and the closed-form MLPs for flat vectors;
-    nature, small or impala (the IMPALA ResNet) ask for that CNN; mlp flattens images too."""
-    core: Core = "none"
-    """A recurrent core between the encoder and the heads, for partially observed tasks: lstm or gru,
-    or none for a feed-forward policy. The policy then carries a state through each episode and trains
-    on whole sequences."""
-    core_size: int = 128
-    """Hidden units of the recurrent core."""
-    log_std_init: float = 0.0
-    """Initial log standard deviation of Gaussian policies (the std is learned)."""
     max_episode_steps: int = 10_000
     """Steps after which an unfinished episode is cut (guards against envs that never end)."""
 
     def __post_init__(self) -> None:
-        require_positive(self, "n_envs", "episodes_per_iter", "learning_rate", "max_grad_norm", "max_episode_steps",
-                         "core_size")
+        super().__post_init__()
+        require_positive(self, "n_envs", "episodes_per_iter", "learning_rate", "max_grad_norm", "max_episode_steps")
         require_fraction(self, "gamma")
         require(self.vf_coef >= 0, "vf_coef", self.vf_coef, ">= 0")
         require(self.ent_coef >= 0, "ent_coef", self.ent_coef, ">= 0")
-        require(all(h > 0 for h in self.net_arch),
-                "net_arch", self.net_arch, "positive layer sizes (none: linear heads)")
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ import torch
 from gymnasium import spaces
 from torch import nn
 
-from distrl.config import ConfigError
+from distrl.config import ActorCriticNet, ConfigError
 from distrl.env_names import MEMORY, remembered, shown_name
 from distrl.nets.actor_critic import ActorCritic
 from distrl.nets.agent import Agent
@@ -64,13 +64,13 @@ def resolve_policy(policy: PolicySource) -> nn.Module | Callable[..., nn.Module]
     return factory
 
 
-def uses_closed_form(observation_space: spaces.Space, action_space: spaces.Space, cfg: Any,
-                     policy: PolicySource = None) -> bool:
+def uses_closed_form(observation_space: spaces.Space, action_space: spaces.Space, encoder: str,
+                     policy: PolicySource = None, core: str = "none") -> bool:
     """Whether the closed-form MLPs serve this run: flat float vectors, Discrete or Box actions,
-    the built-in network and no encoder asked for."""
+    the built-in network, no encoder and no recurrent core asked for."""
     return (policy in (None, "") and isinstance(observation_space, spaces.Box) and not is_image(observation_space)
             and isinstance(action_space, (spaces.Discrete, spaces.Box))
-            and cfg.encoder in ("auto", "mlp") and getattr(cfg, "core", "none") == "none")
+            and encoder in ("auto", "mlp") and core == "none")
 
 
 @contextmanager
@@ -83,7 +83,7 @@ def seeded_layers(seed: int):
         yield
 
 
-def build_module(observation_space: spaces.Space, action_space: spaces.Space, cfg: Any,
+def build_module(observation_space: spaces.Space, action_space: spaces.Space, cfg: ActorCriticNet,
                  policy: PolicySource, seed: int) -> nn.Module:
     """The network of the module path: the user's (seeded with ``seed``), or the built-in encoder and heads.
 
@@ -91,12 +91,12 @@ def build_module(observation_space: spaces.Space, action_space: spaces.Space, cf
     attribute and is used as the encoder in front of distrl's heads.
     """
     spec = action_spec(action_space)
-    core = getattr(cfg, "core", "none")
+    core = cfg.core
     source = resolve_policy(policy)
     with seeded_layers(seed):  # the user's layers and distrl's heads alike
         if source is None:
             net = _with_heads(make_encoder(observation_space, cfg.encoder), spec.head_size, cfg)
-            if getattr(cfg, "ortho_init", True):
+            if cfg.ortho_init:
                 net.init_orthogonal(torch.Generator().manual_seed(seed))
             return net
         module = source if isinstance(source, nn.Module) else source(observation_space, action_space, cfg)
@@ -111,16 +111,16 @@ def build_module(observation_space: spaces.Space, action_space: spaces.Space, cf
     return module
 
 
-def _with_heads(encoder: nn.Module, head_size: int, cfg: Any) -> nn.Module:
+def _with_heads(encoder: nn.Module, head_size: int, cfg: ActorCriticNet) -> nn.Module:
     """distrl's heads on ``encoder``, with the recurrent core ``cfg.core`` between them if any."""
-    core = getattr(cfg, "core", "none")
+    core = cfg.core
     if core == "none":
         return ActorCriticModule(encoder, head_size, tuple(cfg.net_arch), cfg.activation)
     return RecurrentActorCritic(encoder, RecurrentCore(core, int(encoder.features_dim), cfg.core_size), head_size,
                                 tuple(cfg.net_arch), cfg.activation)
 
 
-def make_agent(observation_space: spaces.Space, action_space: spaces.Space, cfg: Any, device: torch.device | str,
+def make_agent(observation_space: spaces.Space, action_space: spaces.Space, cfg: ActorCriticNet, device: torch.device | str,
                seed: int, policy: PolicySource = None, precision: str = "fp32") -> Agent:
     """The agent for a PPO or REINFORCE run (``cfg`` is its config); see the module docstring.
 
@@ -128,13 +128,13 @@ def make_agent(observation_space: spaces.Space, action_space: spaces.Space, cfg:
     MLPs compute in float32 whatever it says."""
     check_observation_space(observation_space)
     action_spec(action_space)  # a one-line error for an action space no head fits
-    if uses_closed_form(observation_space, action_space, cfg, policy):
+    if uses_closed_form(observation_space, action_space, cfg.encoder, policy, cfg.core):
         obs_dim = int(np.prod(observation_space.shape))
-        return ActorCritic(obs_dim, action_space, tuple(cfg.net_arch), cfg.activation, getattr(cfg, "log_std_init", 0.0),
-                           getattr(cfg, "ortho_init", True), device, seed)
+        return ActorCritic(obs_dim, action_space, tuple(cfg.net_arch), cfg.activation, cfg.log_std_init,
+                           cfg.ortho_init, device, seed)
     module = build_module(observation_space, action_space, cfg, policy, seed)
     agent_cls = RecurrentAgent if is_recurrent(module) else ModuleAgent
-    return agent_cls(module, observation_space, action_space, getattr(cfg, "log_std_init", 0.0), device,
+    return agent_cls(module, observation_space, action_space, cfg.log_std_init, device,
                      autocast=torch.bfloat16 if precision == "bf16" else None)
 
 
@@ -143,18 +143,18 @@ def _name(policy: PolicySource) -> str:
 
 
 def check_agent_spaces(env_id: str, algo: str, observation_space: spaces.Space, action_space: spaces.Space,
-                       cfg: Any) -> None:
+                       cfg: ActorCriticNet, normalize_obs: bool = False) -> None:
     """Fail before any process starts when a PPO or REINFORCE agent cannot be built for these spaces."""
     try:
         check_observation_space(observation_space)
         action_spec(action_space, algo)
     except ConfigError as exc:
         raise ConfigError(f"env={shown_name(env_id)!r}: {exc}") from None
-    if getattr(cfg, "normalize_obs", False) and not (is_vector(observation_space) or isinstance(observation_space, spaces.Dict)):
+    if normalize_obs and not (is_vector(observation_space) or isinstance(observation_space, spaces.Dict)):
         raise ConfigError(f"normalize_obs=True is not allowed for env={shown_name(env_id)!r}: its {type(observation_space).__name__} "
                           "observations are not a vector or a Dict (images are scaled to [0, 1] by the encoder); "
                           "use --no-normalize-obs")
-    if cfg.encoder not in ("auto", "mlp") and not uses_closed_form(observation_space, action_space, cfg):
+    if cfg.encoder not in ("auto", "mlp") and not uses_closed_form(observation_space, action_space, cfg.encoder):
         make_encoder(observation_space, cfg.encoder)  # e.g. the Nature CNN on an image too small for it
 
 
@@ -179,7 +179,7 @@ def make_sac_networks(observation_space: spaces.Space, action_space: spaces.Spac
     device = torch.device(device)
     action_dim = int(np.prod(action_space.shape))
     extra = {"log_alpha": (1,)}
-    if uses_closed_form(observation_space, spaces.Box(-1, 1, (action_dim,)), cfg, policy):
+    if uses_closed_form(observation_space, spaces.Box(-1, 1, (action_dim,)), cfg.encoder, policy):
         obs_dim = int(np.prod(observation_space.shape))
         low = torch.bfloat16 if precision == "bf16" else None
         return SACNetworks(SquashedGaussianActor(obs_dim, action_dim, cfg.net_arch, cfg.activation, device, seed, low),

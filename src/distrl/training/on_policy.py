@@ -86,7 +86,7 @@ class OnPolicyTrainer(TrainerBase):
 
     @classmethod
     def check_spaces(cls, env_id: str, observation_space: Any, action_space: Any, cfg: Any) -> None:
-        check_agent_spaces(env_id, cls.algo_name, observation_space, action_space, cfg)
+        check_agent_spaces(env_id, cls.algo_name, observation_space, action_space, cfg, cfg.normalize_obs)
 
     def train(self, total_steps: int | None = None, stop_at: int | None = None) -> dict[str, Any]:
         """Train until ``total_steps`` (schedules anneal over it); ``stop_at`` ends early, as an interruption would."""
