@@ -197,11 +197,13 @@ class RunLogger:
 
     def monitor_rows(self) -> dict[str, int]:
         """Episodes logged so far in each Monitor file, by path relative to the run directory."""
-        writers = [self.monitor, *self.rank_monitors.values()]
+        writers = [w for w in (self.monitor, *self.rank_monitors.values()) if w is not None]
         return {str(w.path.relative_to(self.run_dir)): w.rows for w in writers}
 
     def rewind(self, rows: dict[str, int]) -> None:
         """Cut each Monitor file back to the episodes a checkpoint had seen (see :func:`truncate_monitor`)."""
+        if self.monitor is None:  # a run without episodes
+            return
         self.monitor.close()
         for writer in self.rank_monitors.values():
             writer.close()

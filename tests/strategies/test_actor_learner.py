@@ -12,6 +12,7 @@ import torch
 
 from distrl.config import ConfigError, PPOConfig, REINFORCEConfig, RunConfig, StrategyConfig
 from distrl.strategies.actor_learner import RemoteCollector, WorkerError
+from distrl.strategies.actors import RayActors
 from distrl.training import EpisodicTrainer, OnPolicyTrainer
 
 pytestmark = pytest.mark.multiprocess
@@ -25,7 +26,7 @@ def reinforce_trainer(ray, env="CartPole-v1", strategy=None, seed=0, **cfg):
     strategy = strategy or al()
     run = RunConfig(algo="reinforce", env=env, seed=seed, vec="sync", quiet=True, total_steps=10**9)
     return EpisodicTrainer(run, REINFORCEConfig(n_envs=2, episodes_per_iter=8, **cfg), strategy=strategy,
-                           collector_factory=lambda t: RemoteCollector(t, strategy, ray))
+                           collector_factory=lambda t: RemoteCollector(t, strategy, RayActors(ray)))
 
 
 def run_iterations(trainer, n):
@@ -51,7 +52,7 @@ def test_ppo_with_two_workers_equals_single_process_on_the_same_envs(ray_local):
     cfg = PPOConfig(n_envs=2, n_steps=16, batch_size=32, n_epochs=2, normalize_obs=True, normalize_reward=True)
     strategy = al()
     run = RunConfig(env="CartPole-v1", seed=3, vec="sync", quiet=True, total_steps=4 * 64)
-    remote = OnPolicyTrainer(run, cfg, strategy=strategy, collector_factory=lambda t: RemoteCollector(t, strategy, ray_local))
+    remote = OnPolicyTrainer(run, cfg, strategy=strategy, collector_factory=lambda t: RemoteCollector(t, strategy, RayActors(ray_local)))
     remote.train()
     single = OnPolicyTrainer(run, PPOConfig(n_envs=4, n_steps=16, batch_size=32, n_epochs=2, normalize_obs=True,
                                             normalize_reward=True))

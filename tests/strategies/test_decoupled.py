@@ -21,16 +21,16 @@ def decoupled_rank(rank, world, share, iterations, run=RUN, cfg=CFG):
     """Rank 0 plays ``iterations`` updates of ``run``; the others train. Returns the player's (version,
     checksum) history and final parameters, or a trainer's checksum history."""
     from distrl.strategies.ddp import checksum
-    from distrl.strategies.decoupled import PlayerAlgo, run_trainer, send_start_state
+    from distrl.strategies.decoupled import PlayerAlgo, run_trainer
+    from distrl.strategies.dist_sync import DistributedSync
     from distrl.training import OnPolicyTrainer
 
     strategy = StrategyConfig(strategy="decoupled", workers=world, share_data=share, trainer_device="cpu")
     group = dist.new_group(list(range(1, world)))
     if rank > 0:
         return run_trainer(run, strategy, cfg, torch.device("cpu"), group)
-    player = OnPolicyTrainer(run, cfg, strategy=strategy)
-    player.algo = PlayerAlgo(player.algo, strategy, world)
-    send_start_state(player)
+    player = OnPolicyTrainer(run, cfg, strategy=strategy, update_factory=lambda algo: PlayerAlgo(algo, strategy, world))
+    player.broadcast_state(DistributedSync(torch.device("cpu"), 30))
     history = []
     for _ in range(iterations):
         player.train(stop_at=player.steps + 1)

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from safetensors.torch import load_file, save_file
 
 from distrl.cli import main
 from distrl.config import GRPOConfig, RunConfig, StrategyConfig
@@ -134,6 +135,15 @@ def test_a_resumed_run_goes_on_exactly_as_the_uninterrupted_one(lm, tmp_path):
                  "--reward", "distrl_lm:reversal", "--quiet"]) == 0
     assert largest_difference(whole, policy(run_dir)) == 0.0
     assert summary(run_dir)["learner_steps"] == 6
+    # a checkpoint in the key layout of earlier versions (policy.NAME, adam.NAME) goes on the same way
+    step3 = run_dir / "checkpoints" / "step-000000000003"
+    tensors = load_file(str(step3 / "tensors.safetensors"))
+    assert tensors and all(k.split("/")[0] in ("params", "optim") for k in tensors)
+    save_file({k.replace("params/", "policy.").replace("optim/", "adam."): v for k, v in tensors.items()},
+              str(step3 / "tensors.safetensors"), metadata={"format": "distrl-checkpoint"})
+    shutil.rmtree(run_dir / "model")
+    assert main(["train", "grpo", "--resume", str(step3), "--reward", "distrl_lm:reversal", "--quiet"]) == 0
+    assert largest_difference(whole, policy(run_dir)) == 0.0
     # a resumed run's config names its reward's code: without --reward again (or --trust-code), nothing runs
     refused = subprocess.run([sys.executable, "-m", "distrl", "train", "grpo", "--resume", str(run_dir)],
                              capture_output=True, text=True, timeout=120)

@@ -81,11 +81,12 @@ def test_decoupled_scatters_a_recurrent_rollout_in_whole_sequences():
 @pytest.mark.parametrize("name", RUNS)
 def test_actor_learner_with_a_module_equals_single_process(ray_local, name):
     from distrl.strategies.actor_learner import RemoteCollector
+    from distrl.strategies.actors import RayActors
 
     run, cfg = RUNS[name]
     strategy = StrategyConfig(strategy="actor-learner", workers=2)
     remote = OnPolicyTrainer(run.replace(total_steps=3 * 64), cfg, strategy=strategy,
-                             collector_factory=lambda t: RemoteCollector(t, strategy, ray_local))
+                             collector_factory=lambda t: RemoteCollector(t, strategy, RayActors(ray_local)))
     remote.train()
     remote.close()
     single = single_params(run, dataclasses.replace(cfg, n_envs=4), 3 * 64)
@@ -110,13 +111,14 @@ def test_pipeline_with_a_module_one_fragment_ahead_equals_single_process(ray_loc
 def test_actor_learner_runs_recurrent_reinforce_deterministically(ray_local):
     from distrl.config import REINFORCEConfig
     from distrl.strategies.actor_learner import RemoteCollector
+    from distrl.strategies.actors import RayActors
     from distrl.training import EpisodicTrainer
 
     def params(seed):
         strategy = StrategyConfig(strategy="actor-learner", workers=2)
         run = MEMORY.replace(algo="reinforce", seed=seed, total_steps=10**9)
         trainer = EpisodicTrainer(run, REINFORCEConfig(n_envs=2, episodes_per_iter=8, core="lstm", core_size=8),
-                                  strategy=strategy, collector_factory=lambda t: RemoteCollector(t, strategy, ray_local))
+                                  strategy=strategy, collector_factory=lambda t: RemoteCollector(t, strategy, RayActors(ray_local)))
         for _ in range(3):
             trainer.train(stop_at=trainer.steps + 1)
         trainer.close()

@@ -28,7 +28,8 @@ from distrl.config import RunConfig, StrategyConfig
 from distrl.data.episodes import EpisodeBatch, merge_episode_batches
 from distrl.data.rollout import Rollout
 from distrl.data.wire import pack, unpack
-from distrl.strategies.actors import as_array, overhead_summary, spend_restart
+from distrl.strategies.actors import (ActorDied, ActorEngine, ActorRaised, RayActors, as_array, failure_note,
+                                     overhead_summary, replace_actor, resolve_placements, spend_restart)
 
 INLINE_BYTES = 100_000
 """Weights smaller than this travel inside each worker's call (Ray's inline limit for arguments);
@@ -207,43 +208,45 @@ class Failure:
 
 
 class RemoteCollector:
-    """Fans collection out to Ray actors and merges their results; same interface as a local collector."""
+    """Fans collection out to rollout-worker actors on an :class:`~distrl.strategies.actors.ActorEngine` and merges
+    their results; a collector like the local ones (``RolloutSource`` for PPO, ``EpisodeSource`` for REINFORCE)."""
 
-    def __init__(self, trainer: Any, strategy: StrategyConfig, ray: Any):
+    def __init__(self, trainer: Any, strategy: StrategyConfig, engine: ActorEngine):
         self.trainer = trainer
         self.strategy = strategy
-        self.ray = ray
+        self.engine = engine
         self.n_workers = strategy.workers
         self.algo = trainer.algo_name
-        self.actor_cls = ray.remote(RolloutWorker)
         self.restarts = [0] * self.n_workers
         self.failures: list[Failure] = []
         self.seed, self.segment = trainer.run.seed, 0
         self.last_overhead_s = 0.0
         self.overheads: list[float] = []
-        self.actors = [self._spawn(i) for i in range(self.n_workers)]
-        self.places = [[actor.where.remote()] for actor in self.actors]
+        self.actors = [self._spawn(i, 0) for i in range(self.n_workers)]
+        self.places = [[engine.call(actor, "where")] for actor in self.actors]
         """Per worker, a pending ``where`` for each actor it has had (see :meth:`finish`)."""
 
-    def _spawn(self, worker: int) -> Any:
+    def _spawn(self, worker: int, restarts: int) -> Any:
         spec = WorkerSpec(self.algo, self.trainer.run, self.trainer.cfg, worker)
-        actor = self.actor_cls.options(num_cpus=self.strategy.worker_cpus,
-                                       num_gpus=self.strategy.worker_gpus).remote(spec)
+        actor = self.engine.spawn(RolloutWorker, spec, cpus=self.strategy.worker_cpus, gpus=self.strategy.worker_gpus)
+        if restarts:  # a replacement starts new episodes: seeds depend on the restart count, not on chance
+            self._wait_all([self.engine.call(actor, "reset", self.seed, self.segment + 1_000_003 * restarts)], "reset",
+                           [worker])
         return actor
 
     def worker_pids(self) -> list[int]:
-        return self.ray.get([a.pid.remote() for a in self.actors], timeout=self.strategy.timeout_s)
+        return self._wait_all([self.engine.call(a, "pid") for a in self.actors], "pid")
 
     def reset(self, seed: int, segment: int = 0) -> None:
         self.seed, self.segment = seed, segment
-        self._wait_all([a.reset.remote(seed, segment) for a in self.actors], "reset")
+        self._wait_all([self.engine.call(a, "reset", seed, segment) for a in self.actors], "reset")
 
-    def _wait_all(self, refs: list, what: str) -> list:
-        ready, pending = self.ray.wait(refs, num_returns=len(refs), timeout=self.strategy.timeout_s)
-        if pending:
-            late = [i for i, r in enumerate(refs) if r in pending]
+    def _wait_all(self, pending: list[Any], what: str, workers: list[int] | None = None) -> list[Any]:
+        done = self.engine.wait(pending, self.strategy.timeout_s)
+        if len(done) < len(pending):
+            late = [(workers or list(range(len(pending))))[i] for i, p in enumerate(pending) if p not in done]
             raise WorkerError(f"rollout worker(s) {late} did not answer {what} within {self.strategy.timeout_s:g}s")
-        return self.ray.get(refs)
+        return [self.engine.result(p, self.strategy.timeout_s) for p in pending]
 
     def _shares(self, total: int) -> list[int]:
         base, extra = divmod(total, self.n_workers)
@@ -255,63 +258,41 @@ class RemoteCollector:
         shares = self._shares(args[0]) if self.algo == "reinforce" else [0] * self.n_workers
         payload: Any = pack(self.trainer.weights())
         if len(payload) >= INLINE_BYTES:
-            payload = self.ray.put(payload)  # one object shared by every worker
-        refs = [self.actors[i].collect_packed.remote(payload, shares[i]) for i in range(self.n_workers)]
+            payload = self.engine.shared(payload)  # one object for every worker
+        pending = {self.engine.call(self.actors[i], "collect_packed", payload, shares[i]): i
+                   for i in range(self.n_workers)}
         results: dict[int, Any] = {}
-        try:  # the common case: one get for every worker's batch
-            results = dict(enumerate(self.ray.get(refs, timeout=self.strategy.timeout_s)))
-        except self.ray.exceptions.GetTimeoutError:
-            # A failed or dead worker's result is ready at once (as an error), so only a hung worker is late.
-            _, late = self.ray.wait(refs, num_returns=len(refs), timeout=0)
-            raise WorkerError(f"rollout worker(s) {[refs.index(r) for r in late]} did not return a batch within "
-                              f"{self.strategy.timeout_s:g}s") from None
-        except Exception:  # noqa: BLE001 - some worker failed: sort it out one by one below
-            results = {}
-        pending = {ref: i for i, ref in enumerate(refs)} if not results else {}
         while pending:
-            done, _ = self.ray.wait(list(pending), num_returns=1, timeout=self.strategy.timeout_s)
-            if not done:
-                raise WorkerError(f"rollout worker(s) {sorted(pending.values())} did not return a batch within "
-                                  f"{self.strategy.timeout_s:g}s")
-            ref = done[0]
-            worker = pending.pop(ref)
-            try:
-                results[worker] = self.ray.get(ref)
-            except Exception as exc:  # noqa: BLE001 - every failure is either retried or reported
-                self._replace(worker, exc)
-                pending[self.actors[worker].collect_packed.remote(payload, shares[worker])] = worker
+            # a failed or dead worker's result is ready at once (as an error): only a hung worker is late
+            done = self.engine.wait(list(pending), self.strategy.timeout_s)
+            late = sorted(worker for call, worker in pending.items() if call not in done)
+            if late:
+                raise WorkerError(f"rollout worker(s) {late} did not return a batch within {self.strategy.timeout_s:g}s")
+            for call in done:
+                worker = pending.pop(call)
+                try:
+                    results[worker] = self.engine.result(call, self.strategy.timeout_s)
+                except (ActorDied, ActorRaised) as exc:  # every failure is either retried or reported
+                    self._replace(worker, exc)
+                    pending[self.engine.call(self.actors[worker], "collect_packed", payload, shares[worker])] = worker
         parts = [unpack_batch(results[i]) for i in range(self.n_workers)]
         merged = merge_episode_batches(parts) if self.algo == "reinforce" else merge_rollouts(parts)
         self.last_overhead_s = max(0.0, time.perf_counter() - start - merged.collect_s)
         self.overheads.append(self.last_overhead_s)
         return merged
 
-    def _replace(self, worker: int, exc: Exception) -> None:
-        cause = getattr(exc, "cause", None)
-        env_error = isinstance(cause, WorkerError) or "WorkerError" in type(exc).__name__
-        reason = str(cause) if cause is not None else f"{type(exc).__name__}: {exc}"
+    def _replace(self, worker: int, exc: ActorDied | ActorRaised) -> None:
+        env_error = isinstance(exc, ActorRaised) and exc.kind == WorkerError.__name__
+        reason = str(exc) if isinstance(exc, ActorRaised) else f"{type(exc).__name__}: {exc}"
         first_line = reason.strip().splitlines()[0] if reason.strip() else type(exc).__name__
-        where = self._where_note(worker)
+        where = failure_note(self.engine, self.places, worker)
         self.failures.append(Failure(worker, self.trainer.iteration, first_line))
         if env_error and self.strategy.on_worker_error == "abort":
             raise WorkerError(reason) from None
         spend_restart(self.restarts, worker, self.strategy.max_worker_restarts, "worker", first_line, WorkerError)
         self.trainer.report(f"worker {worker}{where} failed at iteration {self.trainer.iteration}: {first_line}; "
                             f"restarting it ({self.restarts[worker]}/{self.strategy.max_worker_restarts})")
-        try:
-            self.ray.kill(self.actors[worker])
-        except Exception:  # noqa: BLE001 - it may already be gone
-            pass
-        self.actors[worker] = self._spawn(worker)
-        self.places[worker].append(self.actors[worker].where.remote())
-        # a replacement starts new episodes: seeds depend on the restart count, not on chance
-        segment = self.segment + 1_000_003 * self.restarts[worker]
-        self._wait_all([self.actors[worker].reset.remote(self.seed, segment)], "reset")
-
-    def _where_note(self, worker: int) -> str:
-        from distrl.strategies.actors import RayActors, resolve_placements, where_note
-
-        return where_note(resolve_placements(RayActors(self.ray), [self.places[worker][-1:]], 0.5)[0][0])
+        replace_actor(self.engine, self.actors, self.places, worker, self._spawn, self.restarts)
 
     def iteration_metrics(self) -> dict[str, float]:
         return {"time/overhead_s": self.last_overhead_s}
@@ -322,16 +303,11 @@ class RemoteCollector:
 
     def finish(self) -> dict[str, Any]:
         """For summary.json: where each rollout worker ran (every actor it has had, the replaced ones first)."""
-        from distrl.strategies.actors import RayActors, resolve_placements
-
-        return {"placement": {"workers": resolve_placements(RayActors(self.ray), self.places)}}
+        return {"placement": {"workers": resolve_placements(self.engine, self.places)}}
 
     def close(self) -> None:
         for actor in self.actors:
-            try:
-                self.ray.kill(actor)
-            except Exception:  # noqa: BLE001
-                pass
+            self.engine.kill(actor)
 
 
 def run_actor_learner(run: RunConfig, strategy: StrategyConfig, cfg: Any, run_dir: Any,
@@ -349,7 +325,7 @@ def run_actor_learner(run: RunConfig, strategy: StrategyConfig, cfg: Any, run_di
     with ray_session(strategy.ray_address, run_dir, num_cpus=cpus, debug=run.debug) as ray:
         _check_resources(ray, strategy)
         trainer = make_trainer(run.algo, run, effective, run_dir=run_dir, strategy=strategy, requested=cfg,
-                               collector_factory=lambda t: RemoteCollector(t, strategy, ray))
+                               collector_factory=lambda t: RemoteCollector(t, strategy, RayActors(ray)))
         return trainer.run_to_end(resume_path, start)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import numpy as np
@@ -64,7 +65,11 @@ class ActorDied(RuntimeError):
 
 
 class ActorRaised(RuntimeError):
-    """The actor's method raised; the message carries the remote error."""
+    """The actor's method raised; the message carries the remote error, ``kind`` its type's name."""
+
+    def __init__(self, message: str, kind: str = ""):
+        super().__init__(message)
+        self.kind = kind
 
 
 class ActorEngine(Protocol):
@@ -94,6 +99,10 @@ class ActorEngine(Protocol):
         """``flat`` (the policy's parameters, float32) in the form this engine sends best; see :func:`as_array`."""
         ...
 
+    def shared(self, payload: Any) -> Any:
+        """``payload`` as an argument that many calls take without each carrying a copy (Ray's object store)."""
+        ...
+
     def kill(self, actor: Any) -> None:
         ...
 
@@ -108,6 +117,20 @@ def spend_restart(restarts: list[int], i: int, limit: int, who: str, last: str, 
     restarts[i] += 1
     if restarts[i] > limit:
         raise error(f"{who} {i} failed {restarts[i]} times (max_worker_restarts={limit}); last: {last}")
+
+
+def replace_actor(engine: ActorEngine, actors: list[Any], places: list[list[Any]], i: int,
+                  spawn: Callable[[int, int], Any], restarts: list[int]) -> None:
+    """The one restart policy of every actor pool (rollout workers, generators): kill actor ``i``, start its
+    replacement with ``spawn(i, restarts[i])`` (which seeds it by its restart count), and ask where it runs."""
+    engine.kill(actors[i])
+    actors[i] = spawn(i, restarts[i])
+    places[i].append(engine.call(actors[i], "where"))
+
+
+def failure_note(engine: ActorEngine, places: list[list[Any]], i: int) -> str:
+    """Where actor ``i`` ran, for the line that reports its failure (see :func:`where_note`)."""
+    return where_note(resolve_placements(engine, [places[i][-1:]], 0.5)[0][0])
 
 
 class SyncClient:
@@ -162,14 +185,17 @@ class RayActors:
         except RayActorError as exc:
             raise ActorDied(type(exc).__name__) from None
         except RayTaskError as exc:
-            cause = getattr(exc, "cause", None)
-            raise ActorRaised(str(cause) if cause is not None else str(exc)) from None
+            cause = exc.cause
+            raise ActorRaised(str(cause) if cause is not None else str(exc), type(cause).__name__) from None
 
     def client(self, actor: Any, timeout: float) -> RayClient:
         return RayClient(actor, timeout)
 
     def weights(self, version: int, flat: np.ndarray) -> np.ndarray:
         return flat  # small enough to travel inside the call; a put object costs an extra fetch per actor
+
+    def shared(self, payload: Any) -> Any:
+        return self.ray.put(payload)
 
     def kill(self, actor: Any) -> None:
         try:

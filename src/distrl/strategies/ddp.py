@@ -96,7 +96,7 @@ def run_worker(run: RunConfig, strategy: StrategyConfig, cfg: Any, run_dir: Path
             if sync.rank == 0:
                 trainer.begin(resume_path)
             trainer.broadcast_state()
-            if sync.rank != 0 and resume_path is not None and getattr(trainer, "keeps_worker_state", False):
+            if sync.rank != 0 and resume_path is not None and trainer.keeps_worker_state:
                 trainer.load_worker_state(resume_path)  # each rank's own part of the checkpoint (SAC's replay)
             for i, tensor in enumerate(trainer.broadcast_tensors()):
                 sync.verify_identical(tensor, f"start-up tensor {i} (parameters or optimizer state)")

@@ -29,10 +29,11 @@ import torch.distributed as dist
 
 from distrl.algos.ppo import UPDATE_METRICS, PackedBatch, PPOAlgo
 from distrl.config import ConfigError, PPOConfig, RunConfig, StrategyConfig
-from distrl.data.normalize import ObsNormalizer
+from distrl.data.normalize import ObsNormalizer, RewardScaler
 from distrl.data.rollout import Rollout, RolloutBatch, Sequences
 from distrl.nets.recurrent import sequence_minibatch_rows
 from distrl.protocols import Sync
+from distrl.strategies.dist_sync import DistributedSync
 
 STOP, UPDATE, SEND_STATE = 0, 1, 2
 TRAINER_ROOT = 1  # the trainer that broadcasts weights and hands over optimizer state
@@ -194,7 +195,6 @@ def run_trainer(run: RunConfig, strategy: StrategyConfig, cfg: PPOConfig, device
     from distrl.nets import make_agent
     from distrl.spaces import stored_layout
     from distrl.nets.core import checksum
-    from distrl.strategies.dist_sync import DistributedSync
 
     world, rank = dist.get_world_size(), dist.get_rank()
     trainers = world - 1
@@ -205,7 +205,9 @@ def run_trainer(run: RunConfig, strategy: StrategyConfig, cfg: PPOConfig, device
     agent = make_agent(obs_space, action_space, cfg, device, run.seed, run.policy, run.precision)
     algo = PPOAlgo(trainer_config(cfg, strategy, trainers), agent, run.seed)
     sync = DistributedSync(device, strategy.timeout_s, group=trainers_group)
-    _receive_start_state(agent, algo, ObsNormalizer.for_space(obs_space, cfg.normalize_obs, cfg.clip_obs))
+    _receive_start_state(agent, algo, ObsNormalizer.for_space(obs_space, cfg.normalize_obs, cfg.clip_obs),
+                         RewardScaler(cfg.n_envs, cfg.gamma, cfg.normalize_reward),
+                         DistributedSync(torch.device("cpu"), strategy.timeout_s))
     action_shape = agent.spec.action_shape
     torch_dtype = torch.from_numpy(np.zeros(0, obs_dtype)).dtype
     segment = -1
@@ -242,28 +244,16 @@ def run_trainer(run: RunConfig, strategy: StrategyConfig, cfg: PPOConfig, device
         history.append(checksum(agent.params.data))
 
 
-def send_start_state(player: Any) -> None:
-    """The player's side of :func:`_receive_start_state`, on the world group."""
-    for tensor in player.broadcast_tensors():
-        staged = tensor.cpu() if tensor.device.type != "cpu" else tensor
-        dist.broadcast(staged.contiguous(), 0)
-    dist.broadcast(player.counters_tensor(), 0)
-
-
-def _receive_start_state(agent: Any, algo: PPOAlgo, obs_normalizer: ObsNormalizer) -> None:
-    """Receive what the player's ``broadcast_state`` sends (parameters, optimizer state, statistics, counters)."""
+def _receive_start_state(agent: Any, algo: PPOAlgo, obs_normalizer: ObsNormalizer, reward_scaler: RewardScaler,
+                         world_sync: Sync) -> None:
+    """A trainer's side of the player's ``broadcast_state``: the same tensors, by the same code, received in place
+    (the counters only the player keeps)."""
     from distrl.training import OnPolicyTrainer
+    from distrl.training.state import exchange_start_state
 
-    stats_size = OnPolicyTrainer.packed_stats_size(obs_normalizer)
-    for tensor in (agent.params.data, algo.optimizer.exp_avg, algo.optimizer.exp_avg_sq):
-        staged = tensor.cpu() if tensor.device.type != "cpu" else tensor
-        dist.broadcast(staged, 0)
-        if staged is not tensor:
-            tensor.copy_(staged)
-    stats = torch.zeros(stats_size, dtype=torch.float64)
-    dist.broadcast(stats, 0)
-    algo.optimizer.steps = int(stats[-1])
-    dist.broadcast(torch.zeros(len(OnPolicyTrainer.COUNTERS), dtype=torch.float64), 0)  # only the player needs them
+    tensors = OnPolicyTrainer.start_state(agent, algo.optimizer, obs_normalizer, reward_scaler)
+    exchange_start_state(tensors, torch.zeros(len(OnPolicyTrainer.COUNTERS), dtype=torch.float64), world_sync)
+    OnPolicyTrainer.load_start_state(tensors, algo.optimizer, obs_normalizer, reward_scaler)
     agent.refresh_acting_copy()
 
 
@@ -292,7 +282,7 @@ def run_decoupled_rank(run: RunConfig, strategy: StrategyConfig, cfg: PPOConfig,
     assert isinstance(player_algo, PlayerAlgo)
     try:
         player.begin(resume_path)
-        send_start_state(player)
+        player.broadcast_state(DistributedSync(torch.device("cpu"), strategy.timeout_s))  # to the trainers
         player.train()
         player.extra_summary["player_wait_s"] = player_algo.wait_s
         summary = player.finish(time.perf_counter() - start)

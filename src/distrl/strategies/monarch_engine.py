@@ -151,7 +151,7 @@ class MonarchActors:
             return pending.value
         if type(pending.error).__name__ == "SupervisionError":
             raise ActorDied(str(pending.error).splitlines()[0][:300]) from None
-        raise ActorRaised(str(pending.error)) from None
+        raise ActorRaised(str(pending.error), type(pending.error).__name__) from None
 
     def client(self, actor: MonarchActor, timeout: float) -> MonarchClient:
         return MonarchClient(actor.mesh, timeout)
@@ -169,6 +169,9 @@ class MonarchActors:
         handle = RDMAWeights(buffer, tensor.numel(), version)
         self._published.append((version, tensor, handle))
         return handle
+
+    def shared(self, payload: Any) -> Any:
+        return payload  # each call carries its own copy
 
     def kill(self, actor: MonarchActor) -> None:
         try:

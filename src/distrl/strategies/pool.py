@@ -12,7 +12,8 @@ from collections.abc import Callable
 from typing import Any
 
 from distrl.config import StrategyConfig
-from distrl.strategies.actors import ActorDied, ActorEngine, ActorRaised, resolve_placements, spend_restart, where_note
+from distrl.strategies.actors import (ActorDied, ActorEngine, ActorRaised, failure_note, replace_actor, resolve_placements,
+                                     spend_restart)
 
 
 class PipelineStalled(RuntimeError):
@@ -108,13 +109,10 @@ class GeneratorPool:
             reason = f"raised {exc}"
             if self.strategy.on_worker_error == "abort":
                 raise GeneratorFailed(f"generator {i} {reason}") from None
-        where = where_note(resolve_placements(self.engine, [self.places[i][-1:]], 0.5)[0][0])
-        reason = f"{reason.splitlines()[0]}{where}"
+        reason = f"{reason.splitlines()[0]}{failure_note(self.engine, self.places, i)}"
         spend_restart(self.restarts, i, self.strategy.max_worker_restarts, "generator", reason, GeneratorFailed)
         self.events.append(f"generator {i} {reason}; restarted ({self.restarts[i]}/{self.strategy.max_worker_restarts})")
-        self.engine.kill(self.actors[i])
-        self.actors[i] = self.spawn(i, self.restarts[i])
-        self.places[i].append(self.engine.call(self.actors[i], "where"))
+        replace_actor(self.engine, self.actors, self.places, i, self.spawn, self.restarts)
         self.held[i] = -1
         for p in [p for p, j in self.in_flight.items() if j == i]:  # lost with the old actor, never counted
             del self.in_flight[p]

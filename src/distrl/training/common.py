@@ -17,19 +17,17 @@ import numpy as np
 import torch
 from gymnasium import spaces
 
-import distrl
-from distrl import checkpoint
 from distrl.data.collector import Collector
 from distrl.config import ConfigError, RunConfig, StrategyConfig
 from distrl.envs import VecEnv, make_run_env
-from distrl.env_names import resolve_env_id
+from distrl.env_names import portable_env_name, resolve_env_id
 from distrl.evaluation import evaluate
-from distrl.logs import Console, RunLogger, write_json_atomic
+from distrl.logs import Console, RunLogger
 from distrl.nets.agent import Agent
 from distrl.nets.recurrent import StatefulPolicy
 from distrl.protocols import LocalSync, Sync
 from distrl.spaces import DictLayout, stored_layout
-from distrl.training.state import RunState, resumed_line
+from distrl.training.state import RunState, space_to_json
 
 EVAL_SEED_OFFSET = 1_000_000
 
@@ -76,9 +74,9 @@ class TrainerBase(RunState):
 
     algo_name = ""
     counts_iterations = False
+    """Whether --iterations bounds this trainer's runs (else it trains for total_steps)."""
     collector: Collector | None = None
     """What collects this trainer's experience, where it has one (SAC steps its environments itself)."""
-    """Whether --iterations bounds this trainer's runs (else it trains for total_steps)."""
 
     def __init__(self, run: RunConfig, cfg: Any, sync: Sync | None, run_dir: Path | None, log: bool,
                  strategy: StrategyConfig | None, requested: Any, device: torch.device | None):
@@ -182,25 +180,6 @@ class TrainerBase(RunState):
 
     # ---- shared loop pieces ----
 
-    def run_to_end(self, resume_path: Path | None, start: float) -> dict[str, Any]:
-        """Resume if asked, train to the configured end, then finish (final eval, model, summary)."""
-        try:
-            self.begin(resume_path)
-            self.train()
-        except BaseException:
-            self.close()
-            raise
-        return self.finish(time.perf_counter() - start)
-
-    def begin(self, resume_path: Path | None) -> None:
-        """Load the checkpoint to resume from and say so, or clear the episodes an unfinished earlier start
-        left in the run directory (killed before its first checkpoint). On the main worker only."""
-        if resume_path is not None:
-            self.load_checkpoint(resume_path)
-            self.report(resumed_line(f"step {self.steps:,}", resume_path))
-        elif self.logger is not None:
-            self.logger.start_afresh()
-
     def _end_iteration(self, start: float, update_start: float, updated: bool = True) -> float:
         """Count an iteration (and its update, if there was one) and its time; returns the current time."""
         self.policy_version += int(updated)
@@ -254,16 +233,6 @@ class TrainerBase(RunState):
     def progress_done(self) -> int:
         return self.iteration if self.run.iterations else self.steps
 
-    def report(self, message: str) -> None:
-        """An event worth a line: on the console, in ``events.log`` and in summary.json."""
-        stamped = f"{time.strftime('%Y-%m-%d %H:%M:%S')} {message}"
-        self.events.append(stamped)
-        if self.console is not None:
-            self.console.line(message)
-        if self.logger is not None:
-            with (self.logger.run_dir / "events.log").open("a") as f:
-                f.write(stamped + "\n")
-
     def evaluate_now(self) -> tuple[float, float]:
         """Deterministic evaluation over ``eval_episodes`` episodes; returns (mean, std)."""
         start = time.perf_counter()
@@ -279,49 +248,38 @@ class TrainerBase(RunState):
             self.console.line(f"eval at {self.steps:,} steps: {self.last_eval[0]:.1f} ± {self.last_eval[1]:.1f}")
         return self.last_eval
 
+    def env_name(self) -> str:
+        return portable_env_name(self.env_id)
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        return {"observation_dim": self.obs_dim, "action_space": space_to_json(self.env.single_action_space)}
+
     def summary(self) -> dict[str, Any]:
         mean_return = self.logger.mean_return if self.logger is not None else None
         return {
-            "algo": self.run.algo, "env": self.env_id, "strategy": self.strategy.strategy,
-            "workers": self.strategy.workers if self.strategy.strategy != "single" else 1,
-            "total_steps": self.steps, "iterations": self.iteration,
-            "episodes": self.episodes, "train_s": self.train_s, "eval_s": self.eval_s,
-            "update_s": self.update_s, "sync_s": self.sync.sync_s,
-            "sps": self.steps / max(self.train_s, 1e-9), "final_mean_return": mean_return,
+            **super().summary(), "total_steps": self.steps, "iterations": self.iteration, "episodes": self.episodes,
+            "eval_s": self.eval_s, "sps": self.steps / max(self.train_s, 1e-9), "final_mean_return": mean_return,
             "final_eval_mean_return": self.last_eval[0] if self.last_eval else None,
             "final_eval_std_return": self.last_eval[1] if self.last_eval else None,
-            "events": self.events, "distrl_version": distrl.__version__,
-            **self.extra_summary,
             **(self.collector.summary() if self.collector is not None else {}),
         }
 
-    def finish(self, wall_s: float) -> dict[str, Any]:
-        """Final evaluation, model and summary.json (main worker), then close; ``wall_s`` is this
-        process's time, to which a resumed run adds its earlier processes' (``wall_before``)."""
-        if self.is_main and self._eval_steps != self.steps:
-            self.evaluate_now()
-        if self.collector is not None:  # a pipeline drains its generators and reports its counters
-            self.extra_summary.update(self.collector.finish())
-        summary = {**self.summary(), "wall_s": self.wall_before + wall_s}
-        if self.run_dir is not None and (self.is_main or self.keeps_worker_state):
-            self.save_checkpoint(self.run_dir / checkpoint.MODEL_DIR)
-        if self.is_main and self.run_dir is not None:
-            if self.logger is not None:
-                self.logger.summary(summary)
-            else:
-                write_json_atomic(self.run_dir / "summary.json", summary)
-            if self.run.plot:
-                from distrl.plots import reward_curves
+    def end_collection(self) -> dict[str, Any]:
+        return self.collector.finish() if self.collector is not None else {}  # a pipeline drains its generators
 
-                if self.logger is not None:
-                    self.logger.monitor.file.flush()
-                reward_curves([self.run_dir], "total-steps", k=10, out=self.run_dir / "reward_curve.png",
-                              title=f"{self.algo_name.upper()} {self.env_id}")
-            if self.console is not None:
-                self.console.close(self.progress_done())  # the bar ends on the real count, above the summary
-                self.console.line(self.end_line(summary))
-        self.close()
-        return summary
+    def final_evaluation(self) -> dict[str, Any]:
+        if self._eval_steps != self.steps:
+            self.evaluate_now()
+        return {}
+
+    def after_summary(self, summary: dict[str, Any]) -> None:
+        if self.run.plot:
+            from distrl.plots import reward_curves
+
+            if self.logger is not None:
+                self.logger.monitor.file.flush()
+            reward_curves([self.run_dir], "total-steps", k=10, out=self.run_dir / "reward_curve.png",
+                          title=f"{self.algo_name.upper()} {self.env_id}")
 
     def end_line(self, summary: dict[str, Any]) -> str:
         """The one line a finished run prints: what it did, its times (labelled), the evaluation."""
@@ -333,15 +291,10 @@ class TrainerBase(RunState):
         return (f"done: {', '.join(done)} in {summary['train_s']:.1f}s training ({summary['sps']:,.0f} SPS), "
                 f"{summary['wall_s']:.1f}s total; {ev}; run dir {self.run_dir}")
 
-    def close(self) -> None:
-        if self.console is not None:
-            self.console.close()
+    def release(self) -> None:
         if self.collector is not None:
             self.collector.close()
         self.env.close()
         if self._eval_env is not None:
             self._eval_env.close()
             self._eval_env = None
-        if self.logger is not None:
-            self.logger.close()
-            self.logger = None

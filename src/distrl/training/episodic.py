@@ -17,6 +17,7 @@ from distrl.nets import make_agent
 from distrl.nets.factory import PolicySource, check_agent_spaces
 from distrl.protocols import Sync
 from distrl.training.common import TrainerBase
+from distrl.training.state import section
 
 
 class EpisodicTrainer(TrainerBase):
@@ -101,8 +102,8 @@ class EpisodicTrainer(TrainerBase):
         return tensors
 
     def load_state_tensors(self, tensors: dict[str, torch.Tensor], path: Path) -> None:
-        self.agent.params.load_state_dict({k[7:]: v for k, v in tensors.items() if k.startswith("params/")})
-        self.algo.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("optim/")})
+        self.agent.params.load_state_dict(section(tensors, "params"))
+        self.algo.load_state_dict(section(tensors, "optim"))
         self.agent.refresh_acting_copy()
 
     def broadcast_tensors(self) -> list[torch.Tensor]:

@@ -21,19 +21,17 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-import distrl
-from distrl import checkpoint
 from distrl.algos.grpo import GRPOAlgo
-from distrl.config import ConfigError, RunConfig, StrategyConfig, to_dict
+from distrl.config import ConfigError, RunConfig, StrategyConfig
 from distrl.data.groups import GroupSamples, draw_groups, score_groups, step_positions
 from distrl.logs import Console, RunLogger
-from distrl.nets.causal_lm import PromptEncoder, load_tokenizer
+from distrl.nets.causal_lm import CausalLMPolicy, PromptEncoder, load_tokenizer
 from distrl.nets.core import checksum
 from distrl.nets.factory import make_group_policy
 from distrl.protocols import Sync
 from distrl.tasks import TEXT_TASK, GroupTask, StateTask, make_group_task
 from distrl.training.common import init_worker
-from distrl.training.state import resumed_line
+from distrl.training.state import RunState, section
 
 EVAL_STATES = 1024
 """Fresh states of a numeric task's greedy evaluation."""
@@ -119,27 +117,27 @@ def check_prompts(task: GroupTask, encoder: PromptEncoder | None) -> None:
                               "never cut)")
 
 
-class GroupTrainer:
-    """GRPO on one worker: a task, a policy (and a frozen reference), the learner step, logs and checkpoints.
-
-    Offers what a strategy asks of every trainer (``train``, ``finish``, ``load_checkpoint``,
-    ``broadcast_state``, ``broadcast_tensors``, ``close``, ``extra_summary``).
-    """
+class GroupTrainer(RunState):
+    """GRPO on one worker: a task, a policy (and a frozen reference), the learner step, on the run lifecycle
+    every trainer shares (:class:`~distrl.training.state.RunState`: resume, events, checkpoints, the start-up
+    broadcast, the end). ``steps`` counts learner steps; each one makes a new policy version."""
 
     algo_name = "grpo"
+    COUNTERS = (*RunState.COUNTERS, "completions", "tokens")
 
     def __init__(self, run: RunConfig, cfg: Any, sync: Sync | None = None, run_dir: Path | None = None,
                  log: bool = True, strategy: StrategyConfig | None = None, requested: Any = None,
                  device: torch.device | None = None,
                  source_factory: Callable[[GroupTrainer], GroupSource] | None = None):
         init_worker(self, run, cfg, sync, strategy, requested, device)
+        self.env_id = run.env
         self.task = make_group_task(run.env, cfg, run.seed)
         self.policy = make_group_policy(self.task, run, cfg, self.device)
-        check_prompts(self.task, getattr(self.policy, "prompts", None))
+        check_prompts(self.task, self.policy.prompts if isinstance(self.policy, CausalLMPolicy) else None)
         self.start_checksum = checksum(self.policy.params.data)
         self.reference = make_group_policy(self.task, run, cfg, self.device, "reference") if cfg.beta > 0 else None
         self.algo = GRPOAlgo(cfg, self.policy, self.reference)
-        self.version = 0
+        self.steps = self.iteration = self.policy_version = self.episodes = 0
         self.completions = self.tokens = 0
         self.train_s = self.update_s = 0.0
         self.wall_before = 0.0
@@ -160,6 +158,11 @@ class GroupTrainer:
             except BaseException:
                 self.close()
                 raise
+
+    @property
+    def version(self) -> int:
+        """The policy version: learner steps taken."""
+        return self.policy_version
 
     @classmethod
     def check_env(cls, run: RunConfig, cfg: Any) -> None:
@@ -187,7 +190,7 @@ class GroupTrainer:
             batch = self.source.next_batch(self.version)
             update_start = time.perf_counter()
             metrics = self.algo.update(batch, self.sync, self.version, 1.0 - self.version / cfg.learner_steps)
-            self.version += 1
+            self.steps = self.iteration = self.policy_version = self.version + 1
             now = time.perf_counter()
             self.update_s += now - update_start
             self.train_s += now - start
@@ -198,15 +201,16 @@ class GroupTrainer:
                     and self.version < cfg.learner_steps:
                 self.save_checkpoint()
 
+    def start_segment(self) -> None:
+        """Nothing to restart: a step's prompts and randomness follow from its number."""
+
     def _reached_target(self) -> bool:
         """--target-return for GRPO: the mean reward of the last :data:`RECENT` steps (every worker's: all stop)."""
         target = self.run.target_return
         if target is None or len(self.recent_rewards) < RECENT or float(np.mean(self.recent_rewards)) < target:
             return False
         self.extra_summary.update({"target_reached_step": self.version, "target_reached_train_s": self.train_s})
-        self.events.append(f"mean reward of the last {RECENT} steps reached {target:g} at learner step {self.version}")
-        if self.console is not None:
-            self.console.line(self.events[-1])
+        self.report(f"mean reward of the last {RECENT} steps reached {target:g} at learner step {self.version}")
         return True
 
     def _log(self, batch: GroupSamples, metrics: dict[str, float]) -> None:
@@ -257,39 +261,33 @@ class GroupTrainer:
                     for k, name in enumerate(self.task.reward_names)})
         return out
 
+    def progress_unit(self) -> str:
+        return "learner step"
+
+    def final_evaluation(self) -> dict[str, Any]:
+        return self.evaluate()
+
+    def end_collection(self) -> dict[str, Any]:
+        return self.source.finish()
+
+    def after_summary(self, summary: dict[str, Any]) -> None:
+        if isinstance(self.policy, CausalLMPolicy):
+            self.policy.save_pretrained(self.run_dir / PRETRAINED_DIR)  # type: ignore[operator]
+
     def summary(self) -> dict[str, Any]:
         timing = self.source.timing()
         busy = self.update_s / max(self.train_s, 1e-9)
         return {
-            "algo": "grpo", "env": self.run.env, "model": self.cfg.model or None, "strategy": self.strategy.strategy,
-            "workers": self.strategy.workers if self.strategy.strategy != "single" else 1,
+            **super().summary(), "model": self.cfg.model or None,
             "learner_steps": self.version, "completions": self.completions, "tokens": self.tokens,
-            "train_s": self.train_s, "update_s": self.update_s, "learn_s": self.update_s,
-            "sync_s": self.sync.sync_s, **timing,
+            "learn_s": self.update_s, **timing,
             "learner_busy_fraction": busy, "learner_steps_per_s": self.version / max(self.train_s, 1e-9),
             "policy_lag_mean": 0.0, "completions_per_s": self.completions / max(self.train_s, 1e-9),
             "tokens_per_s": self.tokens / max(self.train_s, 1e-9),
             "reward_first": float(np.mean(self.first_rewards)) if self.first_rewards else None,
             "reward_last": float(np.mean(self.recent_rewards)) if self.recent_rewards else None,
-            "events": self.events, "distrl_version": distrl.__version__, **self.extra_summary,
+            **self.extra_summary,
         }
-
-    def finish(self, wall_s: float) -> dict[str, Any]:
-        """Drain the source, evaluate, write the model and summary.json (main worker), then close."""
-        self.extra_summary.update(self.source.finish())
-        evaluation = self.evaluate() if self.is_main else {}
-        summary = {**self.summary(), **evaluation, "wall_s": self.wall_before + wall_s}
-        if self.is_main and self.run_dir is not None:
-            self.save_checkpoint(self.run_dir / checkpoint.MODEL_DIR)
-            if hasattr(self.policy, "save_pretrained"):
-                self.policy.save_pretrained(self.run_dir / PRETRAINED_DIR)
-            if self.logger is not None:
-                self.logger.summary(summary)
-            if self.console is not None:
-                self.console.close(self.version)
-                self.console.line(self.end_line(summary))
-        self.close()
-        return summary
 
     def end_line(self, summary: dict[str, Any]) -> str:
         ev = summary.get("eval_reward")
@@ -299,71 +297,42 @@ class GroupTrainer:
                 f"{summary['reward_first'] or 0:.3f} -> {summary['reward_last'] or 0:.3f}, {ev_text}; "
                 f"run dir {self.run_dir}")
 
-    def close(self) -> None:
-        if self.console is not None:
-            self.console.close()
+    def release(self) -> None:
         self.source.close()
-        if self.logger is not None:
-            self.logger.close()
-            self.logger = None
 
-    # ---- checkpoints ----
+    # ---- checkpoints and the start-up broadcast ----
 
-    def config_dict(self) -> dict[str, Any]:
-        return {"run": to_dict(self.run), "strategy": to_dict(self.strategy), "grpo": to_dict(self.requested),
-                "grpo_effective": to_dict(self.cfg)}
+    def state_tensors(self) -> dict[str, torch.Tensor]:
+        tensors = {f"params/{name}": tensor for name, tensor in self.policy.params.state_dict().items()}
+        tensors.update({f"optim/{name}": tensor for name, tensor in self.algo.state_dict().items()})
+        return tensors
 
-    def save_checkpoint(self, path: Path | None = None) -> Path | None:
-        if not self.is_main or (path is None and self.run_dir is None):
-            return None
-        target = path or self.run_dir / checkpoint.CHECKPOINTS_DIR / f"step-{self.version:012d}"  # type: ignore[operator]
-        tensors = {f"policy.{name}": tensor for name, tensor in self.policy.params.state_dict().items()}
-        tensors.update({f"adam.{name}": tensor for name, tensor in self.algo.state_dict().items()})
-        state = {"algo": "grpo", "env_id": self.run.env, "config": self.config_dict(), "steps": self.version,
-                 "iteration": self.version, "policy_version": self.version, "episodes": 0,
-                 "completions": self.completions, "tokens": self.tokens, "train_s": self.train_s,
-                 "wall_s": self.wall_before + time.perf_counter() - self._created,
-                 "start_checksum": self.start_checksum, "distrl_version": distrl.__version__}
-        return checkpoint.save(target, tensors, state)
+    def load_state_tensors(self, tensors: dict[str, torch.Tensor], path: Path) -> None:
+        params, optim = section(tensors, "params"), section(tensors, "optim")
+        if not params:  # written before GRPO ran on the shared lifecycle: policy.NAME and adam.NAME
+            params = {k.removeprefix("policy."): v for k, v in tensors.items() if k.startswith("policy.")}
+            optim = {k.removeprefix("adam."): v for k, v in tensors.items() if k.startswith("adam.")}
+        self.policy.params.load_state_dict(params)
+        self.algo.load_state_dict(optim)
 
-    def begin(self, resume_path: Path | None) -> None:
-        """Load the checkpoint to resume from, and say so (GRPO writes no episodes: a fresh start clears nothing)."""
-        if resume_path is not None:
-            self.load_checkpoint(resume_path)
-            self.events.append(resumed_line(f"learner step {self.version}", resume_path))
+    def checkpoint_state(self) -> dict[str, Any]:
+        return {"completions": self.completions, "tokens": self.tokens, "start_checksum": self.start_checksum}
 
-    def load_checkpoint(self, path: Path) -> None:
-        tensors, state = checkpoint.load(path)
-        if state.get("algo") != "grpo":
-            raise ConfigError(f"checkpoint={str(path)!r} holds a {state.get('algo')!r} model, not grpo")
+    def load_checkpoint_state(self, state: dict[str, Any], path: Path) -> None:
         if state.get("start_checksum") not in (None, self.start_checksum):
             raise ConfigError(f"checkpoint={str(path)!r} started from other weights than "
                               f"{self.cfg.model or 'this seed'!r} holds now: the reference model and the resumed run "
                               "would differ")
-        try:
-            self.policy.params.load_state_dict({k[7:]: v for k, v in tensors.items() if k.startswith("policy.")})
-            self.algo.load_state_dict({k[5:]: v for k, v in tensors.items() if k.startswith("adam.")})
-        except (KeyError, ValueError, RuntimeError) as exc:
-            raise ConfigError(f"checkpoint={str(path)!r} does not fit this model: {exc}") from None
-        self.version = int(state["steps"])
         self.completions, self.tokens = int(state.get("completions", 0)), int(state.get("tokens", 0))
-        self.train_s = float(state.get("train_s", 0.0))
-        self.wall_before = float(state.get("wall_s", 0.0))
-        self.source.resume(self.version)
+        self.source.resume(int(state["steps"]))
 
     def broadcast_tensors(self) -> list[torch.Tensor]:
-        return [self.policy.params.data, self.algo.optimizer.exp_avg, self.algo.optimizer.exp_avg_sq]
+        optim = self.algo.optimizer
+        return [self.policy.params.data, optim.exp_avg, optim.exp_avg_sq,
+                torch.tensor([optim.steps], dtype=torch.float64)]
 
-    def broadcast_state(self) -> None:
-        """Make every worker hold the main worker's parameters, Adam state and counters."""
-        for tensor in self.broadcast_tensors():
-            self.sync.broadcast_(tensor)
-        counters = torch.tensor([self.version, self.completions, self.tokens, self.train_s,
-                                 self.algo.optimizer.steps], dtype=torch.float64)
-        self.sync.broadcast_(counters)
-        version, completions, tokens, train_s, adam_steps = counters.tolist()
-        self.version, self.completions, self.tokens = int(version), int(completions), int(tokens)
-        self.train_s, self.algo.optimizer.steps = float(train_s), int(adam_steps)
+    def after_broadcast(self, tensors: list[torch.Tensor]) -> None:
+        self.algo.optimizer.steps = int(tensors[-1][0])
 
 
 def greedy_reward_fraction(task: StateTask, policy: Any, seed: int) -> dict[str, float]:

@@ -17,9 +17,11 @@ from distrl.config import PPOConfig, RunConfig, StrategyConfig
 from distrl.data.normalize import ObsNormalizer, RewardScaler
 from distrl.data.rollout import Rollout, RolloutBatch, RolloutCollector, RolloutSource
 from distrl.nets import make_agent
+from distrl.nets.agent import Agent
 from distrl.nets.factory import PolicySource, check_agent_spaces
 from distrl.protocols import Sync
 from distrl.training.common import TrainerBase
+from distrl.training.state import section
 
 
 class OnPolicyUpdate(Protocol):
@@ -177,32 +179,40 @@ class OnPolicyTrainer(TrainerBase):
         return tensors
 
     def load_state_tensors(self, tensors: dict[str, torch.Tensor], path: Path) -> None:
-        self.agent.params.load_state_dict({k[7:]: v for k, v in tensors.items() if k.startswith("params/")})
-        self.algo.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("optim/")})
+        self.agent.params.load_state_dict(section(tensors, "params"))
+        self.algo.load_state_dict(section(tensors, "optim"))
         for prefix, stats in zip(("obs_norm", "reward_norm"), self._stats()):
             stats.load({k.split("/", 1)[1]: v.numpy() for k, v in tensors.items() if k.startswith(prefix + "/")})
         self._refresh()
 
     @staticmethod
-    def packed_stats_size(obs_normalizer: ObsNormalizer) -> int:
-        """Length of the statistics tensor of :meth:`broadcast_tensors`: obs mean/var/count,
-        reward mean/var/count, Adam's step count."""
-        return (2 * obs_normalizer.stats.mean.size + 1) + 3 + 1
+    def start_state(agent: Agent, optimizer: ClippedAdam, obs_normalizer: ObsNormalizer,
+                    reward_scaler: RewardScaler) -> list[torch.Tensor]:
+        """What the start-up broadcast carries, for any holder of these parts (a trainer, or decoupled's
+        trainer ranks): the live parameter and Adam tensors, then one float64 tensor packing the obs and
+        reward statistics (mean, var, count each) and Adam's step count."""
+        stats = (obs_normalizer.stats, reward_scaler.stats)
+        packed = [np.concatenate([s.mean.ravel(), s.var.ravel(), [s.count]]) for s in stats]
+        packed.append(np.array([optimizer.steps], dtype=np.float64))
+        return [agent.params.data, optimizer.exp_avg, optimizer.exp_avg_sq, torch.from_numpy(np.concatenate(packed))]
 
-    def broadcast_tensors(self) -> list[torch.Tensor]:
-        packed = [np.concatenate([s.mean.ravel(), s.var.ravel(), [s.count]]) for s in self._stats()]
-        packed.append(np.array([self.algo.optimizer.steps], dtype=np.float64))
-        optim = self.algo.optimizer
-        return [self.agent.params.data, optim.exp_avg, optim.exp_avg_sq, torch.from_numpy(np.concatenate(packed))]
-
-    def after_broadcast(self, tensors: list[torch.Tensor]) -> None:
+    @staticmethod
+    def load_start_state(tensors: list[torch.Tensor], optimizer: ClippedAdam, obs_normalizer: ObsNormalizer,
+                         reward_scaler: RewardScaler) -> None:
+        """Unpack what :meth:`start_state` packed (its first three tensors were received in place)."""
         values, offset = tensors[-1].numpy(), 0
-        for stats in self._stats():
+        for stats in (obs_normalizer.stats, reward_scaler.stats):
             size = stats.mean.size
             stats.load({"mean": values[offset:offset + size], "var": values[offset + size:offset + 2 * size],
                         "count": values[offset + 2 * size]})
             offset += 2 * size + 1
-        self.algo.optimizer.steps = int(values[offset])
+        optimizer.steps = int(values[offset])
+
+    def broadcast_tensors(self) -> list[torch.Tensor]:
+        return self.start_state(self.agent, self.algo.optimizer, self.obs_normalizer, self.reward_scaler)
+
+    def after_broadcast(self, tensors: list[torch.Tensor]) -> None:
+        self.load_start_state(tensors, self.algo.optimizer, self.obs_normalizer, self.reward_scaler)
         self._refresh()
 
     def _refresh(self) -> None:

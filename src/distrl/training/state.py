@@ -1,5 +1,7 @@
-"""What a trainer carries beyond its process: checkpoints to resume from, and the main worker's state
-broadcast to the others so that every worker starts alike."""
+"""The run lifecycle every trainer shares: start or resume, the events it reports, checkpoints, the main
+worker's state broadcast to the others so that every worker starts alike, and the end (final evaluation,
+model, summary.json, the end line). Trainers differ in where their batches come from and in their update;
+environment trainers add their envs in ``common.py``, GRPO's trainer its task in ``group.py``."""
 
 from __future__ import annotations
 
@@ -15,9 +17,7 @@ from gymnasium import spaces
 import distrl
 from distrl import checkpoint
 from distrl.config import ALGO_CONFIGS, ConfigError, RunConfig, StrategyConfig, from_dict, to_dict
-from distrl.envs import VecEnv
-from distrl.env_names import portable_env_name
-from distrl.logs import MONITOR_FILE, RunLogger
+from distrl.logs import MONITOR_FILE, Console, RunLogger, write_json_atomic
 from distrl.protocols import Sync
 
 
@@ -50,8 +50,8 @@ def resumed_line(at: str, path: Path) -> str:
 
 
 class RunState:
-    """Checkpoints and the start-up broadcast of a trainer (:class:`~distrl.training.common.TrainerBase`
-    holds the attributes below); subclasses implement the tensor hooks and ``start_segment``."""
+    """A run's lifecycle, checkpoints and start-up broadcast (the trainers hold the attributes below);
+    subclasses implement the tensor hooks, ``start_segment``, ``summary`` and ``end_line``."""
 
     algo_name: str
     run: RunConfig
@@ -60,16 +60,18 @@ class RunState:
     strategy: StrategyConfig
     sync: Sync
     is_main: bool
-    env: VecEnv
     env_id: str
-    obs_dim: int
     run_dir: Path | None
     logger: RunLogger | None
+    console: Console | None
+    events: list[str]
+    extra_summary: dict[str, Any]
     steps: int
     iteration: int
     episodes: int
     policy_version: int
     train_s: float
+    update_s: float
     wall_before: float
     _created: float
 
@@ -82,13 +84,113 @@ class RunState:
     def start_segment(self) -> None:
         raise NotImplementedError
 
+    # ---- start, events, end ----
+
+    def run_to_end(self, resume_path: Path | None, start: float) -> dict[str, Any]:
+        """Resume if asked, train to the configured end, then finish (final eval, model, summary)."""
+        try:
+            self.begin(resume_path)
+            self.train()
+        except BaseException:
+            self.close()
+            raise
+        return self.finish(time.perf_counter() - start)
+
+    def train(self) -> Any:
+        raise NotImplementedError
+
+    def begin(self, resume_path: Path | None) -> None:
+        """Load the checkpoint to resume from and say so, or clear the episodes an unfinished earlier start
+        left in the run directory (killed before its first checkpoint). On the main worker only."""
+        if resume_path is not None:
+            self.load_checkpoint(resume_path)
+            self.report(resumed_line(f"{self.progress_unit()} {self.steps:,}", resume_path))
+        elif self.logger is not None:
+            self.logger.start_afresh()
+
+    def progress_unit(self) -> str:
+        """What ``steps`` counts: environment steps, or a learner's steps."""
+        return "step"
+
+    def report(self, message: str) -> None:
+        """An event worth a line: on the console, in ``events.log`` and in summary.json."""
+        stamped = f"{time.strftime('%Y-%m-%d %H:%M:%S')} {message}"
+        self.events.append(stamped)
+        if self.console is not None:
+            self.console.line(message)
+        if self.logger is not None:
+            with (self.logger.run_dir / "events.log").open("a") as f:
+                f.write(stamped + "\n")
+
+    def end_collection(self) -> dict[str, Any]:
+        """Hook: stop collecting (a pipeline drains its generators); what summary.json adds."""
+        return {}
+
+    def final_evaluation(self) -> dict[str, Any]:
+        """Hook: the evaluation at the end, on the main worker; figures summary.json adds to :meth:`summary`'s."""
+        return {}
+
+    def after_summary(self, summary: dict[str, Any]) -> None:
+        """Hook, on the main worker with a run directory: what else the end writes (a plot, a model directory)."""
+
+    def summary(self) -> dict[str, Any]:
+        """What every run's summary.json holds; trainers add their own figures."""
+        return {"algo": self.run.algo, "env": self.env_id, "strategy": self.strategy.strategy,
+                "workers": self.strategy.workers if self.strategy.strategy != "single" else 1,
+                "train_s": self.train_s, "update_s": self.update_s, "sync_s": self.sync.sync_s,
+                "events": self.events, "distrl_version": distrl.__version__, **self.extra_summary}
+
+    def end_line(self, summary: dict[str, Any]) -> str:
+        """The one line a finished run prints: what it did, its times (labelled), the evaluation."""
+        raise NotImplementedError
+
+    def progress_done(self) -> int:
+        return self.steps
+
+    def finish(self, wall_s: float) -> dict[str, Any]:
+        """Final evaluation, model and summary.json (main worker), then close; ``wall_s`` is this
+        process's time, to which a resumed run adds its earlier processes' (``wall_before``)."""
+        self.extra_summary.update(self.end_collection())
+        evaluation = self.final_evaluation() if self.is_main else {}
+        summary = {**self.summary(), **evaluation, "wall_s": self.wall_before + wall_s}
+        if self.run_dir is not None and (self.is_main or self.keeps_worker_state):
+            self.save_checkpoint(self.run_dir / checkpoint.MODEL_DIR)
+        if self.is_main and self.run_dir is not None:
+            if self.logger is not None:
+                self.logger.summary(summary)
+            else:
+                write_json_atomic(self.run_dir / "summary.json", summary)
+            self.after_summary(summary)
+            if self.console is not None:
+                self.console.close(self.progress_done())  # the bar ends on the real count, above the summary
+                self.console.line(self.end_line(summary))
+        self.close()
+        return summary
+
+    def release(self) -> None:
+        """Hook: close what the trainer holds besides its logs (envs, workers, actors)."""
+
+    def close(self) -> None:
+        if self.console is not None:
+            self.console.close()
+        self.release()
+        if self.logger is not None:
+            self.logger.close()
+            self.logger = None
+
+    # ---- checkpoints and the start-up broadcast ----
+
     def broadcast_tensors(self) -> list[torch.Tensor]:
         """Tensors that rank 0 sends to every worker at start-up (parameters, optimizer state,
         packed statistics); parameters and optimizer state are the live tensors themselves."""
         raise NotImplementedError
 
+    def env_name(self) -> str:
+        """The env (or task) as config.json and checkpoints record it, for any process to rebuild."""
+        return self.env_id
+
     def config_dict(self) -> dict[str, Any]:
-        return {"run": to_dict(self.run.replace(env=portable_env_name(self.env_id))), "strategy": to_dict(self.strategy),
+        return {"run": to_dict(self.run.replace(env=self.env_name())), "strategy": to_dict(self.strategy),
                 self.algo_name: to_dict(self.requested), f"{self.algo_name}_effective": to_dict(self.cfg)}
 
     def counters(self) -> dict[str, Any]:
@@ -96,11 +198,14 @@ class RunState:
                 "policy_version": self.policy_version, "train_s": self.train_s,
                 "wall_s": self.wall_before + time.perf_counter() - self._created}
 
+    def checkpoint_state(self) -> dict[str, Any]:
+        """Hook: what a checkpoint's JSON state records beside the counters (spaces, a task's counts)."""
+        return {}
+
     def checkpoint_contents(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         state = {
-            "algo": self.algo_name, "env_id": portable_env_name(self.env_id), "config": self.config_dict(), **self.counters(),
-            "observation_dim": self.obs_dim, "action_space": space_to_json(self.env.single_action_space),
-            "distrl_version": distrl.__version__,
+            "algo": self.algo_name, "env_id": self.env_name(), "config": self.config_dict(), **self.counters(),
+            **self.checkpoint_state(), "distrl_version": distrl.__version__,
             "monitor_rows": self.logger.monitor_rows() if self.logger is not None else {},
         }
         return self.state_tensors(), state
@@ -144,10 +249,14 @@ class RunState:
         """Hook, on each worker but the main one, after the start-up broadcast: read back what
         :meth:`save_worker_state` kept in the checkpoint at ``path``."""
 
+    def load_checkpoint_state(self, state: dict[str, Any], path: Path) -> None:
+        """Hook: check and restore what :meth:`checkpoint_state` recorded, before the tensors load."""
+
     def load_checkpoint(self, path: Path) -> None:
         tensors, state = checkpoint.load(path)
         if state.get("algo") != self.algo_name:
             raise ConfigError(f"checkpoint={str(path)!r} holds a {state.get('algo')!r} model, not {self.algo_name}")
+        self.load_checkpoint_state(state, path)
         try:
             self.load_state_tensors(tensors, path)
         except (KeyError, ValueError, RuntimeError) as exc:
@@ -166,13 +275,11 @@ class RunState:
     def counters_tensor(self) -> torch.Tensor:
         return torch.tensor([getattr(self, name) for name in self.COUNTERS], dtype=torch.float64)
 
-    def broadcast_state(self) -> None:
-        """Make every worker hold the main worker's tensors, statistics and counters."""
-        tensors = self.broadcast_tensors()
-        for tensor in tensors:
-            self.sync.broadcast_(tensor)
-        counters = self.counters_tensor()
-        self.sync.broadcast_(counters)
+    def broadcast_state(self, sync: Sync | None = None) -> None:
+        """Make every worker hold the main worker's tensors, statistics and counters (over ``sync``, by default
+        the trainer's own; decoupled's player sends over the whole world's)."""
+        tensors, counters = self.broadcast_tensors(), self.counters_tensor()
+        exchange_start_state(tensors, counters, sync if sync is not None else self.sync)
         for name, value in zip(self.COUNTERS, counters.tolist()):
             setattr(self, name, float(value) if name == "train_s" else int(value))
         self.after_broadcast(tensors)
@@ -180,3 +287,16 @@ class RunState:
 
     def after_broadcast(self, tensors: list[torch.Tensor]) -> None:
         """Hook: unpack what :meth:`broadcast_tensors` packed; refresh acting copies and caches."""
+
+
+def exchange_start_state(tensors: list[torch.Tensor], counters: torch.Tensor, sync: Sync) -> None:
+    """The start-up broadcast: rank 0's ``tensors``, then its counters, overwrite every other rank's in place."""
+    for tensor in tensors:
+        sync.broadcast_(tensor)
+    sync.broadcast_(counters)
+
+
+def section(tensors: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
+    """The checkpoint entries named ``prefix/name``, keyed by ``name``."""
+    start = len(prefix) + 1
+    return {key[start:]: value for key, value in tensors.items() if key.startswith(prefix + "/")}
