@@ -322,8 +322,7 @@ class PPOAlgo:
         outputs = leaves(terms.log_prob, terms.entropy, fwd.values)
         loss = ppo_loss(*outputs, mb.old_log_prob, mb.old_values, mb.advantages, mb.returns, mb.valid,
                         clip_range, cfg.clip_range_vf, cfg.vf_coef, cfg.ent_coef)
-        d_log_prob, d_entropy, d_values = output_grads(loss.loss, outputs)
-        agent.backward(fwd, terms, mb.actions, d_log_prob, d_entropy, d_values)
+        agent.backward(fwd, terms, mb.actions, *output_grads(loss.loss, outputs))  # d loss / d outputs, onwards
         with torch.no_grad():
             ratio_minus_one = loss.ratio - 1.0
             approx_kl = ratio_minus_one - (outputs[0] - mb.old_log_prob)  # (http://joschu.net/blog/kl-approx.html)

@@ -69,9 +69,7 @@ class REINFORCEAlgo:
             advantages = (advantages - mean) / (std + 1e-8)
         outputs = leaves(terms.log_prob, terms.entropy, fwd.values)
         loss = reinforce_loss(*outputs, returns, advantages, cfg.baseline, cfg.vf_coef, cfg.ent_coef)
-        d_log_prob, d_entropy, d_values = output_grads(loss, outputs)
-        agent.backward(fwd, terms, actions, d_log_prob, d_entropy,
-                       d_values if d_values is not None else torch.zeros_like(returns))
+        agent.backward(fwd, terms, actions, *output_grads(loss, outputs))
         with torch.no_grad():
             value_loss = (fwd.values - returns).square() if cfg.baseline else torch.zeros_like(returns)
             stats = torch.stack([torch.tensor(float(len(returns))), (-terms.log_prob * advantages).sum(),

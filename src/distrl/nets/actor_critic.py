@@ -133,8 +133,9 @@ class ActorCritic:
         return TrainForward(head, values.squeeze(-1), policy_inputs, critic_inputs)
 
     def backward(self, fwd: TrainForward, terms: CategoricalTerms | GaussianTerms, actions: torch.Tensor,
-                 d_log_prob: torch.Tensor, d_entropy: torch.Tensor | None, d_values: torch.Tensor) -> None:
-        """Write the parameter gradients given d(loss)/d(log_prob, entropy, value) per sample.
+                 d_log_prob: torch.Tensor, d_entropy: torch.Tensor | None, d_values: torch.Tensor | None) -> None:
+        """Write the parameter gradients given d(loss)/d(log_prob, entropy, value) per sample (None: the loss
+        does not use that output).
 
         Every parameter receives exactly one contribution, so the buffer is overwritten
         rather than accumulated into (no zeroing pass needed).
@@ -145,4 +146,8 @@ class ActorCritic:
             d_head, d_log_std = gaussian_grad(terms, d_log_prob, d_entropy)
             self.params.grad_view("policy.log_std").copy_(d_log_std)
         self.policy.backward(fwd.policy_inputs, d_head, accumulate=False)
-        self.critic.backward(fwd.critic_inputs, d_values.unsqueeze(1), accumulate=False)
+        if d_values is None:  # a loss without the critic (REINFORCE without a baseline)
+            for grad in (*self.critic.weight_grads, *self.critic.bias_grads):
+                grad.zero_()
+        else:
+            self.critic.backward(fwd.critic_inputs, d_values.unsqueeze(1), accumulate=False)

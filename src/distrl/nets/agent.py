@@ -83,8 +83,9 @@ class Agent(Protocol):
         ...
 
     def backward(self, fwd: Any, terms: CategoricalTerms | GaussianTerms, actions: torch.Tensor,
-                 d_log_prob: torch.Tensor, d_entropy: torch.Tensor | None, d_values: torch.Tensor) -> None:
-        """Write the parameter gradients, given d(loss)/d(log_prob, entropy, value) per sample."""
+                 d_log_prob: torch.Tensor, d_entropy: torch.Tensor | None, d_values: torch.Tensor | None) -> None:
+        """Write the parameter gradients, given d(loss)/d(log_prob, entropy, value) per sample (None where the
+        loss does not use that output: its part of the buffer's gradient is zero)."""
         ...
 
     def refresh_acting_copy(self) -> None:

@@ -163,10 +163,14 @@ class ModuleAgent:
         return gaussian_terms(fwd.head, fwd.log_std, actions)
 
     def backward(self, fwd: ModuleForward, terms: CategoricalTerms | GaussianTerms, actions: torch.Tensor,
-                 d_log_prob: torch.Tensor, d_entropy: torch.Tensor | None, d_values: torch.Tensor) -> None:
-        """Write the parameter gradients given d(loss)/d(log_prob, entropy, value) per sample: one
-        vector-Jacobian product through the module, overwriting the buffer's gradient."""
-        outputs, grads = [terms.log_prob, fwd.values], [d_log_prob.detach(), d_values.detach()]
+                 d_log_prob: torch.Tensor, d_entropy: torch.Tensor | None, d_values: torch.Tensor | None) -> None:
+        """Write the parameter gradients given d(loss)/d(log_prob, entropy, value) per sample (None: the loss
+        does not use that output): one vector-Jacobian product through the module, overwriting the buffer's
+        gradient."""
+        outputs, grads = [terms.log_prob], [d_log_prob.detach()]
+        if d_values is not None:
+            outputs.append(fwd.values)
+            grads.append(d_values.detach())
         if d_entropy is not None:
             outputs.append(terms.entropy)
             grads.append(d_entropy.detach())

@@ -1,4 +1,5 @@
-"""Training loops: on-policy (PPO), off-policy (SAC) and episodic (REINFORCE) sharing TrainerBase; GRPO's."""
+"""Training loops on one run lifecycle (``RunState``): on-policy (PPO), off-policy (SAC) and episodic (REINFORCE)
+over environments (``TrainerBase``), and GRPO's over group tasks."""
 
 from __future__ import annotations
 
@@ -9,15 +10,18 @@ from distrl.training.episodic import EpisodicTrainer
 from distrl.training.group import GroupTrainer
 from distrl.training.off_policy import OffPolicyTrainer
 from distrl.training.on_policy import OnPolicyTrainer
-from distrl.training.state import configs_from_checkpoint
+from distrl.training.state import RunState, configs_from_checkpoint
 
 TRAINERS: dict[str, Any] = {"ppo": OnPolicyTrainer, "sac": OffPolicyTrainer, "reinforce": EpisodicTrainer,
                             "grpo": GroupTrainer}
 
 
-def make_trainer(algo: str, *args: Any, **kwargs: Any) -> TrainerBase:
+def make_trainer(algo: str, *args: Any, **kwargs: Any) -> Any:
+    """The trainer of ``algo``: a :class:`RunState` (every strategy drives it through that lifecycle), and for the
+    environment algorithms a :class:`TrainerBase`."""
     return TRAINERS[algo](*args, **kwargs)
 
 
-__all__ = ["EVAL_SEED_OFFSET", "EpisodicTrainer", "GroupTrainer", "OffPolicyTrainer", "OnPolicyTrainer", "TRAINERS", "TrainerBase",
+__all__ = ["EVAL_SEED_OFFSET", "EpisodicTrainer", "GroupTrainer", "OffPolicyTrainer", "OnPolicyTrainer", "RunState", "TRAINERS",
+           "TrainerBase",
            "configs_from_checkpoint", "default_run_dir", "make_trainer", "resolve_device"]

@@ -261,7 +261,7 @@ class TrainerBase(RunState):
             "eval_s": self.eval_s, "sps": self.steps / max(self.train_s, 1e-9), "final_mean_return": mean_return,
             "final_eval_mean_return": self.last_eval[0] if self.last_eval else None,
             "final_eval_std_return": self.last_eval[1] if self.last_eval else None,
-            **(self.collector.summary() if self.collector is not None else {}),
+            **self.extra_summary, **(self.collector.summary() if self.collector is not None else {}),
         }
 
     def end_collection(self) -> dict[str, Any]:

@@ -134,11 +134,11 @@ class RunState:
         """Hook, on the main worker with a run directory: what else the end writes (a plot, a model directory)."""
 
     def summary(self) -> dict[str, Any]:
-        """What every run's summary.json holds; trainers add their own figures."""
+        """What every run's summary.json holds; trainers add their own figures, then ``extra_summary``'s."""
         return {"algo": self.run.algo, "env": self.env_id, "strategy": self.strategy.strategy,
                 "workers": self.strategy.workers if self.strategy.strategy != "single" else 1,
                 "train_s": self.train_s, "update_s": self.update_s, "sync_s": self.sync.sync_s,
-                "events": self.events, "distrl_version": distrl.__version__, **self.extra_summary}
+                "events": self.events, "distrl_version": distrl.__version__}
 
     def end_line(self, summary: dict[str, Any]) -> str:
         """The one line a finished run prints: what it did, its times (labelled), the evaluation."""
