@@ -35,7 +35,12 @@ def tasks(quick: bool) -> list[tuple[str, str, str, str]]:
         ("PPO, Hopper-v5, SB3 defaults", "ppo_vs_sb3.py", "sps-hopper", "6144" if quick else "20480"),
         ("SAC, Pendulum-v1, 1 thread", "sac_vs_sb3.py", "sps", "1:1000" if quick else "1:3000"),
         ("PPO, ALE/Breakout-v5, Atari settings", "atari_vs_sb3.py", "sps", "2" if quick else "3"),
-        ("recurrent PPO (LSTM), CartPole without velocities", "recurrent_vs_sb3.py", "sps", "5120" if quick else "10240"),
+        (
+            "recurrent PPO (LSTM), CartPole without velocities",
+            "recurrent_vs_sb3.py",
+            "sps",
+            "5120" if quick else "10240",
+        ),
     ]
 
 
@@ -50,8 +55,12 @@ def export(ref: str, into: Path) -> Path:
 
 def measure(script: str, lib: str, task: str, seed: int, arg: str, src: Path) -> dict:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(src), str(HERE)])}
-    out = subprocess.run([sys.executable, str(HERE / script), "--child", lib, task, str(seed), arg],
-                         capture_output=True, text=True, env=env)
+    out = subprocess.run(
+        [sys.executable, str(HERE / script), "--child", lib, task, str(seed), arg],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     if out.returncode != 0:
         raise RuntimeError(f"{script} {lib} {task} seed {seed} failed:\n{out.stderr[-2000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -80,10 +89,26 @@ def main() -> None:
                 sps[name].append(result["sps"])
                 print(f"  {name:10s} seed {seed}: {result['sps']:,.1f} SPS, {result['max_rss_mb']:.0f} MB", flush=True)
             head, base, sb3 = (median(sps[name]) for name in [*sources, "sb3"])
-            rows.append([label, f"{head:,.0f}", f"{base:,.0f}", f"{sb3:,.0f}", f"{head / base:.2f}x",
-                         f"{head / sb3:.2f}x", f"{base / sb3:.2f}x"])
-    header = ["SPS, median", "this tree", args.base, "stable-baselines3", "this tree / earlier",
-              "this tree / SB3", "earlier / SB3"]
+            rows.append(
+                [
+                    label,
+                    f"{head:,.0f}",
+                    f"{base:,.0f}",
+                    f"{sb3:,.0f}",
+                    f"{head / base:.2f}x",
+                    f"{head / sb3:.2f}x",
+                    f"{base / sb3:.2f}x",
+                ]
+            )
+    header = [
+        "SPS, median",
+        "this tree",
+        args.base,
+        "stable-baselines3",
+        "this tree / earlier",
+        "this tree / SB3",
+        "earlier / SB3",
+    ]
     print("\n".join(markdown_table(header, rows)))
 
 

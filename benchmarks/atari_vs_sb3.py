@@ -27,8 +27,9 @@ import time
 from harness import alternate, child_main, comparison_table, measure, median, write_section
 
 ENV_ID = "ALE/Breakout-v5"
-HP = dict(n_steps=128, batch_size=256, n_epochs=4, gamma=0.99, gae_lambda=0.95, ent_coef=0.01, vf_coef=0.5,
-          max_grad_norm=0.5)
+HP = dict(
+    n_steps=128, batch_size=256, n_epochs=4, gamma=0.99, gae_lambda=0.95, ent_coef=0.01, vf_coef=0.5, max_grad_norm=0.5
+)
 N_ENVS, LR, CLIP = 8, 2.5e-4, 0.1
 ROLLOUT = N_ENVS * HP["n_steps"]
 
@@ -49,12 +50,29 @@ def _sps(lib: str, seed: int, iterations: int) -> dict:
         from distrl.config import PPOConfig, RunConfig
         from distrl.training import OnPolicyTrainer
 
-        cfg = PPOConfig(n_envs=N_ENVS, learning_rate=LR, clip_range=CLIP, lr_schedule="linear", clip_schedule="linear",
-                        net_arch=(), **HP)
+        cfg = PPOConfig(
+            n_envs=N_ENVS,
+            learning_rate=LR,
+            clip_range=CLIP,
+            lr_schedule="linear",
+            clip_schedule="linear",
+            net_arch=(),
+            **HP,
+        )
         precision = "bf16" if lib.endswith("bf16") else "fp32"
         vec, env_kwargs = ("envpool", ("num_threads=1",)) if "envpool" in lib else ("sync", ())
-        trainer = OnPolicyTrainer(RunConfig(env=ENV_ID, total_steps=total, seed=seed, quiet=True, vec=vec,
-                                            env_kwargs=env_kwargs, precision=precision), cfg)
+        trainer = OnPolicyTrainer(
+            RunConfig(
+                env=ENV_ID,
+                total_steps=total,
+                seed=seed,
+                quiet=True,
+                vec=vec,
+                env_kwargs=env_kwargs,
+                precision=precision,
+            ),
+            cfg,
+        )
         trainer.train(stop_at=ROLLOUT)
         start_steps, start_s = trainer.steps, trainer.train_s
         trainer.train()
@@ -68,8 +86,16 @@ def _sps(lib: str, seed: int, iterations: int) -> dict:
 
     gym.register_envs(ale_py)
     env = VecFrameStack(make_atari_env(ENV_ID, n_envs=N_ENVS, seed=seed, env_kwargs={"frameskip": 1}), n_stack=4)
-    model = PPO("CnnPolicy", env, learning_rate=lambda p: LR * p, clip_range=lambda p: CLIP * p, seed=seed,
-                device="cpu", verbose=0, **HP)
+    model = PPO(
+        "CnnPolicy",
+        env,
+        learning_rate=lambda p: LR * p,
+        clip_range=lambda p: CLIP * p,
+        seed=seed,
+        device="cpu",
+        verbose=0,
+        **HP,
+    )
     model.learn(ROLLOUT)
     start = time.perf_counter()
     model.learn(ROLLOUT * iterations, reset_num_timesteps=False)
@@ -98,6 +124,7 @@ def _ceiling(repeats: int) -> dict:
 
     out = {}
     for name, enabled in (("fp32", False), ("bf16", True)):
+
         def call(x: torch.Tensor, enabled: bool = enabled):
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=enabled):
                 return functional_call(net, params, (x,))
@@ -113,8 +140,14 @@ def _ceiling(repeats: int) -> dict:
         minibatches = HP["n_epochs"] * ROLLOUT // HP["batch_size"]
         # the acting passes give the values and log-probs too; one more pass values the last observations
         per_iteration = minibatches * backward + (HP["n_steps"] + 1) * acting
-        out.update({f"{name}_train_samples_per_s": 256 / backward, f"{name}_forward_samples_per_s": 256 / forward,
-                    f"{name}_acting_passes_per_s": 1 / acting, f"{name}_ceiling_sps": ROLLOUT / per_iteration})
+        out.update(
+            {
+                f"{name}_train_samples_per_s": 256 / backward,
+                f"{name}_forward_samples_per_s": 256 / forward,
+                f"{name}_acting_passes_per_s": 1 / acting,
+                f"{name}_ceiling_sps": ROLLOUT / per_iteration,
+            }
+        )
     return out
 
 
@@ -129,48 +162,62 @@ def main() -> None:
     ceiling = measure(__file__, "distrl", "ceiling", 0, 3)
     print(f"  {ceiling}", flush=True)
     print("SPS, Breakout ...", flush=True)
-    res = alternate(__file__, "sps", repeats, iterations, "sps",
-                    ("distrl", "sb3", "distrl-bf16", "distrl-envpool", "distrl-envpool-bf16"))
+    res = alternate(
+        __file__,
+        "sps",
+        repeats,
+        iterations,
+        "sps",
+        ("distrl", "sb3", "distrl-bf16", "distrl-envpool", "distrl-envpool-bf16"),
+    )
     s = median(res["values"]["sb3"])
     rows = []
-    for lib, label in (("distrl", "SPS, ALE/Breakout-v5, PPO Atari settings (float32, as SB3)"),
-                       ("distrl-bf16", "same, distrl with --precision bf16"),
-                       ("distrl-envpool", "same, distrl with --vec envpool (one envpool thread), float32"),
-                       ("distrl-envpool-bf16", "same, distrl with --vec envpool (one envpool thread), bf16")):
+    for lib, label in (
+        ("distrl", "SPS, ALE/Breakout-v5, PPO Atari settings (float32, as SB3)"),
+        ("distrl-bf16", "same, distrl with --precision bf16"),
+        ("distrl-envpool", "same, distrl with --vec envpool (one envpool thread), float32"),
+        ("distrl-envpool-bf16", "same, distrl with --vec envpool (one envpool thread), bf16"),
+    ):
         d = median(res["values"][lib])
         rows.append((label, d, s, d / s if d and s else None, median(res["rss"][lib]), median(res["rss"]["sb3"]), res))
     d = rows[0][1]
-    import distrl
     import stable_baselines3
     import torch
 
-    lines = [f"`python benchmarks/atari_vs_sb3.py{' --quick' if args.quick else ''}` — {time.strftime('%Y-%m-%d')}, "
-             f"{platform.machine()}, {repeats} runs each (seeds 0..{repeats - 1}), {iterations} iterations of "
-             f"{ROLLOUT} steps after one warm-up iteration, alternating, medians; one torch thread each; distrl "
-             f"{distrl.__version__}, stable-baselines3 {stable_baselines3.__version__}, torch {torch.__version__}.", "",
-             *comparison_table(rows, lambda v: "n/a" if v is None else f"{v:,.0f}"), "",
-             f"- The Nature CNN alone on this CPU (distrl's module, channels-last input, one thread), float32: forward "
-             f"and backward {ceiling['fp32_train_samples_per_s']:,.0f} samples/s at batch 256, forward "
-             f"{ceiling['fp32_forward_samples_per_s']:,.0f} samples/s, {ceiling['fp32_acting_passes_per_s']:,.0f} acting "
-             f"passes/s over 8 frames; under bfloat16 autocast {ceiling['bf16_train_samples_per_s']:,.0f}, "
-             f"{ceiling['bf16_forward_samples_per_s']:,.0f} and {ceiling['bf16_acting_passes_per_s']:,.0f}. One iteration's "
-             f"network work (16 minibatches forward and backward, 129 acting passes over 8 frames) bounds "
-             f"any float32 implementation of these settings at **{ceiling['fp32_ceiling_sps']:,.0f} SPS** before the "
-             f"emulator runs ({ceiling['bf16_ceiling_sps']:,.0f} in bfloat16); distrl reaches "
-             f"{100 * d / ceiling['fp32_ceiling_sps']:.0f}% of the float32 bound, stable-baselines3 "
-             f"{100 * s / ceiling['fp32_ceiling_sps']:.0f}%.",
-             f"- Why not 2x in float32: the Nature CNN's own arithmetic bounds these settings at "
-             f"{ceiling['fp32_ceiling_sps']:,.0f} SPS, {ceiling['fp32_ceiling_sps'] / s:.1f}x SB3's {s:,.0f}, before the "
-             "emulator and the preprocessing are counted; distrl's float32 gain is channels-last convolutions and no "
-             "passes beyond acting and training, and bfloat16 autocast is what goes further.",
-             "- Same settings in both: " + ", ".join(f"{k} {v}" for k, v in HP.items()) +
-             f", {N_ENVS} envs, lr {LR} and clip {CLIP} annealed linearly, linear policy and value heads on the "
-             "Nature CNN's 512 features.",
-             "- `--vec envpool` steps the 8 games in envpool's C++ pool, which also does the preprocessing; "
-             "`num_threads=1` keeps it to one thread, as the other rows (envpool's default is a thread per core).",
-             "- `--precision bf16` runs the CNN's forward and backward under bfloat16 autocast (float32 weights, "
-             "Adam and losses); this CPU has AVX-512 BF16. SB3 has no such option; the float32 row is the like-for-like one.",
-             "- Raw values: " + "; ".join(f"{lib} {[round(v) for v in res['values'][lib]]}" for lib in res["values"]) + "."]
+    import distrl
+
+    lines = [
+        f"`python benchmarks/atari_vs_sb3.py{' --quick' if args.quick else ''}` — {time.strftime('%Y-%m-%d')}, "
+        f"{platform.machine()}, {repeats} runs each (seeds 0..{repeats - 1}), {iterations} iterations of "
+        f"{ROLLOUT} steps after one warm-up iteration, alternating, medians; one torch thread each; distrl "
+        f"{distrl.__version__}, stable-baselines3 {stable_baselines3.__version__}, torch {torch.__version__}.",
+        "",
+        *comparison_table(rows, lambda v: "n/a" if v is None else f"{v:,.0f}"),
+        "",
+        f"- The Nature CNN alone on this CPU (distrl's module, channels-last input, one thread), float32: forward "
+        f"and backward {ceiling['fp32_train_samples_per_s']:,.0f} samples/s at batch 256, forward "
+        f"{ceiling['fp32_forward_samples_per_s']:,.0f} samples/s, {ceiling['fp32_acting_passes_per_s']:,.0f} acting "
+        f"passes/s over 8 frames; under bfloat16 autocast {ceiling['bf16_train_samples_per_s']:,.0f}, "
+        f"{ceiling['bf16_forward_samples_per_s']:,.0f} and {ceiling['bf16_acting_passes_per_s']:,.0f}. One iteration's "
+        f"network work (16 minibatches forward and backward, 129 acting passes over 8 frames) bounds "
+        f"any float32 implementation of these settings at **{ceiling['fp32_ceiling_sps']:,.0f} SPS** before the "
+        f"emulator runs ({ceiling['bf16_ceiling_sps']:,.0f} in bfloat16); distrl reaches "
+        f"{100 * d / ceiling['fp32_ceiling_sps']:.0f}% of the float32 bound, stable-baselines3 "
+        f"{100 * s / ceiling['fp32_ceiling_sps']:.0f}%.",
+        f"- Why not 2x in float32: the Nature CNN's own arithmetic bounds these settings at "
+        f"{ceiling['fp32_ceiling_sps']:,.0f} SPS, {ceiling['fp32_ceiling_sps'] / s:.1f}x SB3's {s:,.0f}, before the "
+        "emulator and the preprocessing are counted; distrl's float32 gain is channels-last convolutions and no "
+        "passes beyond acting and training, and bfloat16 autocast is what goes further.",
+        "- Same settings in both: "
+        + ", ".join(f"{k} {v}" for k, v in HP.items())
+        + f", {N_ENVS} envs, lr {LR} and clip {CLIP} annealed linearly, linear policy and value heads on the "
+        "Nature CNN's 512 features.",
+        "- `--vec envpool` steps the 8 games in envpool's C++ pool, which also does the preprocessing; "
+        "`num_threads=1` keeps it to one thread, as the other rows (envpool's default is a thread per core).",
+        "- `--precision bf16` runs the CNN's forward and backward under bfloat16 autocast (float32 weights, "
+        "Adam and losses); this CPU has AVX-512 BF16. SB3 has no such option; the float32 row is the like-for-like one.",
+        "- Raw values: " + "; ".join(f"{lib} {[round(v) for v in res['values'][lib]]}" for lib in res["values"]) + ".",
+    ]
     write_section("PPO on Atari: distrl vs stable-baselines3", "\n".join(lines))
 
 

@@ -48,21 +48,51 @@ def main() -> None:
         for (strategy, workers), runs in results.items():
             sps = statistics.median(r["sps"] for r in runs)
             wait = statistics.median(r.get("player_wait_s", 0.0) / r["train_s"] for r in runs)
-            rows.append((env, strategy, workers, envs_per_process(strategy, workers, total_envs), sps, sps / base,
-                         wait if strategy == "decoupled" else None))
+            rows.append(
+                (
+                    env,
+                    strategy,
+                    workers,
+                    envs_per_process(strategy, workers, total_envs),
+                    sps,
+                    sps / base,
+                    wait if strategy == "decoupled" else None,
+                )
+            )
     lines = [
         f"`python benchmarks/decoupled.py` — {time.strftime('%Y-%m-%d')}, 2-core machine, {repeats} runs per "
         "configuration, alternating, medians. Equal total envs and total steps in every configuration.",
         "",
         *markdown_table(
-            ["env", "strategy", "processes", "envs per collecting process", "SPS", "vs single", "player waits for weights"],
-            [[env, strategy, str(workers), str(envs), f"{sps:,.0f}", f"{ratio:.2f}×",
-              "—" if wait is None else f"{100 * wait:.0f}% of training time"]
-             for env, strategy, workers, envs, sps, ratio, wait in rows]),
+            [
+                "env",
+                "strategy",
+                "processes",
+                "envs per collecting process",
+                "SPS",
+                "vs single",
+                "player waits for weights",
+            ],
+            [
+                [
+                    env,
+                    strategy,
+                    str(workers),
+                    str(envs),
+                    f"{sps:,.0f}",
+                    f"{ratio:.2f}×",
+                    "—" if wait is None else f"{100 * wait:.0f}% of training time",
+                ]
+                for env, strategy, workers, envs, sps, ratio, wait in rows
+            ],
+        ),
     ]
-    lines += ["", "The player collects while the trainers are idle and waits while they update, so on a "
-              "2-core machine decoupled pays for its transfers without gaining parallelism; it is meant for "
-              "a player on CPU feeding trainers on GPUs (`--player-device cpu --trainer-device cuda`)."]
+    lines += [
+        "",
+        "The player collects while the trainers are idle and waits while they update, so on a "
+        "2-core machine decoupled pays for its transfers without gaining parallelism; it is meant for "
+        "a player on CPU feeding trainers on GPUs (`--player-device cpu --trainer-device cuda`).",
+    ]
     write_section("decoupled vs ddp vs single", "\n".join(lines))
 
 

@@ -47,19 +47,42 @@ def run_trl(model: str, data: str, max_steps: int, out: str, seed: int) -> dict:
     """TRL's GRPOTrainer on the same model, data and settings, in this process; times by stage."""
     import torch
     from datasets import Dataset
-    from distrl_lm import reversal
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
+    from distrl_lm import reversal
+
     torch.set_num_threads(1)
     rows = [json.loads(line) for line in Path(data).read_text().splitlines() if line.strip()]
-    args = GRPOConfig(output_dir=out, per_device_train_batch_size=GROUP * PROMPTS, gradient_accumulation_steps=1,
-                      num_generations=GROUP, max_completion_length=NEW_TOKENS, temperature=1.0, top_p=1.0,
-                      learning_rate=LR, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
-                      adam_epsilon=1e-8, beta=0.0, loss_type="dapo", scale_rewards="group", epsilon=0.2,
-                      max_grad_norm=1.0, max_steps=max_steps, logging_steps=1, save_strategy="no", report_to="none",
-                      use_cpu=True, bf16=False, seed=seed, data_seed=seed, disable_tqdm=True,
-                      dataloader_num_workers=0)
+    args = GRPOConfig(
+        output_dir=out,
+        per_device_train_batch_size=GROUP * PROMPTS,
+        gradient_accumulation_steps=1,
+        num_generations=GROUP,
+        max_completion_length=NEW_TOKENS,
+        temperature=1.0,
+        top_p=1.0,
+        learning_rate=LR,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        weight_decay=0.0,
+        adam_epsilon=1e-8,
+        beta=0.0,
+        loss_type="dapo",
+        scale_rewards="group",
+        epsilon=0.2,
+        max_grad_norm=1.0,
+        max_steps=max_steps,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=True,
+        bf16=False,
+        seed=seed,
+        data_seed=seed,
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+    )
     rewards: list[float] = []
     marks: dict[str, float] = {}
 
@@ -74,8 +97,9 @@ def run_trl(model: str, data: str, max_steps: int, out: str, seed: int) -> dict:
                     marks["target_s"], marks["target_step"] = time.perf_counter() - marks["start"], state.global_step
                     control.should_training_stop = True
 
-    trainer = GRPOTrainer(model=model, reward_funcs=[reversal], args=args, train_dataset=Dataset.from_list(rows),
-                          callbacks=[Target()])
+    trainer = GRPOTrainer(
+        model=model, reward_funcs=[reversal], args=args, train_dataset=Dataset.from_list(rows), callbacks=[Target()]
+    )
     spent = {"generate": 0.0, "score": 0.0, "generate_and_score": 0.0}
 
     def timed(name, fn):  # noqa: ANN001, ANN202
@@ -85,6 +109,7 @@ def run_trl(model: str, data: str, max_steps: int, out: str, seed: int) -> dict:
                 return fn(*a, **k)
             finally:
                 spent[name] += time.perf_counter() - start
+
         return wrapper
 
     trainer._generate = timed("generate", trainer._generate)
@@ -93,19 +118,60 @@ def run_trl(model: str, data: str, max_steps: int, out: str, seed: int) -> dict:
     trainer.train()
     train_s = time.perf_counter() - marks["start"]
     steps = trainer.state.global_step
-    return {"completions": steps * GROUP * PROMPTS, "train_s": train_s, "steps": steps,
-            "completions_per_s": steps * GROUP * PROMPTS / train_s, "target_train_s": marks.get("target_s"),
-            "target_step": marks.get("target_step"), "reward_last": sum(rewards[-10:]) / max(len(rewards[-10:]), 1),
-            "generate_s": spent["generate"], "score_s": spent["score"],
-            "learn_s": train_s - spent["generate_and_score"], "weight_sync_s": 0.0, "learner_busy_fraction": None}
+    return {
+        "completions": steps * GROUP * PROMPTS,
+        "train_s": train_s,
+        "steps": steps,
+        "completions_per_s": steps * GROUP * PROMPTS / train_s,
+        "target_train_s": marks.get("target_s"),
+        "target_step": marks.get("target_step"),
+        "reward_last": sum(rewards[-10:]) / max(len(rewards[-10:]), 1),
+        "generate_s": spent["generate"],
+        "score_s": spent["score"],
+        "learn_s": train_s - spent["generate_and_score"],
+        "weight_sync_s": 0.0,
+        "learner_busy_fraction": None,
+    }
 
 
 def run_distrl(model: str, data: str, max_steps: int, out: str, seed: int, flags: list[str]) -> list[str]:
-    return [sys.executable, "-m", "distrl", "train", "grpo", "--model", model, "--dataset", data,
-            "--reward", "distrl_lm:reversal", "--group-size", str(GROUP), "--prompts-per-slice", "4",
-            "--slices-per-step", str(PROMPTS // 4), "--slices-per-call", str(PROMPTS // 4),
-            "--max-new-tokens", str(NEW_TOKENS), "--learning-rate", str(LR), "--learner-steps", str(max_steps),
-            "--target-return", str(TARGET), "--seed", str(seed), "--threads", "1", "--quiet", "--run-dir", out, *flags]
+    return [
+        sys.executable,
+        "-m",
+        "distrl",
+        "train",
+        "grpo",
+        "--model",
+        model,
+        "--dataset",
+        data,
+        "--reward",
+        "distrl_lm:reversal",
+        "--group-size",
+        str(GROUP),
+        "--prompts-per-slice",
+        "4",
+        "--slices-per-step",
+        str(PROMPTS // 4),
+        "--slices-per-call",
+        str(PROMPTS // 4),
+        "--max-new-tokens",
+        str(NEW_TOKENS),
+        "--learning-rate",
+        str(LR),
+        "--learner-steps",
+        str(max_steps),
+        "--target-return",
+        str(TARGET),
+        "--seed",
+        str(seed),
+        "--threads",
+        "1",
+        "--quiet",
+        "--run-dir",
+        out,
+        *flags,
+    ]
 
 
 def peak_pss_mb(pid: int, stop: threading.Event, out: list[float]) -> None:
@@ -150,10 +216,25 @@ def measure(name: str, model: str, data: str, max_steps: int, seed: int) -> dict
             result = json.loads(stdout.strip().splitlines()[-1])
         else:
             s = json.loads((Path(run_dir) / "summary.json").read_text())
-            result = {k: s.get(k) for k in ("completions", "train_s", "completions_per_s", "generate_s", "score_s",
-                                             "learn_s", "weight_sync_s", "learner_busy_fraction", "reward_last")}
-            result.update(target_train_s=s.get("target_reached_train_s"), target_step=s.get("target_reached_step"),
-                          steps=s["learner_steps"])
+            result = {
+                k: s.get(k)
+                for k in (
+                    "completions",
+                    "train_s",
+                    "completions_per_s",
+                    "generate_s",
+                    "score_s",
+                    "learn_s",
+                    "weight_sync_s",
+                    "learner_busy_fraction",
+                    "reward_last",
+                )
+            }
+            result.update(
+                target_train_s=s.get("target_reached_train_s"),
+                target_step=s.get("target_reached_step"),
+                steps=s["learner_steps"],
+            )
         result["peak_pss_mb"] = peak[0] if peak else None
         return result
 
@@ -168,24 +249,50 @@ def section(results: dict[str, list[dict]], repeats: int, max_steps: int) -> str
         rate, to_target = m(name, "completions_per_s"), m(name, "target_train_s")
         reached = sum(r["target_train_s"] is not None for r in results[name])
         train = m(name, "train_s") or 1.0
-        split = " / ".join(f"{100 * (m(name, k) or 0.0) / train:.0f}%" for k in ("generate_s", "score_s", "learn_s",
-                                                                                 "weight_sync_s"))
+        split = " / ".join(
+            f"{100 * (m(name, k) or 0.0) / train:.0f}%" for k in ("generate_s", "score_s", "learn_s", "weight_sync_s")
+        )
         busy = m(name, "learner_busy_fraction")
-        rows.append([name, f"{rate:,.0f}", f"{rate / ref_rate:.2f}×",
-                     "not reached" if to_target is None else f"{to_target:.1f}",
-                     "n/a" if to_target is None or ref_time is None else f"{ref_time / to_target:.2f}×",
-                     f"{reached}/{len(results[name])}", f"{m(name, 'target_step') or 0:.0f}",
-                     "n/a" if busy is None else f"{busy:.0%}", split, f"{m(name, 'peak_pss_mb') or 0:,.0f}"])
-    return "\n".join([
-        f"`python benchmarks/grpo_vs_trl.py` — {time.strftime('%Y-%m-%d')}, 2-core machine, nothing else running; "
-        f"{repeats} runs each (seeds 0-{repeats - 1}), alternating, medians; each run stops at a mean reward of {TARGET} over 10 steps or "
-        f"after {max_steps} steps. Model, data, reward and settings: the script's docstring (the same for both).", "",
-        *markdown_table(["configuration", "completions/s", "vs TRL", f"training s to reward ≥ {TARGET}",
-                         "faster than TRL", "runs reaching it", "steps to it", "learner busy",
-                         "generate / score / learn / weight sync", "peak PSS MB (all processes)"], rows), "",
-        "Generation, scoring and learning are shares of the training time; in the pipeline generation and scoring "
-        "run in other processes at the same time as learning, so its shares can add up to more than 100%.",
-    ])
+        rows.append(
+            [
+                name,
+                f"{rate:,.0f}",
+                f"{rate / ref_rate:.2f}×",
+                "not reached" if to_target is None else f"{to_target:.1f}",
+                "n/a" if to_target is None or ref_time is None else f"{ref_time / to_target:.2f}×",
+                f"{reached}/{len(results[name])}",
+                f"{m(name, 'target_step') or 0:.0f}",
+                "n/a" if busy is None else f"{busy:.0%}",
+                split,
+                f"{m(name, 'peak_pss_mb') or 0:,.0f}",
+            ]
+        )
+    return "\n".join(
+        [
+            f"`python benchmarks/grpo_vs_trl.py` — {time.strftime('%Y-%m-%d')}, 2-core machine, nothing else running; "
+            f"{repeats} runs each (seeds 0-{repeats - 1}), alternating, medians; each run stops at a mean reward of {TARGET} over 10 steps or "
+            f"after {max_steps} steps. Model, data, reward and settings: the script's docstring (the same for both).",
+            "",
+            *markdown_table(
+                [
+                    "configuration",
+                    "completions/s",
+                    "vs TRL",
+                    f"training s to reward ≥ {TARGET}",
+                    "faster than TRL",
+                    "runs reaching it",
+                    "steps to it",
+                    "learner busy",
+                    "generate / score / learn / weight sync",
+                    "peak PSS MB (all processes)",
+                ],
+                rows,
+            ),
+            "",
+            "Generation, scoring and learning are shares of the training time; in the pipeline generation and scoring "
+            "run in other processes at the same time as learning, so its shares can add up to more than 100%.",
+        ]
+    )
 
 
 def main() -> None:

@@ -8,8 +8,9 @@ import resource
 import statistics
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 BENCHMARKS_MD = Path(__file__).parents[1] / "docs" / "benchmarks.md"
 
@@ -26,8 +27,9 @@ def child_main(run: Callable[..., dict]) -> bool:
 
 
 def measure(script: str, lib: str, task: str, seed: int, arg: Any) -> dict:
-    out = subprocess.run([sys.executable, script, "--child", lib, task, str(seed), str(arg)],
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, script, "--child", lib, task, str(seed), str(arg)], capture_output=True, text=True
+    )
     if out.returncode != 0:
         raise RuntimeError(f"{lib} {task} seed {seed} failed:\n{out.stderr[-2000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -40,8 +42,16 @@ def train_at_once(runs: list[tuple[Path, list[str]]]) -> list[dict]:
     procs = []
     for run_dir, args in runs:
         err = open(run_dir.parent / f"{run_dir.name}.stderr", "w+")  # noqa: SIM115 - closed below
-        procs.append((subprocess.Popen([sys.executable, "-m", "distrl", "train", *args, "--quiet", "--run-dir",
-                                        str(run_dir)], stdout=subprocess.DEVNULL, stderr=err), err))
+        procs.append(
+            (
+                subprocess.Popen(
+                    [sys.executable, "-m", "distrl", "train", *args, "--quiet", "--run-dir", str(run_dir)],
+                    stdout=subprocess.DEVNULL,
+                    stderr=err,
+                ),
+                err,
+            )
+        )
     for proc, err in procs:
         code = proc.wait()
         err.seek(0)
@@ -62,7 +72,9 @@ def markdown_table(header: list[str], rows: list[list[str]]) -> list[str]:
     return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + ["| " + " | ".join(r) + " |" for r in rows]
 
 
-def alternate(script: str, task: str, repeats: int, arg: Any, key: str, libs: tuple[str, str]) -> dict[str, dict[str, list]]:
+def alternate(
+    script: str, task: str, repeats: int, arg: Any, key: str, libs: tuple[str, str]
+) -> dict[str, dict[str, list]]:
     """Run ``task`` ``repeats`` times per library, alternating which goes first."""
     values: dict[str, list] = {lib: [] for lib in libs}
     rss: dict[str, list] = {lib: [] for lib in libs}
@@ -87,7 +99,7 @@ def write_section(title: str, body: str, out: Path = BENCHMARKS_MD) -> None:
     start = text.find(f"## {title}\n")
     if start >= 0:
         end = text.find("\n## ", start + 1)
-        text = text[:start] + section + ("\n" + text[end + 1:] if end >= 0 else "")
+        text = text[:start] + section + ("\n" + text[end + 1 :] if end >= 0 else "")
     else:
         text = text.rstrip() + "\n\n" + section
     out.write_text(text)
@@ -98,23 +110,28 @@ def comparison_table(rows: list[tuple], fmt: Callable[[float | None], str]) -> l
     """Rows of (label, distrl, reference, advantage, rss distrl, rss reference, raw) as a markdown table."""
     lines = ["| measure | distrl | SB3 | distrl advantage | peak RSS distrl / SB3 (MB) |", "|---|---|---|---|---|"]
     for label, d, s, ratio, rss_d, rss_s, _ in rows:
-        lines.append(f"| {label} | {fmt(d)} | {fmt(s)} | {'n/a' if ratio is None else f'{ratio:.2f}×'} | "
-                     f"{rss_d:.0f} / {rss_s:.0f} |")
+        lines.append(
+            f"| {label} | {fmt(d)} | {fmt(s)} | {'n/a' if ratio is None else f'{ratio:.2f}×'} | "
+            f"{rss_d:.0f} / {rss_s:.0f} |"
+        )
     return lines
 
 
 def raw_values(rows: list[tuple], digits: int) -> str:
     """The "Raw values" line under a :func:`comparison_table`: every run of both libraries, per row
     (rows as there, with the raw results and distrl's library name appended)."""
+
     def show(values: list) -> list:
         return [None if v is None else round(v, digits) for v in values]
 
-    return "- Raw values: " + "; ".join(f"{r[0]}: distrl {show(r[6]['values'][r[7]])}, SB3 {show(r[6]['values']['sb3'])}"
-                                        for r in rows)
+    return "- Raw values: " + "; ".join(
+        f"{r[0]}: distrl {show(r[6]['values'][r[7]])}, SB3 {show(r[6]['values']['sb3'])}" for r in rows
+    )
 
 
-def sb3_seconds_to_target(model: Any, eval_env: Any, budget: int, every: int, target: float,
-                          before_eval: Callable[[], None] | None = None) -> dict:
+def sb3_seconds_to_target(
+    model: Any, eval_env: Any, budget: int, every: int, target: float, before_eval: Callable[[], None] | None = None
+) -> dict:
     """Train a stable-baselines3 (or sb3-contrib) model until a 10-episode deterministic evaluation every
     ``every`` steps reaches ``target``: training seconds with the evaluations left out (None when not
     reached within ``budget`` steps) and the steps taken. ``before_eval`` runs first (e.g. to copy

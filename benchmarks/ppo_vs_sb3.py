@@ -17,14 +17,33 @@ import time
 
 from harness import alternate, child_main, comparison_table, median, sb3_seconds_to_target, write_section
 
-ZOO_CARTPOLE = dict(n_envs=8, n_steps=32, batch_size=256, n_epochs=20, gae_lambda=0.8, gamma=0.98,
-                    learning_rate=1e-3, ent_coef=0.0, clip_range=0.2)  # lr and clip linear from these
-SB3_DEFAULTS = dict(n_envs=1, n_steps=2048, batch_size=64, n_epochs=10, gae_lambda=0.95, gamma=0.99,
-                    learning_rate=3e-4, ent_coef=0.0, clip_range=0.2)
+ZOO_CARTPOLE = dict(
+    n_envs=8,
+    n_steps=32,
+    batch_size=256,
+    n_epochs=20,
+    gae_lambda=0.8,
+    gamma=0.98,
+    learning_rate=1e-3,
+    ent_coef=0.0,
+    clip_range=0.2,
+)  # lr and clip linear from these
+SB3_DEFAULTS = dict(
+    n_envs=1,
+    n_steps=2048,
+    batch_size=64,
+    n_epochs=10,
+    gae_lambda=0.95,
+    gamma=0.99,
+    learning_rate=3e-4,
+    ent_coef=0.0,
+    clip_range=0.2,
+)
 EVAL_EVERY, TARGET = 10_000, 475.0
 
 
 # ---------------------------------------------------------------- children: one measurement each
+
 
 def child(lib: str, task: str, seed: int, steps: int) -> dict:
     import torch
@@ -80,8 +99,12 @@ def _solve(lib: str, seed: int) -> dict:
         from distrl.presets import algo_configs
         from distrl.training import OnPolicyTrainer
 
-        run, cfg, _ = algo_configs("ppo", "CartPole-v1", "auto", {"seed": seed, "quiet": True, "eval_every": EVAL_EVERY,
-                                                           "target_return": TARGET, "total_steps": 200_000})
+        run, cfg, _ = algo_configs(
+            "ppo",
+            "CartPole-v1",
+            "auto",
+            {"seed": seed, "quiet": True, "eval_every": EVAL_EVERY, "target_return": TARGET, "total_steps": 200_000},
+        )
         trainer = OnPolicyTrainer(run, cfg)
         trainer.train()
         solved = trainer.last_eval is not None and trainer.last_eval[0] >= TARGET
@@ -96,6 +119,7 @@ def _solve(lib: str, seed: int) -> dict:
 
 # ---------------------------------------------------------------- parent: alternate, aggregate, report
 
+
 def main() -> None:
     if child_main(lambda lib, task, seed, steps: child(lib, task, seed, int(steps))):
         return
@@ -104,9 +128,11 @@ def main() -> None:
     args = parser.parse_args()
     repeats = 2 if args.quick else 5
     rows = []
-    tasks = [("sps-cartpole", "sps", 20_000 if args.quick else 50_000, "SPS, CartPole-v1, rl-zoo settings", True),
-             ("solve-cartpole", "train_s", 0, "training s to eval >= 475, CartPole-v1", False),
-             ("sps-hopper", "sps", 6_144 if args.quick else 20_480, "SPS, Hopper-v5, SB3 default PPO", True)]
+    tasks = [
+        ("sps-cartpole", "sps", 20_000 if args.quick else 50_000, "SPS, CartPole-v1, rl-zoo settings", True),
+        ("solve-cartpole", "train_s", 0, "training s to eval >= 475, CartPole-v1", False),
+        ("sps-hopper", "sps", 6_144 if args.quick else 20_480, "SPS, Hopper-v5, SB3 default PPO", True),
+    ]
     for task, key, steps, label, higher_better in tasks:
         print(f"{label} ...", flush=True)
         res = alternate(__file__, task, repeats, steps, key, ("distrl", "sb3"))
@@ -117,9 +143,10 @@ def main() -> None:
 
 
 def write_report(rows: list, repeats: int) -> None:
-    import distrl
     import stable_baselines3
     import torch
+
+    import distrl
 
     fmt = lambda v: "n/a" if v is None else (f"{v:,.0f}" if v >= 100 else f"{v:.2f}")  # noqa: E731
     lines = [

@@ -22,6 +22,7 @@ import platform
 import time
 
 import numpy as np
+
 from harness import alternate, child_main, comparison_table, median, sb3_seconds_to_target, write_section
 
 ZOO = dict(n_envs=8, n_steps=32, batch_size=256, n_epochs=20, gamma=0.98, gae_lambda=0.8, ent_coef=0.0)
@@ -48,9 +49,25 @@ def child(lib: str, task: str, seed: int, steps: int) -> dict:
 def _distrl(seed: int, total: int, **run):  # noqa: ANN202
     from distrl import PPO
 
-    return PPO("CartPole-v1", wrappers=[hide_velocity], core="lstm", core_size=HIDDEN, **ZOO, learning_rate=LR,
-               lr_schedule="linear", clip_range=CLIP, clip_schedule="linear", net_arch=(HIDDEN,), activation="relu",
-               ortho_init=False, normalize_obs=True, normalize_reward=True, seed=seed, total_steps=total, **run)
+    return PPO(
+        "CartPole-v1",
+        wrappers=[hide_velocity],
+        core="lstm",
+        core_size=HIDDEN,
+        **ZOO,
+        learning_rate=LR,
+        lr_schedule="linear",
+        clip_range=CLIP,
+        clip_schedule="linear",
+        net_arch=(HIDDEN,),
+        activation="relu",
+        ortho_init=False,
+        normalize_obs=True,
+        normalize_reward=True,
+        seed=seed,
+        total_steps=total,
+        **run,
+    )
 
 
 def _sb3(lib: str, seed: int):  # noqa: ANN202
@@ -59,14 +76,30 @@ def _sb3(lib: str, seed: int):  # noqa: ANN202
     from stable_baselines3.common.vec_env import VecNormalize
     from torch import nn
 
-    env = VecNormalize(make_vec_env("CartPole-v1", n_envs=ZOO["n_envs"], seed=seed, wrapper_class=hide_velocity),
-                       gamma=ZOO["gamma"])
+    env = VecNormalize(
+        make_vec_env("CartPole-v1", n_envs=ZOO["n_envs"], seed=seed, wrapper_class=hide_velocity), gamma=ZOO["gamma"]
+    )
     shared = lib == "sb3-shared"
-    policy_kwargs = dict(ortho_init=False, activation_fn=nn.ReLU, lstm_hidden_size=HIDDEN, shared_lstm=shared,
-                         enable_critic_lstm=not shared, net_arch=dict(pi=[HIDDEN], vf=[HIDDEN]))
+    policy_kwargs = dict(
+        ortho_init=False,
+        activation_fn=nn.ReLU,
+        lstm_hidden_size=HIDDEN,
+        shared_lstm=shared,
+        enable_critic_lstm=not shared,
+        net_arch=dict(pi=[HIDDEN], vf=[HIDDEN]),
+    )
     hp = {k: v for k, v in ZOO.items() if k != "n_envs"}
-    return RecurrentPPO("MlpLstmPolicy", env, learning_rate=lambda p: LR * p, clip_range=lambda p: CLIP * p, seed=seed,
-                        device="cpu", verbose=0, policy_kwargs=policy_kwargs, **hp)
+    return RecurrentPPO(
+        "MlpLstmPolicy",
+        env,
+        learning_rate=lambda p: LR * p,
+        clip_range=lambda p: CLIP * p,
+        seed=seed,
+        device="cpu",
+        verbose=0,
+        policy_kwargs=policy_kwargs,
+        **hp,
+    )
 
 
 def _sps(lib: str, seed: int, steps: int) -> dict:
@@ -98,8 +131,11 @@ def _solve(lib: str, seed: int) -> dict:
     from stable_baselines3.common.vec_env import VecNormalize
 
     model = _sb3(lib, seed)
-    eval_env = VecNormalize(make_vec_env("CartPole-v1", n_envs=1, seed=seed + 1_000_000, wrapper_class=hide_velocity),
-                            training=False, norm_reward=False)
+    eval_env = VecNormalize(
+        make_vec_env("CartPole-v1", n_envs=1, seed=seed + 1_000_000, wrapper_class=hide_velocity),
+        training=False,
+        norm_reward=False,
+    )
 
     def share_statistics() -> None:  # the training statistics, as the zoo's evaluation uses them
         eval_env.obs_rms = model.get_env().obs_rms
@@ -121,38 +157,58 @@ def main() -> None:
     solve = alternate(__file__, "solve", repeats, 0, "train_s", ("distrl", "sb3"))
     rows = []
     d = median(sps["values"]["distrl"])
-    for ref, label in (("sb3-shared", "SPS, one LSTM for both heads (the same network)"),
-                       ("sb3", "SPS, RecurrentPPO as the zoo runs it (a second LSTM for the critic)")):
+    for ref, label in (
+        ("sb3-shared", "SPS, one LSTM for both heads (the same network)"),
+        ("sb3", "SPS, RecurrentPPO as the zoo runs it (a second LSTM for the critic)"),
+    ):
         s = median(sps["values"][ref])
-        rows.append((label, d, s, d / s if d and s else None, median(sps["rss"]["distrl"]), median(sps["rss"][ref]), sps))
+        rows.append(
+            (label, d, s, d / s if d and s else None, median(sps["rss"]["distrl"]), median(sps["rss"][ref]), sps)
+        )
     d, s = median(solve["values"]["distrl"]), median(solve["values"]["sb3"])
-    rows.append(("training s to eval >= 475 (zoo's RecurrentPPO)", d, s, s / d if d and s else None,
-                 median(solve["rss"]["distrl"]), median(solve["rss"]["sb3"]), solve))
-    import distrl
+    rows.append(
+        (
+            "training s to eval >= 475 (zoo's RecurrentPPO)",
+            d,
+            s,
+            s / d if d and s else None,
+            median(solve["rss"]["distrl"]),
+            median(solve["rss"]["sb3"]),
+            solve,
+        )
+    )
     import sb3_contrib
     import torch
 
+    import distrl
+
     fmt = lambda v: "n/a" if v is None else (f"{v:,.0f}" if v >= 100 else f"{v:.1f}")  # noqa: E731
-    lines = [f"`python benchmarks/recurrent_vs_sb3.py{' --quick' if args.quick else ''}` — {time.strftime('%Y-%m-%d')}, "
-             f"{platform.machine()}, {repeats} runs each (seeds 0..{repeats - 1}), alternating, medians; one torch "
-             f"thread each; distrl {distrl.__version__}, sb3-contrib {sb3_contrib.__version__}, torch {torch.__version__}.",
-             "", *comparison_table(rows, fmt), "",
-             "- CartPole-v1 with the velocities zeroed (RL Zoo's CartPoleNoVel-v1) and the zoo's tuned RecurrentPPO "
-             "settings: 8 envs, n_steps 32, batch 256, 20 epochs, gamma 0.98, GAE lambda 0.8, ent 0, lr and clip "
-             "linear from 1e-3 and 0.2, LSTM 64, one 64-unit ReLU layer per head, no orthogonal init, observations "
-             "and rewards normalised (VecNormalize for RecurrentPPO).",
-             f"- SPS over {steps:,} steps after one warm-up rollout. distrl runs one LSTM for both heads; the first "
-             "row gives RecurrentPPO the same network (`shared_lstm=True`, which keeps the value loss out of the "
-             "LSTM), the second its default with a critic LSTM of its own, as the zoo trains it.",
-             f"- Time to solve: a 10-episode deterministic evaluation every {EVAL_EVERY:,} steps, training seconds "
-             f"until it reaches {TARGET:.0f} (evaluation excluded), within {BUDGET:,} steps; n/a = not reached.",
-             "- Why distrl is faster: a sequence runs through torch's LSTM in one call per stretch between episode "
-             "starts (RecurrentPPO steps through a minibatch one time step at a time when any episode starts in it), "
-             "minibatches are whole environment sequences without padding, and the acting pass records the values "
-             "and log-probs that training needs.",
-             "- Raw values: SPS " + "; ".join(f"{lib} {[round(v) for v in vs]}" for lib, vs in sps["values"].items())
-             + "; seconds to solve " + "; ".join(f"{lib} {[None if v is None else round(v, 1) for v in vs]}"
-                                                for lib, vs in solve["values"].items()) + "."]
+    lines = [
+        f"`python benchmarks/recurrent_vs_sb3.py{' --quick' if args.quick else ''}` — {time.strftime('%Y-%m-%d')}, "
+        f"{platform.machine()}, {repeats} runs each (seeds 0..{repeats - 1}), alternating, medians; one torch "
+        f"thread each; distrl {distrl.__version__}, sb3-contrib {sb3_contrib.__version__}, torch {torch.__version__}.",
+        "",
+        *comparison_table(rows, fmt),
+        "",
+        "- CartPole-v1 with the velocities zeroed (RL Zoo's CartPoleNoVel-v1) and the zoo's tuned RecurrentPPO "
+        "settings: 8 envs, n_steps 32, batch 256, 20 epochs, gamma 0.98, GAE lambda 0.8, ent 0, lr and clip "
+        "linear from 1e-3 and 0.2, LSTM 64, one 64-unit ReLU layer per head, no orthogonal init, observations "
+        "and rewards normalised (VecNormalize for RecurrentPPO).",
+        f"- SPS over {steps:,} steps after one warm-up rollout. distrl runs one LSTM for both heads; the first "
+        "row gives RecurrentPPO the same network (`shared_lstm=True`, which keeps the value loss out of the "
+        "LSTM), the second its default with a critic LSTM of its own, as the zoo trains it.",
+        f"- Time to solve: a 10-episode deterministic evaluation every {EVAL_EVERY:,} steps, training seconds "
+        f"until it reaches {TARGET:.0f} (evaluation excluded), within {BUDGET:,} steps; n/a = not reached.",
+        "- Why distrl is faster: a sequence runs through torch's LSTM in one call per stretch between episode "
+        "starts (RecurrentPPO steps through a minibatch one time step at a time when any episode starts in it), "
+        "minibatches are whole environment sequences without padding, and the acting pass records the values "
+        "and log-probs that training needs.",
+        "- Raw values: SPS "
+        + "; ".join(f"{lib} {[round(v) for v in vs]}" for lib, vs in sps["values"].items())
+        + "; seconds to solve "
+        + "; ".join(f"{lib} {[None if v is None else round(v, 1) for v in vs]}" for lib, vs in solve["values"].items())
+        + ".",
+    ]
     write_section("Recurrent PPO: distrl vs sb3-contrib's RecurrentPPO", "\n".join(lines))
 
 

@@ -32,6 +32,7 @@ def child(lib: str, kind: str, seed: int, arg: str) -> dict:
     def after(t: int) -> np.ndarray:
         """Step t's next frame: the next step's, or at a truncation the episode's own last one."""
         return frames[(t + 33 if (t + 1) % EPISODE == 0 else t + 1) % 64][None]
+
     if lib == "distrl":
         from distrl.data.replay import CompactReplayBuffer, ReplayBuffer
 
@@ -49,16 +50,22 @@ def child(lib: str, kind: str, seed: int, arg: str) -> dict:
 
         obs_space = gym.spaces.Box(0, 255, SHAPE, np.uint8)
         # optimize_memory_usage needs handle_timeout_termination=False: a truncated step's last frame is not kept
-        rb = SB3Buffer(CAPACITY, obs_space, gym.spaces.Box(-1, 1, (3,), np.float32), device="cpu",
-                       optimize_memory_usage=kind == "compact", handle_timeout_termination=kind != "compact")
+        rb = SB3Buffer(
+            CAPACITY,
+            obs_space,
+            gym.spaces.Box(-1, 1, (3,), np.float32),
+            device="cpu",
+            optimize_memory_usage=kind == "compact",
+            handle_timeout_termination=kind != "compact",
+        )
 
         def add(t: int) -> None:
             end = (t + 1) % EPISODE == 0
-            rb.add(frames[t % 64][None], after(t), action, reward, np.array([end]),
-                   [{"TimeLimit.truncated": end}])
+            rb.add(frames[t % 64][None], after(t), action, reward, np.array([end]), [{"TimeLimit.truncated": end}])
 
         def sample() -> None:
             rb.sample(BATCH)
+
     start = time.perf_counter()
     for t in range(transitions):
         if lib == "distrl" and t % EPISODE == 0 and t:  # the reset step after a truncation: not stored
@@ -86,15 +93,24 @@ def main() -> None:
             r = measure(__file__, lib, kind, i // 2, transitions)
             results.setdefault((lib, kind), []).append(r)
             print(f"  {lib} {kind}: {r}", flush=True)
-    med = {key: {m: median([r[m] for r in runs]) for m in ("max_rss_mb", "add_us", "sample_ms")}
-           for key, runs in results.items()}
+    med = {
+        key: {m: median([r[m] for r in runs]) for m in ("max_rss_mb", "add_us", "sample_ms")}
+        for key, runs in results.items()
+    }
     rows = []
     for kind, what in KINDS.items():
         d, s = med[("distrl", kind)], med[("sb3", kind)]
-        rows.append([f"{kind} ({what})", f"{d['max_rss_mb']:,.0f} / {s['max_rss_mb']:,.0f}",
-                     f"{d['add_us']:.1f} / {s['add_us']:.1f}", f"{d['sample_ms']:.2f} / {s['sample_ms']:.2f}"])
-    import distrl
+        rows.append(
+            [
+                f"{kind} ({what})",
+                f"{d['max_rss_mb']:,.0f} / {s['max_rss_mb']:,.0f}",
+                f"{d['add_us']:.1f} / {s['add_us']:.1f}",
+                f"{d['sample_ms']:.2f} / {s['sample_ms']:.2f}",
+            ]
+        )
     import stable_baselines3
+
+    import distrl
 
     saved = med[("distrl", "full")]["max_rss_mb"] - med[("distrl", "compact")]["max_rss_mb"]
     lines = [
@@ -103,8 +119,15 @@ def main() -> None:
         f"96×96×3 uint8 frames (CarRacing-v3's) into a buffer of {CAPACITY:,}, {EPISODE:,}-step episodes ending in "
         f"truncation; {repeats} runs each, alternating, medians.",
         "",
-        *markdown_table(["buffer", "peak RSS distrl / SB3 (MB)", "µs per add distrl / SB3",
-                         f"ms per batch of {BATCH} distrl / SB3"], rows),
+        *markdown_table(
+            [
+                "buffer",
+                "peak RSS distrl / SB3 (MB)",
+                "µs per add distrl / SB3",
+                f"ms per batch of {BATCH} distrl / SB3",
+            ],
+            rows,
+        ),
         "",
         f"- `--optimize-memory-usage` saved {saved:,.0f} MB here, {saved / transitions * 1e6 / 2**10:.1f} KB per "
         "transition (a frame is 27 KB).",
@@ -113,9 +136,13 @@ def main() -> None:
         "- distrl's compact buffer keeps a truncated episode's last frame in a row of its own, so SAC bootstraps "
         "from it. stable-baselines3's `optimize_memory_usage` requires `handle_timeout_termination=False`; its "
         "truncated steps are then learned as terminations.",
-        "- Raw values: " + "; ".join(f"{lib} {kind}: RSS {[round(r['max_rss_mb']) for r in runs]}, add µs "
-                                     f"{[round(r['add_us'], 1) for r in runs]}, batch ms "
-                                     f"{[round(r['sample_ms'], 2) for r in runs]}" for (lib, kind), runs in results.items()),
+        "- Raw values: "
+        + "; ".join(
+            f"{lib} {kind}: RSS {[round(r['max_rss_mb']) for r in runs]}, add µs "
+            f"{[round(r['add_us'], 1) for r in runs]}, batch ms "
+            f"{[round(r['sample_ms'], 2) for r in runs]}"
+            for (lib, kind), runs in results.items()
+        ),
     ]
     write_section("Replay buffers: distrl vs stable-baselines3", "\n".join(lines))
 

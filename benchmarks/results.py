@@ -21,10 +21,10 @@ from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
-from harness import markdown_table
 
 from distrl.logs import read_monitor
 from distrl.plots import mean_curves, reward_curves
+from harness import markdown_table
 
 ROOT = Path(__file__).parents[1]
 RESULTS = ROOT / "docs" / "results"
@@ -61,13 +61,24 @@ ATARI_SOURCES = [
     "the settings above). Mean of the last 100 training games before each step count, computed from the "
     "eight `*.monitor.csv` files with the games placed on the step axis by their lengths, as here; at 10M the "
     "same computation gives 391 and 21.0, the zoo's published 398 ± 33 and 20.99.",
-    "baselines ppo2: openai/baselines, `benchmarks_atari10M.htm`, section \"Learning Curves\" (reward against "
+    'baselines ppo2: openai/baselines, `benchmarks_atari10M.htm`, section "Learning Curves" (reward against '
     "timesteps, average over 6 runs; ppo2 at baselines 7bfbcf1); values are the plotted curve's points, read from "
     "the page's vector graphics at these step counts, smoothing unstated.",
 ]
-NOT_LEARNING = {"save_replay", "optimize_memory_usage"}  # algorithm fields that change what is stored, not what is learned
-SHORT = {"Hopper-v5": "hopper", "HalfCheetah-v5": "halfcheetah", "Walker2d-v5": "walker2d", "Ant-v5": "ant",
-         "CartPole-v1": "cartpole", "Pendulum-v1": "pendulum", "ALE/Breakout-v5": "breakout", "ALE/Pong-v5": "pong"}
+NOT_LEARNING = {
+    "save_replay",
+    "optimize_memory_usage",
+}  # algorithm fields that change what is stored, not what is learned
+SHORT = {
+    "Hopper-v5": "hopper",
+    "HalfCheetah-v5": "halfcheetah",
+    "Walker2d-v5": "walker2d",
+    "Ant-v5": "ant",
+    "CartPole-v1": "cartpole",
+    "Pendulum-v1": "pendulum",
+    "ALE/Breakout-v5": "breakout",
+    "ALE/Pong-v5": "pong",
+}
 
 
 def collect(run_dirs: list[str], timing_caveat: str = "") -> None:
@@ -103,8 +114,14 @@ def load_runs() -> list[dict]:
         config = json.loads((run_dir / "config.json").read_text())
         returns = read_monitor(run_dir / "monitor.csv")["r"]
         caveats = json.loads((run_dir / CAVEATS).read_text()) if (run_dir / CAVEATS).is_file() else {}
-        run = {"dir": run_dir, "summary": summary, "config": config, "timing_caveat": caveats.get("timing", ""),
-               "last100": float(returns[-100:].mean()), "seed": config["run"]["seed"]}
+        run = {
+            "dir": run_dir,
+            "summary": summary,
+            "config": config,
+            "timing_caveat": caveats.get("timing", ""),
+            "last100": float(returns[-100:].mean()),
+            "seed": config["run"]["seed"],
+        }
         run["settings"] = settings(run)
         runs.append(run)
     return runs
@@ -142,8 +159,14 @@ def env_label(run: dict) -> str:
 
 def group_key(run: dict) -> tuple:
     s = run["summary"]
-    return (s["algo"], env_label(run), s["strategy"], s["workers"],
-            run["config"]["strategy"].get("scaling", "per-worker"), run["settings"])
+    return (
+        s["algo"],
+        env_label(run),
+        s["strategy"],
+        s["workers"],
+        run["config"]["strategy"].get("scaling", "per-worker"),
+        run["settings"],
+    )
 
 
 def mean_std(values: list[float]) -> str:
@@ -158,7 +181,9 @@ def learning_table(runs: list[dict]) -> list[str]:
         groups[group_key(run)].append(run)
     rows: list[list[str]] = []
     caveats: dict[str, list[str]] = {}  # why a run's timing does not compare -> the runs it applies to
-    for (algo, env, strategy, workers, scaling, preset), members in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0])):
+    for (algo, env, strategy, workers, scaling, preset), members in sorted(
+        groups.items(), key=lambda kv: (kv[0][1], kv[0])
+    ):
         members.sort(key=lambda r: r["seed"])
         strat = strategy_label(strategy, workers, scaling)
         steps = members[0]["summary"]["total_steps"]
@@ -166,23 +191,49 @@ def learning_table(runs: list[dict]) -> list[str]:
         for r in members:
             if r["timing_caveat"]:
                 caveats.setdefault(r["timing_caveat"], []).append(r["dir"].name)
-        rows.append([env, algo.upper(), preset, strat, ", ".join(str(r["seed"]) for r in members), f"{steps:,}",
-                     mean_std([r["last100"] for r in members]),
-                     mean_std([r["summary"]["final_eval_mean_return"] for r in members]),
-                     f"{statistics.mean(r['summary']['wall_s'] for r in timed) / 60:,.1f}" if timed else "n/c",
-                     f"{statistics.mean(r['summary']['sps'] for r in timed):,.0f}" if timed else "n/c",
-                     REFERENCES.get((algo, members[0]["summary"]["env"]), "")])
-    header = ["env", "algo", "preset", "strategy", "seeds", "steps", "last 100 training episodes", "10-episode eval",
-              "wall min", "SPS", "reference (1M steps)"]
+        rows.append(
+            [
+                env,
+                algo.upper(),
+                preset,
+                strat,
+                ", ".join(str(r["seed"]) for r in members),
+                f"{steps:,}",
+                mean_std([r["last100"] for r in members]),
+                mean_std([r["summary"]["final_eval_mean_return"] for r in members]),
+                f"{statistics.mean(r['summary']['wall_s'] for r in timed) / 60:,.1f}" if timed else "n/c",
+                f"{statistics.mean(r['summary']['sps'] for r in timed):,.0f}" if timed else "n/c",
+                REFERENCES.get((algo, members[0]["summary"]["env"]), ""),
+            ]
+        )
+    header = [
+        "env",
+        "algo",
+        "preset",
+        "strategy",
+        "seeds",
+        "steps",
+        "last 100 training episodes",
+        "10-episode eval",
+        "wall min",
+        "SPS",
+        "reference (1M steps)",
+    ]
     lines = markdown_table(header, rows)
     if caveats:  # wall time and SPS of these runs are left out of the means ("n/c" when no run is left)
-        lines += ["", "Wall time and SPS leave out runs whose timing does not compare (n/c: none left): "
-                  + "; ".join(f"{', '.join(names)}: {why}" for why, names in caveats.items()) + "."]
+        lines += [
+            "",
+            "Wall time and SPS leave out runs whose timing does not compare (n/c: none left): "
+            + "; ".join(f"{', '.join(names)}: {why}" for why, names in caveats.items())
+            + ".",
+        ]
     return lines
 
 
 def strategy_label(strategy: str, workers: int, scaling: str) -> str:
-    return strategy if strategy == "single" else f"{strategy} ×{workers}" + (f", {scaling}" if strategy == "ddp" else "")
+    return (
+        strategy if strategy == "single" else f"{strategy} ×{workers}" + (f", {scaling}" if strategy == "ddp" else "")
+    )
 
 
 def curve_label(run: dict) -> str:
@@ -213,16 +264,26 @@ def curve_figures(runs: list[dict], draw: bool = True) -> list[str]:
         smooth = 100 if env in ATARI_REFERENCES else 20 if env not in ("CartPole-v1", "Pendulum-v1") else 10
         for reference in sorted((RESULTS / "sb3").glob(f"sb3-{algo}-{env}-*")):  # sb3_reference.py, same env
             groups[f"stable-baselines3 {reference.name.split(env + '-')[-1]}"].append(reference)
-        fig = mean_curves(groups, "total-steps", k=smooth, out=RESULTS / name,
-                          title=f"{algo.upper()} {env} (mean of {smooth} episodes; band: lowest to highest seed)")
+        fig = mean_curves(
+            groups,
+            "total-steps",
+            k=smooth,
+            out=RESULTS / name,
+            title=f"{algo.upper()} {env} (mean of {smooth} episodes; band: lowest to highest seed)",
+        )
         if algo == "ppo" and env in ATARI_REFERENCES:  # the published curves' points at the same step counts
             for (label, values), marker in zip(ATARI_REFERENCES[env], "os"):
                 fig.axes[0].plot(ATARI_POINTS, values, marker=marker, linestyle="--", label=f"{label} (v4, published)")
             fig.axes[0].legend(loc="best", fontsize=8)
             fig.savefig(RESULTS / name, dpi=100)
         if with_time:
-            reward_curves(sorted(dirs), "time", k=smooth, out=RESULTS / name.replace(".png", "-time.png"),
-                          title=f"{algo.upper()} {env} against wall time")
+            reward_curves(
+                sorted(dirs),
+                "time",
+                k=smooth,
+                out=RESULTS / name.replace(".png", "-time.png"),
+                title=f"{algo.upper()} {env} against wall time",
+            )
     return lines
 
 
@@ -242,30 +303,59 @@ def atari_section(runs: list[dict]) -> list[str]:
     for env in sorted({r["summary"]["env"] for r in atari}):
         for run in sorted((r for r in atari if r["summary"]["env"] == env), key=lambda r: r["seed"]):
             values = [last100_at(run, step) for step in ATARI_POINTS]
-            rows.append([env, f"distrl, seed {run['seed']} ({run['settings']}, v5)",
-                         *("—" if v is None else f"{v:,.1f}" for v in values)])
+            rows.append(
+                [
+                    env,
+                    f"distrl, seed {run['seed']} ({run['settings']}, v5)",
+                    *("—" if v is None else f"{v:,.1f}" for v in values),
+                ]
+            )
         rows += [[env, f"{label} (v4)", *(f"{v:,.1f}" for v in values)] for label, values in ATARI_REFERENCES[env]]
     header = ["env", "run", *(f"{step / 1e6:g}M steps" for step in ATARI_POINTS)]
-    return ["## PPO on Atari beside the published curves", "",
-            "Mean real game score (all lives, unclipped) of the last 100 training games ended by each step count.",
-            "", *markdown_table(header, rows), "",
-            "Not like for like: distrl's runs play ALE v5, whose sticky actions (the previous action repeated with "
-            "probability 0.25; Machado et al. 2018) make control harder, and ran under `--precision bf16`; the "
-            "published runs play NoFrameskip-v4 without sticky actions, in float32. Through 1M steps distrl's "
-            "Breakout follows both published curves; after that, and on Pong from the start, it learns more slowly. "
-            "A reference run of stable-baselines3 on the same v5 envs, which would separate the env from the "
-            "implementation, has not been made (about three hours per game on this machine).", "", "Sources:", "", *(f"- {source}" for source in ATARI_SOURCES), ""]
+    return [
+        "## PPO on Atari beside the published curves",
+        "",
+        "Mean real game score (all lives, unclipped) of the last 100 training games ended by each step count.",
+        "",
+        *markdown_table(header, rows),
+        "",
+        "Not like for like: distrl's runs play ALE v5, whose sticky actions (the previous action repeated with "
+        "probability 0.25; Machado et al. 2018) make control harder, and ran under `--precision bf16`; the "
+        "published runs play NoFrameskip-v4 without sticky actions, in float32. Through 1M steps distrl's "
+        "Breakout follows both published curves; after that, and on Pong from the start, it learns more slowly. "
+        "A reference run of stable-baselines3 on the same v5 envs, which would separate the env from the "
+        "implementation, has not been made (about three hours per game on this machine).",
+        "",
+        "Sources:",
+        "",
+        *(f"- {source}" for source in ATARI_SOURCES),
+        "",
+    ]
 
 
 def scaling_section() -> list[str]:
     lines = []
     for bench in sorted((RESULTS / "scaling").glob("*/scaling.json")):
         data = json.loads(bench.read_text())
-        rows = [[str(r["workers"]), r["strategy"], f"{r['total_steps']:,}", f"{r['train_s']:.1f}",
-                 f"{r['speedup']:.2f}×", f"{r['workers']}×"] for r in data["runs"]]
-        lines += [f"### {data['strategy']}: {data['algo'].upper()} {data['env']}", "",
-                  *markdown_table(["workers", "strategy", "total steps", "training s", "speedup", "ideal"], rows), "",
-                  f"![speedup, {data['strategy']}](results/scaling/{bench.parent.name}/speedup.png)", ""]
+        rows = [
+            [
+                str(r["workers"]),
+                r["strategy"],
+                f"{r['total_steps']:,}",
+                f"{r['train_s']:.1f}",
+                f"{r['speedup']:.2f}×",
+                f"{r['workers']}×",
+            ]
+            for r in data["runs"]
+        ]
+        lines += [
+            f"### {data['strategy']}: {data['algo'].upper()} {data['env']}",
+            "",
+            *markdown_table(["workers", "strategy", "total steps", "training s", "speedup", "ideal"], rows),
+            "",
+            f"![speedup, {data['strategy']}](results/scaling/{bench.parent.name}/speedup.png)",
+            "",
+        ]
     return lines
 
 
@@ -275,35 +365,77 @@ def sb3_section(runs: list[dict]) -> list[str]:
     for summary_path in sorted((RESULTS / "sb3").glob("*/summary.json")):
         s = json.loads(summary_path.read_text())
         returns = read_monitor(summary_path.parent / "monitor.csv")["r"]
-        distrl = [r["last100"] for r in runs if r["summary"]["env"] == s["env"]
-                  and r["summary"]["algo"] == s["algo"] and r["summary"]["strategy"] == "single"
-                  and r["seed"] == s["seed"] and r["settings"] == s["preset"]]
-        rows.append([s["env"], s["algo"].upper(), s["preset"], s["library"], str(s["seed"]), f"{s['total_steps']:,}",
-                     f"{float(returns[-100:].mean()):,.0f}", f"{distrl[0]:,.0f}" if distrl else "—",
-                     f"{s['wall_s'] / 60:,.1f}"])
+        distrl = [
+            r["last100"]
+            for r in runs
+            if r["summary"]["env"] == s["env"]
+            and r["summary"]["algo"] == s["algo"]
+            and r["summary"]["strategy"] == "single"
+            and r["seed"] == s["seed"]
+            and r["settings"] == s["preset"]
+        ]
+        rows.append(
+            [
+                s["env"],
+                s["algo"].upper(),
+                s["preset"],
+                s["library"],
+                str(s["seed"]),
+                f"{s['total_steps']:,}",
+                f"{float(returns[-100:].mean()):,.0f}",
+                f"{distrl[0]:,.0f}" if distrl else "—",
+                f"{s['wall_s'] / 60:,.1f}",
+            ]
+        )
     if not rows:
         return []
-    header = ["env", "algo", "preset", "library", "seed", "steps", "last 100 training episodes", "distrl, same seed",
-              "wall min"]
-    return ["## Reference runs on the same env version", "",
-            "`python benchmarks/sb3_reference.py ENV --seed N`: stable-baselines3 trained with exactly the "
-            "hyperparameters of a distrl preset (VecNormalize for the normalisers). The published figures in the "
-            "table above were measured on v3/v4 envs; these show what the reference implementation reaches on "
-            "the v5 env distrl trains on.", "", *markdown_table(header, rows), ""]
+    header = [
+        "env",
+        "algo",
+        "preset",
+        "library",
+        "seed",
+        "steps",
+        "last 100 training episodes",
+        "distrl, same seed",
+        "wall min",
+    ]
+    return [
+        "## Reference runs on the same env version",
+        "",
+        "`python benchmarks/sb3_reference.py ENV --seed N`: stable-baselines3 trained with exactly the "
+        "hyperparameters of a distrl preset (VecNormalize for the normalisers). The published figures in the "
+        "table above were measured on v3/v4 envs; these show what the reference implementation reaches on "
+        "the v5 env distrl trains on.",
+        "",
+        *markdown_table(header, rows),
+        "",
+    ]
 
 
 def page_text(draw: bool = True) -> str:
     """docs/results.md as it follows from the kept runs; ``draw`` also redraws its PNGs."""
     runs = load_runs()
     notes = RESULTS / "NOTES.md"
-    body = ["# Results", "",
-            "Learning results and speedups, regenerated by `python benchmarks/results.py` from the small files "
-            "kept in `docs/results/` (each run's monitor.csv, summary.json and config.json). "
-            "Return columns: mean ± std over seeds of each run's mean over its last 100 training episodes, "
-            "and of its final 10-episode deterministic evaluation.", "",
-            "## Learning", "", *learning_table(runs), "", *curve_figures(runs, draw), *atari_section(runs),
-            *sb3_section(runs),
-            "## Speedup against ideal, per strategy", "", *scaling_section()]
+    body = [
+        "# Results",
+        "",
+        "Learning results and speedups, regenerated by `python benchmarks/results.py` from the small files "
+        "kept in `docs/results/` (each run's monitor.csv, summary.json and config.json). "
+        "Return columns: mean ± std over seeds of each run's mean over its last 100 training episodes, "
+        "and of its final 10-episode deterministic evaluation.",
+        "",
+        "## Learning",
+        "",
+        *learning_table(runs),
+        "",
+        *curve_figures(runs, draw),
+        *atari_section(runs),
+        *sb3_section(runs),
+        "## Speedup against ideal, per strategy",
+        "",
+        *scaling_section(),
+    ]
     if notes.is_file():
         body += [notes.read_text().strip(), ""]
     return "\n".join(body).rstrip() + "\n"
@@ -318,8 +450,12 @@ if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "collect":
         parser = argparse.ArgumentParser(prog="results.py collect")
         parser.add_argument("run_dirs", nargs="+")
-        parser.add_argument("--timing-not-comparable", default="", metavar="WHY",
-                            help="keep the run's returns but leave its wall time and SPS out of the table")
+        parser.add_argument(
+            "--timing-not-comparable",
+            default="",
+            metavar="WHY",
+            help="keep the run's returns but leave its wall time and SPS out of the table",
+        )
         args = parser.parse_args(sys.argv[2:])
         collect(args.run_dirs, args.timing_not_comparable)
     elif len(sys.argv) > 1 and sys.argv[1] == "collect-bench":

@@ -19,8 +19,16 @@ import time
 from harness import alternate, child_main, comparison_table, median, raw_values, write_section
 
 ENV = "CarRacing-v3"
-HP = dict(learning_rate=3e-4, buffer_size=10_000, learning_starts=100, batch_size=256, tau=0.005, gamma=0.99,
-          train_freq=1, gradient_steps=1)
+HP = dict(
+    learning_rate=3e-4,
+    buffer_size=10_000,
+    learning_starts=100,
+    batch_size=256,
+    tau=0.005,
+    gamma=0.99,
+    train_freq=1,
+    gradient_steps=1,
+)
 WARMUP = 110
 """Steps before the measured ones: past learning_starts, so every measured step includes a gradient step."""
 
@@ -34,8 +42,15 @@ def child(lib: str, task: str, seed: int, arg: str) -> dict:
         from distrl.config import RunConfig, SACConfig
         from distrl.training import OffPolicyTrainer
 
-        run = RunConfig(algo="sac", env=ENV, seed=seed, quiet=True, threads=1, total_steps=WARMUP + steps,
-                        precision="bf16" if lib == "distrl-bf16" else "fp32")
+        run = RunConfig(
+            algo="sac",
+            env=ENV,
+            seed=seed,
+            quiet=True,
+            threads=1,
+            total_steps=WARMUP + steps,
+            precision="bf16" if lib == "distrl-bf16" else "fp32",
+        )
         trainer = OffPolicyTrainer(run, SACConfig(**HP))
         trainer.train(stop_at=WARMUP)
         s0, t0 = trainer.steps, trainer.train_s
@@ -62,14 +77,19 @@ def main() -> None:
     repeats = 2 if args.quick else 3
     steps = 10 if args.quick else 40
     rows = []
-    for label, mine in [("SPS, 1 thread each", "distrl"), ("SPS, 1 thread each, distrl --precision bf16", "distrl-bf16")]:
+    for label, mine in [
+        ("SPS, 1 thread each", "distrl"),
+        ("SPS, 1 thread each, distrl --precision bf16", "distrl-bf16"),
+    ]:
         print(f"{label} ...", flush=True)
         res = alternate(__file__, "sps", repeats, steps, "sps", (mine, "sb3"))
         d, s = median(res["values"][mine]), median(res["values"]["sb3"])
-        rows.append((label, d, s, d / s if d and s else None, median(res["rss"][mine]), median(res["rss"]["sb3"]),
-                     res, mine))
-    import distrl
+        rows.append(
+            (label, d, s, d / s if d and s else None, median(res["rss"][mine]), median(res["rss"]["sb3"]), res, mine)
+        )
     import stable_baselines3
+
+    import distrl
 
     fmt = lambda v: "n/a" if v is None else f"{v:,.2f}"  # noqa: E731
     lines = [

@@ -17,11 +17,27 @@ import argparse
 import platform
 import time
 
-from harness import (alternate, child_main, comparison_table, measure, median, raw_values, sb3_seconds_to_target,
-                     write_section)
+from harness import (
+    alternate,
+    child_main,
+    comparison_table,
+    measure,
+    median,
+    raw_values,
+    sb3_seconds_to_target,
+    write_section,
+)
 
-HP = dict(learning_rate=1e-3, buffer_size=1_000_000, learning_starts=100, batch_size=256, tau=0.005, gamma=0.99,
-          train_freq=1, gradient_steps=1)
+HP = dict(
+    learning_rate=1e-3,
+    buffer_size=1_000_000,
+    learning_starts=100,
+    batch_size=256,
+    tau=0.005,
+    gamma=0.99,
+    train_freq=1,
+    gradient_steps=1,
+)
 EVAL_EVERY, TARGET, BUDGET = 1_000, -200.0, 20_000
 WIDTH = 256
 PRODUCTS_PER_GRAD_STEP = 16
@@ -47,8 +63,19 @@ def _distrl(seed: int, threads: int, precision: str = "fp32", **run):
     from distrl.config import RunConfig, SACConfig
     from distrl.training import OffPolicyTrainer
 
-    return OffPolicyTrainer(RunConfig(algo="sac", env="Pendulum-v1", seed=seed, quiet=True, threads=threads,
-                                      total_steps=BUDGET, precision=precision, **run), SACConfig(**HP))
+    return OffPolicyTrainer(
+        RunConfig(
+            algo="sac",
+            env="Pendulum-v1",
+            seed=seed,
+            quiet=True,
+            threads=threads,
+            total_steps=BUDGET,
+            precision=precision,
+            **run,
+        ),
+        SACConfig(**HP),
+    )
 
 
 def _sb3(seed: int):
@@ -126,12 +153,15 @@ def main() -> None:
         d, s = median(res["values"][mine]), median(res["values"]["sb3"])
         ratio = (d / s if higher else s / d) if d and s else None
         rows.append((label, d, s, ratio, median(res["rss"][mine]), median(res["rss"]["sb3"]), res, mine))
-    ceiling = {threads: [measure(__file__, "torch", "ceiling", 0, f"{threads}:2000") for _ in range(repeats)]
-               for threads in (1, 2)}
+    ceiling = {
+        threads: [measure(__file__, "torch", "ceiling", 0, f"{threads}:2000") for _ in range(repeats)]
+        for threads in (1, 2)
+    }
     ceiling_sps = {t: median([r["sps"] for r in runs]) for t, runs in ceiling.items()}
     gflops = {t: median([r["gflops"] for r in runs]) for t, runs in ceiling.items()}
-    import distrl
     import stable_baselines3
+
+    import distrl
 
     fmt = lambda v: "n/a" if v is None else f"{v:,.1f}"  # noqa: E731
     lines = [

@@ -34,16 +34,35 @@ def sb3_ppo(env_id: str, seed: int, preset: str = "auto"):
     _, cfg, _ = algo_configs("ppo", env_id, preset)
     env = make_vec_env(env_id, n_envs=cfg.n_envs, seed=seed)
     if cfg.normalize_obs or cfg.normalize_reward:
-        env = VecNormalize(env, norm_obs=cfg.normalize_obs, norm_reward=cfg.normalize_reward, clip_obs=cfg.clip_obs,
-                           gamma=cfg.gamma)
+        env = VecNormalize(
+            env, norm_obs=cfg.normalize_obs, norm_reward=cfg.normalize_reward, clip_obs=cfg.clip_obs, gamma=cfg.gamma
+        )
     lr = cfg.learning_rate if cfg.lr_schedule != "linear" else (lambda remaining: cfg.learning_rate * remaining)
     activation = {"tanh": torch.nn.Tanh, "relu": torch.nn.ReLU}[cfg.activation]
-    model = PPO("MlpPolicy", env, n_steps=cfg.n_steps, batch_size=cfg.batch_size, n_epochs=cfg.n_epochs,
-                gamma=cfg.gamma, gae_lambda=cfg.gae_lambda, learning_rate=lr, clip_range=cfg.clip_range,
-                ent_coef=cfg.ent_coef, vf_coef=cfg.vf_coef, max_grad_norm=cfg.max_grad_norm, target_kl=cfg.target_kl,
-                normalize_advantage=cfg.normalize_advantage, seed=seed, device="cpu",
-                policy_kwargs=dict(log_std_init=cfg.log_std_init, ortho_init=cfg.ortho_init, activation_fn=activation,
-                                   net_arch=dict(pi=list(cfg.net_arch), vf=list(cfg.net_arch))))
+    model = PPO(
+        "MlpPolicy",
+        env,
+        n_steps=cfg.n_steps,
+        batch_size=cfg.batch_size,
+        n_epochs=cfg.n_epochs,
+        gamma=cfg.gamma,
+        gae_lambda=cfg.gae_lambda,
+        learning_rate=lr,
+        clip_range=cfg.clip_range,
+        ent_coef=cfg.ent_coef,
+        vf_coef=cfg.vf_coef,
+        max_grad_norm=cfg.max_grad_norm,
+        target_kl=cfg.target_kl,
+        normalize_advantage=cfg.normalize_advantage,
+        seed=seed,
+        device="cpu",
+        policy_kwargs=dict(
+            log_std_init=cfg.log_std_init,
+            ortho_init=cfg.ortho_init,
+            activation_fn=activation,
+            net_arch=dict(pi=list(cfg.net_arch), vf=list(cfg.net_arch)),
+        ),
+    )
     return model
 
 
@@ -76,8 +95,9 @@ def main() -> None:
         def _on_step(self) -> bool:
             for info in self.locals["infos"]:
                 if "episode" in info:
-                    self.writer.writerow([info["episode"]["r"], info["episode"]["l"],
-                                          round(time.perf_counter() - start, 1)])
+                    self.writer.writerow(
+                        [info["episode"]["r"], info["episode"]["l"], round(time.perf_counter() - start, 1)]
+                    )
             return True
 
         def _on_training_end(self) -> None:
@@ -87,10 +107,22 @@ def main() -> None:
     wall = time.perf_counter() - start
     import stable_baselines3
 
-    (out / "summary.json").write_text(json.dumps({
-        "library": f"stable-baselines3 {stable_baselines3.__version__}", "algo": "ppo", "env": args.env,
-        "seed": args.seed, "total_steps": args.steps, "wall_s": wall, "sps": args.steps / wall,
-        "preset": preset, "hyperparameters": f"distrl's {preset} preset"}, indent=1))
+    (out / "summary.json").write_text(
+        json.dumps(
+            {
+                "library": f"stable-baselines3 {stable_baselines3.__version__}",
+                "algo": "ppo",
+                "env": args.env,
+                "seed": args.seed,
+                "total_steps": args.steps,
+                "wall_s": wall,
+                "sps": args.steps / wall,
+                "preset": preset,
+                "hyperparameters": f"distrl's {preset} preset",
+            },
+            indent=1,
+        )
+    )
     print(f"kept {out}")
 
 

@@ -19,9 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from harness import alternating, train_at_once, write_section
-
 from distrl.strategies.dist_sync import TRANSPORT_VAR
+from harness import alternating, train_at_once, write_section
 
 ROOT = Path(__file__).parents[1]
 WORKLOADS = {
@@ -45,12 +44,17 @@ def run_once(env: str, extra: list[str], strategy: str, workers: int, steps: int
             runs = [(Path(tmp) / f"run{i}", ["--strategy", "single", "--seed", str(i)]) for i in range(workers)]
             steps //= workers
         else:
-            runs = [(Path(tmp) / "run", ["--strategy", "ddp" if strategy == "ddp-gloo" else strategy,
-                                         "--workers", str(workers)])]
+            runs = [
+                (
+                    Path(tmp) / "run",
+                    ["--strategy", "ddp" if strategy == "ddp-gloo" else strategy, "--workers", str(workers)],
+                )
+            ]
         os.environ[TRANSPORT_VAR] = "gloo" if strategy == "ddp-gloo" else "shm"
         try:
-            summaries = train_at_once([(run_dir, ["ppo", env, *extra, "--total-steps", str(steps), *flags])
-                                       for run_dir, flags in runs])
+            summaries = train_at_once(
+                [(run_dir, ["ppo", env, *extra, "--total-steps", str(steps), *flags]) for run_dir, flags in runs]
+            )
         finally:
             del os.environ[TRANSPORT_VAR]
     summary = dict(summaries[0])
@@ -70,7 +74,9 @@ def main() -> None:
     rows = []
     for env in [w for w in WORKLOADS if args.only in w]:
         results: dict[tuple[str, int], list[dict]] = {c: [] for c in CONFIGS}
-        total = (51_200 if args.quick else 102_400) if env.startswith("CartPole") else (20_480 if args.quick else 61_440)
+        total = (
+            (51_200 if args.quick else 102_400) if env.startswith("CartPole") else (20_480 if args.quick else 61_440)
+        )
         for config in alternating(CONFIGS, repeats):
             r = run_once(*WORKLOADS[env], *config, total)
             results[config].append(r)
@@ -80,9 +86,20 @@ def main() -> None:
             sps = statistics.median(r["sps"] for r in runs)
             train_s = statistics.median(r["train_s"] for r in runs)
             share = statistics.median(r["sync_s"] / max(r["update_s"], 1e-9) for r in runs)
-            rows.append({"env": env, "strategy": config[0], "workers": config[1], "steps": runs[0]["total_steps"],
-                         "sps": sps, "train_s": train_s, "speedup": sps / base_sps, "ideal": float(config[1]),
-                         "sync_share": share, "raw_sps": [r["sps"] for r in runs]})
+            rows.append(
+                {
+                    "env": env,
+                    "strategy": config[0],
+                    "workers": config[1],
+                    "steps": runs[0]["total_steps"],
+                    "sps": sps,
+                    "train_s": train_s,
+                    "speedup": sps / base_sps,
+                    "ideal": float(config[1]),
+                    "sync_share": share,
+                    "raw_sps": [r["sps"] for r in runs],
+                }
+            )
     write_report(rows, repeats)
 
 
@@ -100,10 +117,17 @@ def write_report(rows: list[dict], repeats: int) -> None:
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        lines.append(f"| {r['env']} | {r['strategy']} | {r['workers']} | {r['steps']:,} | {r['sps']:,.0f} | "
-                     f"{r['train_s']:.1f} | {r['speedup']:.2f}× | {r['ideal']:.0f}× | {100 * r['sync_share']:.0f}% |")
-    lines += ["", "Raw SPS per run, in run order: " + "; ".join(
-        f"{r['env']} {r['strategy']} ×{r['workers']}: {', '.join(f'{x:,.0f}' for x in r['raw_sps'])}" for r in rows)]
+        lines.append(
+            f"| {r['env']} | {r['strategy']} | {r['workers']} | {r['steps']:,} | {r['sps']:,.0f} | "
+            f"{r['train_s']:.1f} | {r['speedup']:.2f}× | {r['ideal']:.0f}× | {100 * r['sync_share']:.0f}% |"
+        )
+    lines += [
+        "",
+        "Raw SPS per run, in run order: "
+        + "; ".join(
+            f"{r['env']} {r['strategy']} ×{r['workers']}: {', '.join(f'{x:,.0f}' for x in r['raw_sps'])}" for r in rows
+        ),
+    ]
     lines += ["", "![ddp speedup against ideal](scaling.png)", ""]
     write_section("ddp scaling", "\n".join(lines))
     plot(rows, ROOT / "docs" / "scaling.png")

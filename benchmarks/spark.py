@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 import psutil
+
 from harness import alternating, markdown_table, write_section
 
 STEPS = 51_200
@@ -47,8 +48,11 @@ def run_once(flags: list[str]) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = Path(tmp) / "run"
         start = time.perf_counter()
-        proc = subprocess.Popen([sys.executable, "-m", "distrl", *BASE, *flags, "--run-dir", str(run_dir)],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "distrl", *BASE, *flags, "--run-dir", str(run_dir)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
         ps, peak = psutil.Process(proc.pid), 0
         while proc.poll() is None:
             peak = max(peak, tree_rss(ps))
@@ -57,9 +61,14 @@ def run_once(flags: list[str]) -> dict:
         if proc.returncode != 0:
             raise RuntimeError(proc.stderr.read().decode()[-2000:] if proc.stderr else "run failed")
         summary = json.loads((run_dir / "summary.json").read_text())
-    return {"wall_s": wall, "train_s": summary["train_s"], "sps": summary["sps"], "peak_mb": peak / 2**20,
-            "identical": summary["param_checksums"][0] == summary["param_checksums"][1],
-            "checksum": summary["param_checksums"][0]}
+    return {
+        "wall_s": wall,
+        "train_s": summary["train_s"],
+        "sps": summary["sps"],
+        "peak_mb": peak / 2**20,
+        "identical": summary["param_checksums"][0] == summary["param_checksums"][1],
+        "checksum": summary["param_checksums"][0],
+    }
 
 
 def main() -> None:
@@ -70,26 +79,51 @@ def main() -> None:
     for name in alternating(list(CONFIGS), args.repeats):
         r = run_once(CONFIGS[name])
         results[name].append(r)
-        print(f"{name}: wall {r['wall_s']:.1f}s, training {r['train_s']:.1f}s, {r['sps']:,.0f} SPS, "
-              f"peak {r['peak_mb']:.0f} MB", flush=True)
+        print(
+            f"{name}: wall {r['wall_s']:.1f}s, training {r['train_s']:.1f}s, {r['sps']:,.0f} SPS, "
+            f"peak {r['peak_mb']:.0f} MB",
+            flush=True,
+        )
     base = statistics.median(r["wall_s"] for r in results["local launcher"])
     rows = []
     for name, runs in results.items():
         wall = statistics.median(r["wall_s"] for r in runs)
-        rows.append([name, f"{wall:.1f}", f"{wall - base:+.1f}", f"{statistics.median(r['train_s'] for r in runs):.1f}",
-                     f"{statistics.median(r['sps'] for r in runs):,.0f}",
-                     f"{statistics.median(r['peak_mb'] for r in runs):,.0f}",
-                     "yes" if all(r["identical"] for r in runs) else "NO"])
+        rows.append(
+            [
+                name,
+                f"{wall:.1f}",
+                f"{wall - base:+.1f}",
+                f"{statistics.median(r['train_s'] for r in runs):.1f}",
+                f"{statistics.median(r['sps'] for r in runs):,.0f}",
+                f"{statistics.median(r['peak_mb'] for r in runs):,.0f}",
+                "yes" if all(r["identical"] for r in runs) else "NO",
+            ]
+        )
     same = len({r["checksum"] for runs in results.values() for r in runs}) == 1
-    body = "\n".join([
-        f"`python benchmarks/spark.py` — {time.strftime('%Y-%m-%d')}, 2-core machine, PPO CartPole-v1 preset, "
-        f"2 ranks, {STEPS:,} steps, {args.repeats} runs per configuration, alternating, medians.", "",
-        *markdown_table(["launcher", "wall s", "vs local launcher", "training s", "SPS", "peak RSS, whole tree (MB)",
-                         "ranks end identical"], rows), "",
-        "Final parameters are " + ("bit-identical across all launchers and runs" if same else
-                                    "NOT identical across launchers") + " (same seed, same code path). "
-        "Spark adds its JVM and TorchDistributor's torchrun start-up; training itself runs at the same speed.",
-    ])
+    body = "\n".join(
+        [
+            f"`python benchmarks/spark.py` — {time.strftime('%Y-%m-%d')}, 2-core machine, PPO CartPole-v1 preset, "
+            f"2 ranks, {STEPS:,} steps, {args.repeats} runs per configuration, alternating, medians.",
+            "",
+            *markdown_table(
+                [
+                    "launcher",
+                    "wall s",
+                    "vs local launcher",
+                    "training s",
+                    "SPS",
+                    "peak RSS, whole tree (MB)",
+                    "ranks end identical",
+                ],
+                rows,
+            ),
+            "",
+            "Final parameters are "
+            + ("bit-identical across all launchers and runs" if same else "NOT identical across launchers")
+            + " (same seed, same code path). "
+            "Spark adds its JVM and TorchDistributor's torchrun start-up; training itself runs at the same speed.",
+        ]
+    )
     write_section("ddp launchers: local and Spark", body)
 
 

@@ -27,10 +27,34 @@ from harness import alternating, markdown_table, median, write_section
 def study(parallel: int, trials: int, budget: int, where: Path) -> dict:
     study_dir = where / f"p{parallel}-{time.monotonic_ns()}"
     start = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "distrl", "tune", "ppo", "CartPole-v1", "--trials", str(trials),
-                    "--budget-steps", str(budget), "--parallel", str(parallel), "--startup-trials", str(trials),
-                    "--pruner", "none", "--preset", "none", "--study-dir", str(study_dir), "--seed", "0"], check=True,
-                   stdout=subprocess.DEVNULL)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "distrl",
+            "tune",
+            "ppo",
+            "CartPole-v1",
+            "--trials",
+            str(trials),
+            "--budget-steps",
+            str(budget),
+            "--parallel",
+            str(parallel),
+            "--startup-trials",
+            str(trials),
+            "--pruner",
+            "none",
+            "--preset",
+            "none",
+            "--study-dir",
+            str(study_dir),
+            "--seed",
+            "0",
+        ],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
     wall = time.perf_counter() - start
     trial_wall, train = 0.0, 0.0
     params = []
@@ -57,33 +81,55 @@ def main() -> None:
             for parallel in alternating([1, 2], args.repeats):
                 r = study(parallel, args.trials, budget, Path(tmp))
                 results[parallel].append(r)
-                print(f"  {budget:,} steps, --parallel {parallel}: {r['wall_s']:.1f}s (trials' own wall time "
-                      f"{r['trial_wall_s']:.1f}s)", flush=True)
+                print(
+                    f"  {budget:,} steps, --parallel {parallel}: {r['wall_s']:.1f}s (trials' own wall time "
+                    f"{r['trial_wall_s']:.1f}s)",
+                    flush=True,
+                )
             same &= all(r["params"] == results[1][0]["params"] for rs in results.values() for r in rs)
             for parallel, rs in results.items():
-                rows.append([f"{budget:,}", str(parallel), f"{median([r['wall_s'] for r in rs]):.1f}",
-                             f"{median([r['trial_wall_s'] for r in rs]):.1f}",
-                             f"{median([r['trial_wall_s'] / r['wall_s'] for r in rs]):.2f}",
-                             f"{median([(r['wall_s'] * parallel - r['trial_wall_s']) / args.trials for r in rs]):.2f}"])
+                rows.append(
+                    [
+                        f"{budget:,}",
+                        str(parallel),
+                        f"{median([r['wall_s'] for r in rs]):.1f}",
+                        f"{median([r['trial_wall_s'] for r in rs]):.1f}",
+                        f"{median([r['trial_wall_s'] / r['wall_s'] for r in rs]):.2f}",
+                        f"{median([(r['wall_s'] * parallel - r['trial_wall_s']) / args.trials for r in rs]):.2f}",
+                    ]
+                )
             speedups[budget] = median([r["wall_s"] for r in results[1]]) / median([r["wall_s"] for r in results[2]])
-    body = "\n".join([
-        f"`python benchmarks/tune_parallel.py --trials {args.trials} --budgets {args.budgets} "
-        f"--repeats {args.repeats}`: "
-        f"a study of {args.trials} PPO trials on CartPole-v1, sampled at random from the default space with one seed "
-        "(the same trials in every study of a budget" + ("" if same else " — NOT the case in this measurement")
-        + "), no pruning, library defaults otherwise. Medians of "
-        f"{args.repeats} studies each, alternating.",
-        "",
-        *markdown_table(["steps per trial", "--parallel", "study wall s", "trials' summed wall s",
-                         "trials running, mean", "per-trial core-s outside its run"], rows),
-        "",
-        "Two trials at a time finish the study " + ", ".join(f"**{v:.2f}x** faster at {b:,} steps a trial"
-                                                           for b, v in speedups.items()) + " than one. "
-        "\"Trials running, mean\" is the trials' summed wall time over the study's; the last column is each trial's "
-        "share of the study's core-seconds spent outside its own run: its process's start and imports (about 2 s of "
-        "torch and Optuna, done ahead by a spare process while a core is free), loading the study, the study's "
-        "bookkeeping, and at --parallel 2 a core left idle while the study's last trial runs alone.",
-    ])
+    body = "\n".join(
+        [
+            f"`python benchmarks/tune_parallel.py --trials {args.trials} --budgets {args.budgets} "
+            f"--repeats {args.repeats}`: "
+            f"a study of {args.trials} PPO trials on CartPole-v1, sampled at random from the default space with one seed "
+            "(the same trials in every study of a budget"
+            + ("" if same else " — NOT the case in this measurement")
+            + "), no pruning, library defaults otherwise. Medians of "
+            f"{args.repeats} studies each, alternating.",
+            "",
+            *markdown_table(
+                [
+                    "steps per trial",
+                    "--parallel",
+                    "study wall s",
+                    "trials' summed wall s",
+                    "trials running, mean",
+                    "per-trial core-s outside its run",
+                ],
+                rows,
+            ),
+            "",
+            "Two trials at a time finish the study "
+            + ", ".join(f"**{v:.2f}x** faster at {b:,} steps a trial" for b, v in speedups.items())
+            + " than one. "
+            "\"Trials running, mean\" is the trials' summed wall time over the study's; the last column is each trial's "
+            "share of the study's core-seconds spent outside its own run: its process's start and imports (about 2 s of "
+            "torch and Optuna, done ahead by a spare process while a core is free), loading the study, the study's "
+            "bookkeeping, and at --parallel 2 a core left idle while the study's last trial runs alone.",
+        ]
+    )
     write_section("distrl tune: trials in parallel", body)
 
 

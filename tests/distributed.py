@@ -12,8 +12,15 @@ from distrl.strategies.ray_engine import free_port
 
 
 def _entry(fn, rank, world_size, port, results, collected, timeout, args, env):
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world_size), **env)
+    os.environ.update(
+        RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(world_size),
+        **env,
+    )
     import torch
     import torch.distributed as dist
 
@@ -36,8 +43,10 @@ def run_ranks(fn, world_size: int, *args, timeout: float = 120.0, env: dict[str,
     ctx = mp.get_context("spawn")
     results, collected = ctx.Queue(), ctx.Event()
     port = free_port()
-    procs = [ctx.Process(target=_entry, args=(fn, r, world_size, port, results, collected, timeout, args, env or {}))
-             for r in range(world_size)]
+    procs = [
+        ctx.Process(target=_entry, args=(fn, r, world_size, port, results, collected, timeout, args, env or {}))
+        for r in range(world_size)
+    ]
     for p in procs:
         p.start()
     out, errors = {}, []

@@ -30,20 +30,42 @@ def make_model(folder, arch="llama", seed=0, hidden=64, layers=2, chat_template=
     tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tokenizer.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
     tokenizer.decoder = decoders.Fuse()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<bos>", eos_token="<eos>",
-                                   pad_token="<pad>", unk_token="<unk>")
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>", unk_token="<unk>"
+    )
     if chat_template:
         fast.chat_template = CHAT_TEMPLATE
     fast.save_pretrained(str(folder))
     torch.manual_seed(seed)
     if arch == "gpt2":
-        model = GPT2LMHeadModel(GPT2Config(vocab_size=len(vocab), n_embd=hidden, n_layer=layers, n_head=4,
-                                           n_positions=128, bos_token_id=1, eos_token_id=2, pad_token_id=0))
+        model = GPT2LMHeadModel(
+            GPT2Config(
+                vocab_size=len(vocab),
+                n_embd=hidden,
+                n_layer=layers,
+                n_head=4,
+                n_positions=128,
+                bos_token_id=1,
+                eos_token_id=2,
+                pad_token_id=0,
+            )
+        )
     else:
-        model = LlamaForCausalLM(LlamaConfig(vocab_size=len(vocab), hidden_size=hidden, intermediate_size=2 * hidden,
-                                             num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=4,
-                                             max_position_embeddings=128, bos_token_id=1, eos_token_id=2,
-                                             pad_token_id=0, tie_word_embeddings=True))
+        model = LlamaForCausalLM(
+            LlamaConfig(
+                vocab_size=len(vocab),
+                hidden_size=hidden,
+                intermediate_size=2 * hidden,
+                num_hidden_layers=layers,
+                num_attention_heads=4,
+                num_key_value_heads=4,
+                max_position_embeddings=128,
+                bos_token_id=1,
+                eos_token_id=2,
+                pad_token_id=0,
+                tie_word_embeddings=True,
+            )
+        )
     model.save_pretrained(str(folder))
     return str(folder)
 
@@ -69,7 +91,7 @@ def length(prompts, completions, **fields):
 
 
 def none_and_nan(prompts, completions, **fields):
-    return [None, float("nan"), 1.5][:len(completions)]
+    return [None, float("nan"), 1.5][: len(completions)]
 
 
 def infinite(prompts, completions, **fields):

@@ -55,9 +55,9 @@ class DictSignEnv(gym.Env):
 
     def __init__(self, length: int = 8):
         self.length = length
-        self.observation_space = gym.spaces.Dict({
-            "image": gym.spaces.Box(0, 255, (8, 8, 1), np.uint8),
-            "sign": gym.spaces.Box(-1.0, 1.0, (1,), np.float32)})
+        self.observation_space = gym.spaces.Dict(
+            {"image": gym.spaces.Box(0, 255, (8, 8, 1), np.uint8), "sign": gym.spaces.Box(-1.0, 1.0, (1,), np.float32)}
+        )
         self.action_space = gym.spaces.Discrete(4)
         self.t = 0
         self.answer = 0
@@ -154,8 +154,9 @@ class DictTargetEnv(gym.Env):
 
     def __init__(self, length: int = 8):
         self.length = length
-        self.observation_space = gym.spaces.Dict({"x": gym.spaces.Box(-1.0, 1.0, (1,), np.float32),
-                                                  "flip": gym.spaces.Discrete(2)})
+        self.observation_space = gym.spaces.Dict(
+            {"x": gym.spaces.Box(-1.0, 1.0, (1,), np.float32), "flip": gym.spaces.Discrete(2)}
+        )
         self.action_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
         self.t = 0
         self.target = 0.0

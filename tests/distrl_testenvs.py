@@ -121,8 +121,13 @@ class GoRight(gym.Env):
         self.pos += int(action)
         self.t += 1
         done = self.pos >= self.size
-        return (np.array([self.pos / self.size], dtype=np.float32), 1.0 if done else -0.1, done,
-                self.t >= 4 * self.size, {})
+        return (
+            np.array([self.pos / self.size], dtype=np.float32),
+            1.0 if done else -0.1,
+            done,
+            self.t >= 4 * self.size,
+            {},
+        )
 
 
 def make_count_env(length: int = 3, terminate: bool = False) -> gym.Env:

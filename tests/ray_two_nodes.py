@@ -13,8 +13,10 @@ def main() -> None:
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "include_dashboard": False})
     second = cluster.add_node(num_cpus=2)
     cluster.wait_for_nodes()
-    print(json.dumps({"address": cluster.address, "head": cluster.head_node.node_id, "second": second.node_id}),
-          flush=True)
+    print(
+        json.dumps({"address": cluster.address, "head": cluster.head_node.node_id, "second": second.node_id}),
+        flush=True,
+    )
     for line in sys.stdin:
         if line.strip() == "remove":
             cluster.remove_node(second, allow_graceful=False)

@@ -25,7 +25,9 @@ def mlp(views: dict[str, torch.Tensor], prefix: str, x: torch.Tensor, n_layers: 
     return x
 
 
-def distribution(agent: ActorCritic, views: dict[str, torch.Tensor], obs: torch.Tensor) -> torch.distributions.Distribution:
+def distribution(
+    agent: ActorCritic, views: dict[str, torch.Tensor], obs: torch.Tensor
+) -> torch.distributions.Distribution:
     n_layers = len(agent.policy.weights)
     head = mlp(views, "policy", obs, n_layers, agent.policy.activation)
     if agent.discrete:
@@ -46,6 +48,7 @@ def sac_algo(cfg, seed=0, obs_dim=3, action_dim=2):
     from distrl.algos.sac import SACAlgo
     from distrl.nets.factory import make_sac_networks
 
-    networks = make_sac_networks(spaces.Box(-1, 1, (obs_dim,), np.float32), spaces.Box(-1, 1, (action_dim,), np.float32),
-                                 cfg, "cpu", seed)
+    networks = make_sac_networks(
+        spaces.Box(-1, 1, (obs_dim,), np.float32), spaces.Box(-1, 1, (action_dim,), np.float32), cfg, "cpu", seed
+    )
     return SACAlgo(cfg, networks, torch.device("cpu"), seed)

@@ -131,8 +131,7 @@ def test_a_network_object_lives_in_this_process_only_and_load_says_how_to_pass_i
     model = PPO("CartPole-v1", policy=lambda o, a, c: TinyNet(4, 2), n_steps=32, batch_size=32).learn(32)
     assert model._trainer.run.policy.startswith("memory:")
     model.save(tmp_path / "m")
-    code = ("import sys; sys.path.insert(0, 'tests'); from distrl import PPO\n"
-            f"PPO.load({str(tmp_path / 'm')!r})")
+    code = f"import sys; sys.path.insert(0, 'tests'); from distrl import PPO\nPPO.load({str(tmp_path / 'm')!r})"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode != 0 and "pass it again, e.g. PPO.load(path, policy=MyNet)" in out.stderr
     loaded = PPO.load(tmp_path / "m", policy=lambda o, a, c: TinyNet(4, 2))

@@ -4,8 +4,8 @@ import pytest
 from gymnasium.vector import AutoresetMode
 
 from distrl.atari import wrap_game
-from distrl.envs import OneEnv, VecEnv, make_env
 from distrl.env_names import resolve_env_id
+from distrl.envs import OneEnv, VecEnv, make_env
 from distrl.presets import algo_configs
 from distrl_testenvs import FakeAle
 
@@ -102,8 +102,28 @@ def test_ppo_trains_on_breakout_from_the_command_line_and_evaluates_whole_games(
     from distrl.cli import main
 
     run_dir = tmp_path / "run"
-    code = main(["train", "ppo", "breakout", "--total-steps", "256", "--n-envs", "2", "--n-steps", "64",
-                 "--batch-size", "64", "--n-epochs", "1", "--eval-episodes", "1", "--run-dir", str(run_dir), "--quiet"])
+    code = main(
+        [
+            "train",
+            "ppo",
+            "breakout",
+            "--total-steps",
+            "256",
+            "--n-envs",
+            "2",
+            "--n-steps",
+            "64",
+            "--batch-size",
+            "64",
+            "--n-epochs",
+            "1",
+            "--eval-episodes",
+            "1",
+            "--run-dir",
+            str(run_dir),
+            "--quiet",
+        ]
+    )
     assert code == 0
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["total_steps"] == 256 and summary["final_eval_mean_return"] >= 0  # a whole game ended

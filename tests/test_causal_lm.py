@@ -19,7 +19,9 @@ from distrl_lm import make_model, write_reversal  # noqa: E402
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     root = tmp_path_factory.mktemp("models")
-    return {arch: make_model(root / arch, arch=arch, seed=1, chat_template=arch == "gpt2") for arch in ("llama", "gpt2")}
+    return {
+        arch: make_model(root / arch, arch=arch, seed=1, chat_template=arch == "gpt2") for arch in ("llama", "gpt2")
+    }
 
 
 @pytest.fixture(scope="module")
@@ -44,16 +46,18 @@ def test_a_missing_or_foreign_model_directory_is_a_one_line_error(tmp_path):
 
 
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])
-def test_behaviour_log_probs_from_the_kv_cache_are_the_learners_and_do_not_depend_on_the_split(models, prompts_file,
-                                                                                                arch):
+def test_behaviour_log_probs_from_the_kv_cache_are_the_learners_and_do_not_depend_on_the_split(
+    models, prompts_file, arch
+):
     cfg = GRPOConfig(model=models[arch], dataset=prompts_file, rewards=("exact_match",), max_new_tokens=12)
     task = make_group_task("lm", cfg)
     policy = CausalLMPolicy(models[arch], max_new_tokens=12)
     positions = np.arange(8)
     whole = draw_groups(task, policy, positions, group_size=3, seed=5, version=0)
     # prompts of 2 to 7 tokens are left-padded: the cached pass and the learner's full pass must agree
-    learner = policy.token_log_probs(*[torch.from_numpy(a) for a in (whole.prompt, whole.prompt_mask, whole.tokens,
-                                                                      whole.mask)])
+    learner = policy.token_log_probs(
+        *[torch.from_numpy(a) for a in (whole.prompt, whole.prompt_mask, whole.tokens, whole.mask)]
+    )
     mask = torch.from_numpy(whole.mask)
     assert torch.allclose(learner.detach()[mask], torch.from_numpy(whole.log_probs)[mask], atol=2e-5)
     assert (whole.log_probs[~whole.mask] == 0).all()
@@ -63,7 +67,7 @@ def test_behaviour_log_probs_from_the_kv_cache_are_the_learners_and_do_not_depen
     for tokens, valid in zip(whole.tokens, whole.mask):
         eos = np.flatnonzero(tokens[valid] == policy.tokenizer.eos_token_id)
         assert len(eos) == 0 or eos[0] == valid.sum() - 1
-        assert valid[:valid.sum()].all() and not valid[valid.sum():].any()
+        assert valid[: valid.sum()].all() and not valid[valid.sum() :].any()
     assert 0 < whole.mask.sum(1).min() and whole.mask.sum(1).max() <= 12
     different = draw_groups(task, policy, positions, 3, seed=6, version=0)
     assert different.texts != whole.texts
@@ -89,7 +93,9 @@ def test_chat_prompts_use_the_tokenizers_template(models, tmp_path):
     chat = CausalLMPolicy(models["gpt2"], chat_template=True)
     assert chat.prompts.render("12=") == ("u:12=a:", True)
     assert chat.prompts.render([{"role": "system", "content": "s"}, {"role": "user", "content": "x"}]) == (
-        "s:su:xa:", True)
+        "s:su:xa:",
+        True,
+    )
     plain = CausalLMPolicy(models["llama"])
     assert plain.prompts.render("12=") == ("12=", False)
     with pytest.raises(ConfigError, match="its tokenizer has no chat template"):
@@ -133,8 +139,9 @@ def test_bf16_runs_the_model_in_bfloat16_and_keeps_float32_weights_and_gradients
     seen = []
     policy.model.lm_head.register_forward_hook(lambda module, args, out: seen.append(out.dtype))
     samples = draw_groups(task, policy, np.arange(4), 2, seed=0, version=0)
-    learner = policy.token_log_probs(*[torch.from_numpy(a) for a in (samples.prompt, samples.prompt_mask,
-                                                                      samples.tokens, samples.mask)])
+    learner = policy.token_log_probs(
+        *[torch.from_numpy(a) for a in (samples.prompt, samples.prompt_mask, samples.tokens, samples.mask)]
+    )
     assert set(seen) == {torch.bfloat16} and learner.dtype == torch.float32
     mask = torch.from_numpy(samples.mask)
     assert torch.allclose(learner.detach()[mask], torch.from_numpy(samples.log_probs)[mask], atol=0.1)

@@ -11,8 +11,16 @@ from distrl.config import ConfigError, PPOConfig, RunConfig
 from distrl.logs import RunLogger
 from distrl.training import OnPolicyTrainer
 
-SMALL = PPOConfig(n_envs=4, n_steps=16, batch_size=32, n_epochs=2, learning_rate=1e-3, lr_schedule="linear",
-                  normalize_obs=True, normalize_reward=True)
+SMALL = PPOConfig(
+    n_envs=4,
+    n_steps=16,
+    batch_size=32,
+    n_epochs=2,
+    learning_rate=1e-3,
+    lr_schedule="linear",
+    normalize_obs=True,
+    normalize_reward=True,
+)
 
 
 def small_run(run_dir, **kw):

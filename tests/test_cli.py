@@ -15,35 +15,62 @@ def run_cli(*args, cwd=None):
     return subprocess.run([sys.executable, "-m", "distrl", *args], capture_output=True, text=True, cwd=cwd, timeout=120)
 
 
-@pytest.mark.parametrize("args, message", [
-    (["train", "ppo", "CartPol-v1"], "did you mean CartPole-v1"),
-    (["train", "xyz", "CartPole-v1"], "algo='xyz' is not known"),
-    (["train", "ppo", "CartPole-v1", "--n-steps", "0"], "n_steps=0 is not allowed: must be > 0"),
-    (["train", "ppo", "CartPole-v1", "--batch-size", "100"], "must be a divisor of n_envs * n_steps"),
-    (["train", "ppo", "CartPole-v1", "--total-steps", "-5"], "total_steps=-5"),
-    (["train", "ppo", "CartPole-v1", "--preset", "nope"], "preset='nope' is not a ppo preset"),
-    (["train", "ppo", "distrl_testenvs:ContinuousCountEnv", "--vec", "native"], "vec='native' is not available"),
-    (["train", "ppo", "Blackjack-v1"], "observation space Tuple"),
-    (["train", "ppo"], "ENV is missing"),
-    (["eval", "/no/such/run"], "does not exist"),
-    (["train", "sac", "CartPole-v1"], "has a Discrete action space; sac needs Box"),
-    (["train", "sac", "Pendulum-v1", "--buffer-size", "100"], "buffer_size=100 is not allowed: must be >= batch_size"),
-    (["train", "sac", "Pendulum-v1", "--ent-coef", "lots"], "ent_coef='lots'"),
-    (["train", "sac", "Pendulum-v1", "--buffer-size", str(10**11)], "buffer_size=100000000000 is not allowed: must be at most"),
-    (["train", "ppo", "distrl_spaceenvs:QuadrantEnv", "--encoder", "nature"], "encoder='nature' does not fit a 10x10 image"),
-    (["train", "ppo", "distrl_spaceenvs:QuadrantEnv", "--normalize-obs"], "normalize_obs=True is not allowed"),
-    (["train", "ppo", "os:system"], "an entry point must be a gymnasium.Env subclass or a function returning"),
-    (["train", "ppo", "distrl_testenvs:returns_none"], "returned a NoneType, not a gymnasium.Env"),
-    (["train", "ppo", "CartPole-v1", "--env-kwargs", "fast"], "env_kwargs='fast' is not allowed: must be key=value"),
-    (["train", "ppo", "CartPole-v1", "--env-kwargs", "speed=2"], "env_kwargs=speed=2 is not accepted by CartPole-v1"),
-    (["train", "ppo", "CartPole-v1", "--wrapper", "distrl_testenvs:broken_wrapper"], "'distrl_testenvs:broken_wrapper' returned"),
-    (["train", "ppo", "CartPole-v1", "--policy", "nets"], "policy='nets' is not allowed"),
-    # flags tyro cannot parse: its box of lines read back as one
-    (["train", "ppo", "CartPole-v1", "--net-arch", "256,256"], "['256,256']; the flag takes --net-arch [INT [INT ...]]"),
-    (["train", "ppo", "CartPole-v1", "--n-step", "5"], "Unrecognized options: --n-step, 5; did you mean --n-steps INT?"),
-    (["train", "ppo", "CartPole-v1", "--strategy", "foo"], "invalid choice 'foo' for argument '--strategy'"),
-    (["tune", "ppo", "CartPole-v1", "--trials", "x"], "'x'; the flag takes --trials INT (flags: distrl tune ppo"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["train", "ppo", "CartPol-v1"], "did you mean CartPole-v1"),
+        (["train", "xyz", "CartPole-v1"], "algo='xyz' is not known"),
+        (["train", "ppo", "CartPole-v1", "--n-steps", "0"], "n_steps=0 is not allowed: must be > 0"),
+        (["train", "ppo", "CartPole-v1", "--batch-size", "100"], "must be a divisor of n_envs * n_steps"),
+        (["train", "ppo", "CartPole-v1", "--total-steps", "-5"], "total_steps=-5"),
+        (["train", "ppo", "CartPole-v1", "--preset", "nope"], "preset='nope' is not a ppo preset"),
+        (["train", "ppo", "distrl_testenvs:ContinuousCountEnv", "--vec", "native"], "vec='native' is not available"),
+        (["train", "ppo", "Blackjack-v1"], "observation space Tuple"),
+        (["train", "ppo"], "ENV is missing"),
+        (["eval", "/no/such/run"], "does not exist"),
+        (["train", "sac", "CartPole-v1"], "has a Discrete action space; sac needs Box"),
+        (
+            ["train", "sac", "Pendulum-v1", "--buffer-size", "100"],
+            "buffer_size=100 is not allowed: must be >= batch_size",
+        ),
+        (["train", "sac", "Pendulum-v1", "--ent-coef", "lots"], "ent_coef='lots'"),
+        (
+            ["train", "sac", "Pendulum-v1", "--buffer-size", str(10**11)],
+            "buffer_size=100000000000 is not allowed: must be at most",
+        ),
+        (
+            ["train", "ppo", "distrl_spaceenvs:QuadrantEnv", "--encoder", "nature"],
+            "encoder='nature' does not fit a 10x10 image",
+        ),
+        (["train", "ppo", "distrl_spaceenvs:QuadrantEnv", "--normalize-obs"], "normalize_obs=True is not allowed"),
+        (["train", "ppo", "os:system"], "an entry point must be a gymnasium.Env subclass or a function returning"),
+        (["train", "ppo", "distrl_testenvs:returns_none"], "returned a NoneType, not a gymnasium.Env"),
+        (
+            ["train", "ppo", "CartPole-v1", "--env-kwargs", "fast"],
+            "env_kwargs='fast' is not allowed: must be key=value",
+        ),
+        (
+            ["train", "ppo", "CartPole-v1", "--env-kwargs", "speed=2"],
+            "env_kwargs=speed=2 is not accepted by CartPole-v1",
+        ),
+        (
+            ["train", "ppo", "CartPole-v1", "--wrapper", "distrl_testenvs:broken_wrapper"],
+            "'distrl_testenvs:broken_wrapper' returned",
+        ),
+        (["train", "ppo", "CartPole-v1", "--policy", "nets"], "policy='nets' is not allowed"),
+        # flags tyro cannot parse: its box of lines read back as one
+        (
+            ["train", "ppo", "CartPole-v1", "--net-arch", "256,256"],
+            "['256,256']; the flag takes --net-arch [INT [INT ...]]",
+        ),
+        (
+            ["train", "ppo", "CartPole-v1", "--n-step", "5"],
+            "Unrecognized options: --n-step, 5; did you mean --n-steps INT?",
+        ),
+        (["train", "ppo", "CartPole-v1", "--strategy", "foo"], "invalid choice 'foo' for argument '--strategy'"),
+        (["tune", "ppo", "CartPole-v1", "--trials", "x"], "'x'; the flag takes --trials INT (flags: distrl tune ppo"),
+    ],
+)
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys, args, message):
     code = main([*args, "--run-dir", str(tmp_path / "run")] if args[0] == "train" and len(args) > 2 else args)
     err = capsys.readouterr().err
@@ -63,12 +90,18 @@ def test_subprocess_error_has_no_traceback_unless_debug(tmp_path):
 
 @pytest.mark.parametrize("encoding", ["utf-8", "ascii"])  # tyro draws its boxes in either
 def test_a_flag_that_does_not_parse_is_one_line_however_the_terminal_draws_boxes(encoding):
-    result = subprocess.run([sys.executable, "-m", "distrl", "train", "ppo", "CartPole-v1", "--n-envs", "four"],
-                            capture_output=True, text=True, timeout=120,
-                            env={**os.environ, "PYTHONIOENCODING": encoding, "COLUMNS": "60"})
+    result = subprocess.run(
+        [sys.executable, "-m", "distrl", "train", "ppo", "CartPole-v1", "--n-envs", "four"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONIOENCODING": encoding, "COLUMNS": "60"},
+    )
     assert result.returncode == 2
-    assert result.stderr == ("distrl: error: Error parsing --n-envs: invalid literal for int() with base 10: 'four'; "
-                             "the flag takes --n-envs INT (flags: distrl train ppo CartPole-v1 --help)\n")
+    assert result.stderr == (
+        "distrl: error: Error parsing --n-envs: invalid literal for int() with base 10: 'four'; "
+        "the flag takes --n-envs INT (flags: distrl train ppo CartPole-v1 --help)\n"
+    )
 
 
 def test_corrupt_checkpoint_in_eval_is_a_clear_error(tmp_path, capsys):
@@ -100,7 +133,20 @@ def test_train_writes_run_dir_and_eval_reads_it(tmp_path, capsys):
 
 def test_resume_from_cli_continues_to_new_total(tmp_path):
     run_dir = tmp_path / "run"
-    args = ["train", "ppo", "cartpole", "--n-envs", "4", "--n-steps", "16", "--batch-size", "32", "--n-epochs", "1", "--quiet"]
+    args = [
+        "train",
+        "ppo",
+        "cartpole",
+        "--n-envs",
+        "4",
+        "--n-steps",
+        "16",
+        "--batch-size",
+        "32",
+        "--n-epochs",
+        "1",
+        "--quiet",
+    ]
     assert main([*args, "--total-steps", "256", "--run-dir", str(run_dir)]) == 0
     assert main([*args, "--resume", str(run_dir), "--total-steps", "512"]) == 0
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -109,8 +155,24 @@ def test_resume_from_cli_continues_to_new_total(tmp_path):
 
 
 def test_resume_from_an_earlier_checkpoint_continues_its_run(tmp_path):
-    args = ["train", "ppo", "cartpole", "--n-envs", "4", "--n-steps", "16", "--batch-size", "32", "--n-epochs", "1",
-            "--quiet", "--total-steps", "512", "--checkpoint-every", "256"]
+    args = [
+        "train",
+        "ppo",
+        "cartpole",
+        "--n-envs",
+        "4",
+        "--n-steps",
+        "16",
+        "--batch-size",
+        "32",
+        "--n-epochs",
+        "1",
+        "--quiet",
+        "--total-steps",
+        "512",
+        "--checkpoint-every",
+        "256",
+    ]
     assert main([*args, "--run-dir", str(tmp_path / "full")]) == 0
     assert main([*args, "--run-dir", str(tmp_path / "run")]) == 0
     older = tmp_path / "run" / "checkpoints" / f"step-{256:012d}"
@@ -127,8 +189,20 @@ def test_resume_from_an_earlier_checkpoint_continues_its_run(tmp_path):
 
 def test_sac_trains_saves_its_replay_and_resumes(tmp_path, capsys):
     run_dir = tmp_path / "run"
-    args = ["train", "sac", "Pendulum-v1", "--learning-starts", "50", "--batch-size", "32", "--net-arch", "32", "32",
-            "--save-replay", "--quiet"]
+    args = [
+        "train",
+        "sac",
+        "Pendulum-v1",
+        "--learning-starts",
+        "50",
+        "--batch-size",
+        "32",
+        "--net-arch",
+        "32",
+        "32",
+        "--save-replay",
+        "--quiet",
+    ]
     assert main([*args, "--total-steps", "300", "--checkpoint-every", "200", "--run-dir", str(run_dir)]) == 0
     assert (run_dir / "checkpoints" / f"step-{200:012d}" / "replay.safetensors").exists()
     assert (run_dir / "model" / "replay.safetensors").exists()
@@ -150,16 +224,36 @@ def test_run_dir_whose_only_checkpoint_is_truncated_says_so(tmp_path, capsys):
 
 def test_custom_env_with_kwargs_and_wrappers_evaluates_in_a_fresh_process(tmp_path):
     run_dir = tmp_path / "run"
-    assert main(["train", "ppo", "distrl_testenvs:GoRight", *FAST, "--total-steps", "512", "--env-kwargs", "size=3",
-                 "--wrapper", "distrl_testenvs:double_reward", "--wrapper", "distrl_testenvs:add_one_reward",
-                 "--run-dir", str(run_dir)]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "ppo",
+                "distrl_testenvs:GoRight",
+                *FAST,
+                "--total-steps",
+                "512",
+                "--env-kwargs",
+                "size=3",
+                "--wrapper",
+                "distrl_testenvs:double_reward",
+                "--wrapper",
+                "distrl_testenvs:add_one_reward",
+                "--run-dir",
+                str(run_dir),
+            ]
+        )
+        == 0
+    )
     run = json.loads((run_dir / "config.json").read_text())["run"]
     assert run["env"] == "distrl_testenvs:GoRight" and run["env_kwargs"] == ["size=3"]
     assert run["wrappers"] == ["distrl_testenvs:double_reward", "distrl_testenvs:add_one_reward"]
     assert json.loads((run_dir / "model" / "state.json").read_text())["env_id"] == "distrl_testenvs:GoRight"
     # wrapped reward: 2 * (-0.1) + 1 = 0.8 per move that does not reach the end, 2 * 1 + 1 = 3 at the end
-    code = (f"from distrl import PPO; m = PPO.load({str(run_dir)!r}, trust_code=True); env = m._trainer.env; "
-            "print(env.env_id, env.reset(seed=0).shape, env.step(__import__('numpy').ones(8, int)).reward[0])")
+    code = (
+        f"from distrl import PPO; m = PPO.load({str(run_dir)!r}, trust_code=True); env = m._trainer.env; "
+        "print(env.env_id, env.reset(seed=0).shape, env.step(__import__('numpy').ones(8, int)).reward[0])"
+    )
     fresh = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert fresh.returncode == 0, fresh.stderr
     assert fresh.stdout.split() == ["custom/GoRight-v0", "(8,", "1)", "0.8"]
@@ -170,7 +264,9 @@ def test_custom_env_with_kwargs_and_wrappers_evaluates_in_a_fresh_process(tmp_pa
 
 def test_a_run_saved_with_a_custom_id_takes_the_entry_point_from_the_command(tmp_path, capsys):
     run_dir = tmp_path / "run"
-    assert main(["train", "ppo", "distrl_testenvs:GoRight", *FAST, "--total-steps", "256", "--run-dir", str(run_dir)]) == 0
+    assert (
+        main(["train", "ppo", "distrl_testenvs:GoRight", *FAST, "--total-steps", "256", "--run-dir", str(run_dir)]) == 0
+    )
     for path in [run_dir / "config.json", run_dir / "model" / "state.json"]:  # as distrl wrote them before
         path.write_text(path.read_text().replace('"distrl_testenvs:GoRight"', '"custom/Gone-v0"'))
     capsys.readouterr()
@@ -181,5 +277,8 @@ def test_a_run_saved_with_a_custom_id_takes_the_entry_point_from_the_command(tmp
     assert "differs from the resumed run's env 'custom/Gone-v0'" in capsys.readouterr().err
     for path in [run_dir / "config.json", run_dir / "model" / "state.json"]:
         path.write_text(path.read_text().replace('"custom/Gone-v0"', '"custom/GoRight-v0"'))
-    assert main(["train", "ppo", "distrl_testenvs:GoRight", "--resume", str(run_dir), "--total-steps", "512", "--quiet"]) == 0
+    assert (
+        main(["train", "ppo", "distrl_testenvs:GoRight", "--resume", str(run_dir), "--total-steps", "512", "--quiet"])
+        == 0
+    )
     assert json.loads((run_dir / "config.json").read_text())["run"]["env"] == "distrl_testenvs:GoRight"

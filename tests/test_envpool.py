@@ -12,7 +12,7 @@ from distrl.logs import read_monitor
 envpool = pytest.importorskip("envpool")
 pytest.importorskip("ale_py")
 
-from distrl.envpool_vec import ATARI_DEFAULTS, EnvPoolVector
+from distrl.envpool_vec import ATARI_DEFAULTS, EnvPoolVector  # noqa: E402 - after the skips
 
 BREAKOUT_TRAINING = {**ATARI_DEFAULTS, "episodic_life": True, "reward_clip": True}
 
@@ -92,11 +92,14 @@ def test_envpool_runs_its_other_tasks_with_vecenv_episode_accounting():
     env.close()
 
 
-@pytest.mark.parametrize("ask, message", [
-    ({"wrappers": ("distrl_testenvs:double_reward",)}, "vec='envpool' cannot apply wrappers"),
-    ({"atari_wrappers": False}, "preprocesses Atari games itself"),
-    ({"env_kwargs": {"frameskip": 1}}, "env_kwargs=.*frameskip=1.* is not accepted by envpool's Breakout-v5"),
-])
+@pytest.mark.parametrize(
+    "ask, message",
+    [
+        ({"wrappers": ("distrl_testenvs:double_reward",)}, "vec='envpool' cannot apply wrappers"),
+        ({"atari_wrappers": False}, "preprocesses Atari games itself"),
+        ({"env_kwargs": {"frameskip": 1}}, "env_kwargs=.*frameskip=1.* is not accepted by envpool's Breakout-v5"),
+    ],
+)
 def test_what_envpool_cannot_do_is_a_one_line_error(ask, message):
     with pytest.raises(ConfigError, match=message):
         make_env("breakout", 2, vec="envpool", **ask)
@@ -112,9 +115,30 @@ def test_ppo_trains_on_envpool_and_evaluates_on_gymnasium(tmp_path):
     from distrl.cli import main
 
     run_dir = tmp_path / "run"
-    code = main(["train", "ppo", "breakout", "--vec", "envpool", "--total-steps", "1024", "--n-envs", "4",
-                 "--n-steps", "128", "--batch-size", "128", "--n-epochs", "1", "--eval-episodes", "1",
-                 "--run-dir", str(run_dir), "--quiet"])
+    code = main(
+        [
+            "train",
+            "ppo",
+            "breakout",
+            "--vec",
+            "envpool",
+            "--total-steps",
+            "1024",
+            "--n-envs",
+            "4",
+            "--n-steps",
+            "128",
+            "--batch-size",
+            "128",
+            "--n-epochs",
+            "1",
+            "--eval-episodes",
+            "1",
+            "--run-dir",
+            str(run_dir),
+            "--quiet",
+        ]
+    )
     assert code == 0
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["total_steps"] == 1024 and summary["final_eval_mean_return"] >= 0

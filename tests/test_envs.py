@@ -4,8 +4,14 @@ import pytest
 
 from distrl import env_names
 from distrl.config import ConfigError, RunConfig, parse_env_kwargs
-from distrl.env_names import (env_kwargs_items, env_source, portable_env_name, required_extra, resolve_env_id,
-                              wrapper_names)
+from distrl.env_names import (
+    env_kwargs_items,
+    env_source,
+    portable_env_name,
+    required_extra,
+    resolve_env_id,
+    wrapper_names,
+)
 from distrl.envs import make_env, make_run_env, make_vector_env
 
 
@@ -58,8 +64,16 @@ def test_autoreset_marks_reset_step_invalid_and_keeps_final_obs(terminate):
     seen = []
     for _ in range(8):
         step = env.step(np.zeros(1, dtype=np.int64))
-        seen.append((step.obs[0].tolist(), bool(step.valid[0]), bool(step.terminated[0]), bool(step.truncated[0]),
-                     float(step.reward[0]), step.episode_returns.tolist()))
+        seen.append(
+            (
+                step.obs[0].tolist(),
+                bool(step.valid[0]),
+                bool(step.terminated[0]),
+                bool(step.truncated[0]),
+                float(step.reward[0]),
+                step.episode_returns.tolist(),
+            )
+        )
     # episode of 3 steps: obs 1, 2, 3 (3 is the true final obs), then the reset step returns [0, 1]
     assert seen[2][0] == [3.0, 0.0] and seen[2][2:4] == (terminate, not terminate) and seen[2][5] == [3.0]
     assert seen[3] == ([0.0, 1.0], False, False, False, 0.0, [])
@@ -110,8 +124,12 @@ def test_one_env_fast_path_steps_exactly_like_a_sync_vector_env(env_id):
         pytest.importorskip("mujoco")
     fast = make_env(env_id, 1)
     assert isinstance(fast.env, OneEnv)
-    sync = VecEnv(gym.make_vec(env_id, num_envs=1, vectorization_mode="sync",
-                               vector_kwargs={"autoreset_mode": AutoresetMode.NEXT_STEP}), env_id)
+    sync = VecEnv(
+        gym.make_vec(
+            env_id, num_envs=1, vectorization_mode="sync", vector_kwargs={"autoreset_mode": AutoresetMode.NEXT_STEP}
+        ),
+        env_id,
+    )
     assert np.array_equal(fast.reset(seed=3), sync.reset(seed=3))
     rng = np.random.default_rng(0)
     low, high = fast.single_action_space.low, fast.single_action_space.high
@@ -128,8 +146,14 @@ def test_one_env_fast_path_steps_exactly_like_a_sync_vector_env(env_id):
 
 
 def test_env_kwargs_are_typed_and_bad_items_named():
-    assert parse_env_kwargs(["continuous=true", "n=500", "lr=2.5e-4", "x=none", "name=fast", "flag=False"]) == \
-        {"continuous": True, "n": 500, "lr": 2.5e-4, "x": None, "name": "fast", "flag": False}
+    assert parse_env_kwargs(["continuous=true", "n=500", "lr=2.5e-4", "x=none", "name=fast", "flag=False"]) == {
+        "continuous": True,
+        "n": 500,
+        "lr": 2.5e-4,
+        "x": None,
+        "name": "fast",
+        "flag": False,
+    }
     with pytest.raises(ConfigError, match="env_kwargs='continuous' is not allowed: must be key=value"):
         RunConfig(env_kwargs=("continuous",))
     with pytest.raises(ConfigError, match="given twice"):
@@ -141,11 +165,20 @@ def test_env_kwargs_are_typed_and_bad_items_named():
     assert RunConfig(policy="mypkg.nets:build").policy == "mypkg.nets:build"
 
 
-@pytest.mark.parametrize("entry, kind", [("os:system", "builtin_function_or_method"), ("distrl_testenvs:NOT_AN_ENV", "int"),
-                                         ("distrl_testenvs:np", "module")])
+@pytest.mark.parametrize(
+    "entry, kind",
+    [
+        ("os:system", "builtin_function_or_method"),
+        ("distrl_testenvs:NOT_AN_ENV", "int"),
+        ("distrl_testenvs:np", "module"),
+    ],
+)
 def test_an_entry_point_that_is_not_an_env_is_refused_without_calling_it(entry, kind):
-    with pytest.raises(ConfigError, match=f"is a {kind}, not an environment: an entry point must be a gymnasium.Env "
-                                          "subclass or a function returning a gymnasium.Env"):
+    with pytest.raises(
+        ConfigError,
+        match=f"is a {kind}, not an environment: an entry point must be a gymnasium.Env "
+        "subclass or a function returning a gymnasium.Env",
+    ):
         resolve_env_id(entry)
 
 
@@ -173,8 +206,12 @@ def test_unknown_env_kwarg_is_named():
 
 
 def test_wrappers_apply_in_order_to_each_env():
-    run = RunConfig(env="distrl_testenvs:CountEnv", env_kwargs=("length=2",), vec="sync",
-                    wrappers=("distrl_testenvs:double_reward", "distrl_testenvs:add_one_reward"))
+    run = RunConfig(
+        env="distrl_testenvs:CountEnv",
+        env_kwargs=("length=2",),
+        vec="sync",
+        wrappers=("distrl_testenvs:double_reward", "distrl_testenvs:add_one_reward"),
+    )
     env = make_run_env(run, 2)
     env.reset(seed=0)
     step = env.step(np.zeros(2, np.int64))
@@ -183,9 +220,14 @@ def test_wrappers_apply_in_order_to_each_env():
     env.close()
 
 
-@pytest.mark.parametrize("wrapper, message", [("distrl_testenvs:broken_wrapper", "returned a NoneType, not a gymnasium.Env"),
-                                              ("distrl_testenvs:NOT_AN_ENV", "is a int: a wrapper must be a function"),
-                                              ("distrl_testenvs:nope", "has no 'nope'")])
+@pytest.mark.parametrize(
+    "wrapper, message",
+    [
+        ("distrl_testenvs:broken_wrapper", "returned a NoneType, not a gymnasium.Env"),
+        ("distrl_testenvs:NOT_AN_ENV", "is a int: a wrapper must be a function"),
+        ("distrl_testenvs:nope", "has no 'nope'"),
+    ],
+)
 def test_a_wrapper_that_does_not_return_an_env_is_named(wrapper, message):
     with pytest.raises(ConfigError, match=f"wrappers.*{wrapper}.*{message}"):
         make_env("CartPole-v1", 1, wrappers=(wrapper,))
@@ -203,7 +245,9 @@ def test_native_vector_env_is_kept_when_it_takes_the_kwargs():
     env = make_vector_env("CartPole-v1", 2, "auto", {}, ("distrl_testenvs:double_reward",))
     assert type(env).__name__ == "SyncVectorEnv"
     env.close()
-    with pytest.raises(ConfigError, match="vec='native' is not available for CartPole-v1: wrappers apply to single envs"):
+    with pytest.raises(
+        ConfigError, match="vec='native' is not available for CartPole-v1: wrappers apply to single envs"
+    ):
         make_vector_env("CartPole-v1", 2, "native", {}, ("distrl_testenvs:double_reward",))
 
 
@@ -214,8 +258,10 @@ def test_a_custom_id_from_an_old_run_asks_for_its_entry_point():
 
 def test_env_instances_and_factories_from_the_api():
     assert env_source(gym.make("CartPole-v1")) == ("CartPole-v1", ())
-    assert env_source(gym.make("CartPole-v1", sutton_barto_reward=True, max_episode_steps=50)) == \
-        ("CartPole-v1", ("sutton_barto_reward=true", "max_episode_steps=50"))
+    assert env_source(gym.make("CartPole-v1", sutton_barto_reward=True, max_episode_steps=50)) == (
+        "CartPole-v1",
+        ("sutton_barto_reward=true", "max_episode_steps=50"),
+    )
     from distrl_testenvs import CountEnv, make_count_env
 
     assert env_source(make_count_env) == ("distrl_testenvs:make_count_env", ())
@@ -255,8 +301,10 @@ def test_api_kwargs_and_wrappers_become_recordable_names():
     assert env_kwargs_items({"length": 2, "terminate": True}) == ("length=2", "terminate=true")
     with pytest.raises(ConfigError, match="cannot be recorded in config.json"):
         env_kwargs_items({"shape": (2, 2)})
-    assert wrapper_names([double_reward, "distrl_testenvs:add_one_reward"]) == \
-        ("distrl_testenvs:double_reward", "distrl_testenvs:add_one_reward")
+    assert wrapper_names([double_reward, "distrl_testenvs:add_one_reward"]) == (
+        "distrl_testenvs:double_reward",
+        "distrl_testenvs:add_one_reward",
+    )
     name = wrapper_names(lambda env: env)[0]
     assert name.startswith("memory:")
     env_names._OBJECTS.pop(name)  # as in a fresh process

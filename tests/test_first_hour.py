@@ -40,8 +40,9 @@ def _help(cls, field: str) -> str:
     return get_field_docstring(cls, field, ())
 
 
-@pytest.mark.parametrize("cls", [RunConfig, StrategyConfig, PPOConfig, SACConfig, REINFORCEConfig, GRPOConfig, TuneArgs,
-                                 EvalArgs, PlotArgs])
+@pytest.mark.parametrize(
+    "cls", [RunConfig, StrategyConfig, PPOConfig, SACConfig, REINFORCEConfig, GRPOConfig, TuneArgs, EvalArgs, PlotArgs]
+)
 def test_every_help_text_flows_as_one_paragraph(cls):
     # tyro keeps a break before a line starting with anything but a letter: the help texts must join up
     for field in dataclasses.fields(cls):
@@ -60,22 +61,50 @@ def test_help_describes_every_strategy_and_speaks_of_the_command_it_is_in():
 
 
 def test_an_iteration_bounded_run_counts_iterations_and_ends_with_one_labelled_line(tmp_path, capsys):
-    code = main(["train", "reinforce", "cartpole", "--iterations", "3", "--episodes-per-iter", "4",
-                 "--eval-episodes", "1", "--run-dir", str(tmp_path / "run")])
+    code = main(
+        [
+            "train",
+            "reinforce",
+            "cartpole",
+            "--iterations",
+            "3",
+            "--episodes-per-iter",
+            "4",
+            "--eval-episodes",
+            "1",
+            "--run-dir",
+            str(tmp_path / "run"),
+        ]
+    )
     assert code == 0
     err = capsys.readouterr().err.splitlines()
     progress = [line for line in err if re.match(r"(steps|iterations) [\d,]+/", line)]
     assert progress and all(line.startswith("iterations ") and "/3 " in line for line in progress)
     ends = [line for line in err if line.startswith("done:")]
     assert len(ends) == 1 and not any("total time" in line for line in err)
-    assert re.match(r"done: 3 iterations, [\d,]+ steps, 12 episodes in [\d.]+s training \([\d,]+ SPS\), "
-                    r"[\d.]+s total; eval return -?[\d.]+ ± [\d.]+; run dir ", ends[0]), ends[0]
+    assert re.match(
+        r"done: 3 iterations, [\d,]+ steps, 12 episodes in [\d.]+s training \([\d,]+ SPS\), "
+        r"[\d.]+s total; eval return -?[\d.]+ ± [\d.]+; run dir ",
+        ends[0],
+    ), ends[0]
 
 
 @pytest.mark.parametrize("algo", ["ppo", "sac"])
 def test_iterations_are_refused_where_they_would_be_ignored(algo, tmp_path, capsys):
-    assert main(["train", algo, "pendulum" if algo == "sac" else "cartpole", "--iterations", "3",
-                 "--run-dir", str(tmp_path / "run")]) == 2
+    assert (
+        main(
+            [
+                "train",
+                algo,
+                "pendulum" if algo == "sac" else "cartpole",
+                "--iterations",
+                "3",
+                "--run-dir",
+                str(tmp_path / "run"),
+            ]
+        )
+        == 2
+    )
     assert f"iterations=3 is not allowed for {algo}: must be 0" in capsys.readouterr().err
 
 
@@ -85,8 +114,9 @@ def _in_a_terminal(args: list[str]) -> str:
 
     main_fd, worker_fd = pty.openpty()
     env = dict(os.environ, COLUMNS="120", TERM="xterm", PYTHONPATH=str(TESTS))
-    proc = subprocess.Popen([sys.executable, "-m", "distrl", *args], stdout=worker_fd, stderr=worker_fd,
-                            stdin=subprocess.DEVNULL, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "distrl", *args], stdout=worker_fd, stderr=worker_fd, stdin=subprocess.DEVNULL, env=env
+    )
     os.close(worker_fd)
     chunks = []
     while True:
@@ -105,8 +135,25 @@ def _in_a_terminal(args: list[str]) -> str:
 
 def test_in_a_terminal_the_bar_ends_on_the_real_count_above_the_summary(tmp_path):
     # 3 envs x 128 steps: the run passes 1,000 steps at 1,152
-    out = _in_a_terminal(["train", "ppo", "cartpole", "--total-steps", "1000", "--n-envs", "3", "--n-steps", "128",
-                          "--batch-size", "128", "--eval-episodes", "1", "--run-dir", str(tmp_path / "run")])
+    out = _in_a_terminal(
+        [
+            "train",
+            "ppo",
+            "cartpole",
+            "--total-steps",
+            "1000",
+            "--n-envs",
+            "3",
+            "--n-steps",
+            "128",
+            "--batch-size",
+            "128",
+            "--eval-episodes",
+            "1",
+            "--run-dir",
+            str(tmp_path / "run"),
+        ]
+    )
     lines = out.splitlines()
     assert lines[-1].startswith("done: 1,152 steps"), out
     bars = [line for line in lines if line.startswith("steps ")]
@@ -129,10 +176,37 @@ def test_learn_shows_progress_only_when_asked(capsys):
 @pytest.mark.multiprocess
 def test_ray_start_up_chatter_goes_to_the_run_directory(tmp_path):
     run_dir = tmp_path / "run"
-    result = subprocess.run([sys.executable, "-m", "distrl", "train", "ppo", "cartpole", "--strategy", "actor-learner",
-                             "--workers", "1", "--total-steps", "512", "--n-envs", "2", "--n-steps", "64", "--batch-size", "64",
-                             "--eval-episodes", "1", "--quiet", "--run-dir", str(run_dir)],
-                            capture_output=True, text=True, timeout=300, check=False)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "distrl",
+            "train",
+            "ppo",
+            "cartpole",
+            "--strategy",
+            "actor-learner",
+            "--workers",
+            "1",
+            "--total-steps",
+            "512",
+            "--n-envs",
+            "2",
+            "--n-steps",
+            "64",
+            "--batch-size",
+            "64",
+            "--eval-episodes",
+            "1",
+            "--quiet",
+            "--run-dir",
+            str(run_dir),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert result.returncode == 0, result.stderr
     assert result.stderr == "" and result.stdout == ""  # --quiet and Ray's notices elsewhere: nothing at all
     assert (run_dir / "ray-start.log").is_file()  # what Ray printed while starting, if anything

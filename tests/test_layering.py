@@ -35,6 +35,7 @@ def test_the_check_detects_a_forbidden_import(tmp_path):
 def import_graph(package: Path) -> dict[str, set[str]]:
     """Module → the package's modules it imports, anywhere in its body (inside functions too). Importing
     ``a.b.c`` also runs the packages ``a`` and ``a.b``, so they count."""
+
     def name_of(path: Path) -> str:
         parts = list(path.relative_to(package.parent).with_suffix("").parts)
         return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
@@ -108,8 +109,13 @@ def test_no_two_modules_import_each_other_even_through_function_level_imports():
 def test_training_imports_no_strategy():
     # Layers import downward: strategies build trainers (and hand them their sources), never the reverse.
     graph = import_graph(PACKAGE)
-    upward = {(m, d) for m, deps in graph.items() if m.startswith("distrl.training") for d in deps
-              if d.startswith("distrl.strategies")}
+    upward = {
+        (m, d)
+        for m, deps in graph.items()
+        if m.startswith("distrl.training")
+        for d in deps
+        if d.startswith("distrl.strategies")
+    }
     assert upward == set(), upward
 
 

@@ -18,8 +18,9 @@ def test_ppo_solves_cartpole_and_stays_solved(seed):
 @pytest.mark.slow
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_sac_reaches_minus_200_on_pendulum_within_20k_steps(precision):
-    model = SAC("Pendulum-v1", seed=0, preset="auto", eval_every=2000, target_return=-200.0, threads=2,
-                precision=precision)
+    model = SAC(
+        "Pendulum-v1", seed=0, preset="auto", eval_every=2000, target_return=-200.0, threads=2, precision=precision
+    )
     model.learn(20_000)
     mean, _ = model._trainer.last_eval
     model.close()

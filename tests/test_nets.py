@@ -5,8 +5,16 @@ import pytest
 import torch
 from gymnasium import spaces
 
-from distrl.nets import (ActorCritic, MLP, ParamBuffer, categorical_grad, categorical_terms, gaussian_grad,
-                         gaussian_terms, mlp_shapes)
+from distrl.nets import (
+    MLP,
+    ActorCritic,
+    ParamBuffer,
+    categorical_grad,
+    categorical_terms,
+    gaussian_grad,
+    gaussian_terms,
+    mlp_shapes,
+)
 from reference import distribution, functional_params
 
 

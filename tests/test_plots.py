@@ -58,8 +58,11 @@ def test_seeds_of_one_setting_are_one_curve_their_mean_and_band_read_between_epi
 def test_runs_that_differ_only_in_their_seed_are_grouped_and_named_by_what_their_names_share(tmp_path):
     def run(name, seed, lr):
         write_monitor(tmp_path / name / "monitor.csv", [1], [1])
-        (tmp_path / name / "config.json").write_text(json.dumps(
-            {"run": {"seed": seed, "run_dir": str(tmp_path / name), "env": "CartPole-v1"}, "ppo": {"lr": lr}}))
+        (tmp_path / name / "config.json").write_text(
+            json.dumps(
+                {"run": {"seed": seed, "run_dir": str(tmp_path / name), "env": "CartPole-v1"}, "ppo": {"lr": lr}}
+            )
+        )
         return tmp_path / name
 
     runs = [run("ppo-x-s0", 0, 1e-3), run("ppo-x-s1", 1, 1e-3), run("ppo-y-s0", 0, 3e-4)]
@@ -95,11 +98,14 @@ def test_stable_baselines3_monitor_files_are_read(tmp_path):
     assert len(fig.axes[0].get_lines()[0].get_ydata()) == 3
 
 
-@pytest.mark.parametrize("args, message", [
-    (["plot", "/no/such/run"], "does not exist"),
-    (["plot", "EMPTY", "--x", "steps"], "holds no episodes"),
-    (["plot", "EMPTY", "--smooth", "0"], "smooth=0 is not allowed"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["plot", "/no/such/run"], "does not exist"),
+        (["plot", "EMPTY", "--x", "steps"], "holds no episodes"),
+        (["plot", "EMPTY", "--smooth", "0"], "smooth=0 is not allowed"),
+    ],
+)
 def test_bad_plot_inputs_are_one_line_exit_2(tmp_path, capsys, args, message):
     write_monitor(tmp_path / "empty" / "monitor.csv", [], [])
     args = [str(tmp_path / "empty") if a == "EMPTY" else a for a in args]
@@ -110,8 +116,12 @@ def test_bad_plot_inputs_are_one_line_exit_2(tmp_path, capsys, args, message):
 
 def test_unknown_axis_is_rejected(tmp_path):
     write_monitor(tmp_path / "a" / "monitor.csv", [1], [1])
-    result = subprocess.run([sys.executable, "-m", "distrl", "plot", str(tmp_path / "a"), "--x", "episodes"],
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-m", "distrl", "plot", str(tmp_path / "a"), "--x", "episodes"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 2 and "episodes" in result.stderr
 
 
@@ -144,8 +154,9 @@ def test_labelled_panes_carry_a_strip_naming_each_policy_and_its_return(tmp_path
 
     from distrl.video import LABEL_HEIGHT, record
 
-    recording = record("CartPole-v1", [lambda obs: 0, lambda obs: 1], tmp_path / "v.gif", seed=3,
-                       labels=["untrained", "trained"])
+    recording = record(
+        "CartPole-v1", [lambda obs: 0, lambda obs: 1], tmp_path / "v.gif", seed=3, labels=["untrained", "trained"]
+    )
     video = imageio.mimread(tmp_path / "v.gif")
     height = video[0].shape[0]
     assert height == 400 + LABEL_HEIGHT  # CartPole renders 600x400: a strip above each pane
@@ -168,10 +179,27 @@ def test_record_needs_a_gif_or_mp4_name(tmp_path, capsys):
 @pytest.mark.multiprocess
 def test_bench_scaling_writes_figures_and_chart(tmp_path):
     out = tmp_path / "bench"
-    result = subprocess.run([sys.executable, "-m", "distrl", "bench", "scaling", "ppo", "CartPole-v1", "--workers",
-                             "1,2", "--total-steps", "2048", "--out-dir", str(out),
-                             "--extra=--n-envs 4 --n-steps 32 --batch-size 64 --n-epochs 2"],
-                            capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "distrl",
+            "bench",
+            "scaling",
+            "ppo",
+            "CartPole-v1",
+            "--workers",
+            "1,2",
+            "--total-steps",
+            "2048",
+            "--out-dir",
+            str(out),
+            "--extra=--n-envs 4 --n-steps 32 --batch-size 64 --n-epochs 2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr
     figures = json.loads((out / "scaling.json").read_text())
     base, two = figures["runs"]

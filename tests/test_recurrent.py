@@ -41,23 +41,36 @@ def test_the_core_in_segments_equals_a_step_by_step_loop_that_restarts_at_episod
     h = [s.clone() for s in state]
     for t in range(T):  # the plain loop: zero where an episode starts, then one step
         h = [s * (1 - starts[t]).view(1, B, 1) for s in h]
-        step, new = cell(x[t:t + 1], tuple(h) if kind == "lstm" else h[0])
+        step, new = cell(x[t : t + 1], tuple(h) if kind == "lstm" else h[0])
         h = list(new) if kind == "lstm" else [new]
         torch.testing.assert_close(out[t], step[0], rtol=0, atol=1e-6)
     for a, b in zip(last, h):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
 
 
-def _plain_loss(agent: RecurrentAgent, params: torch.Tensor, obs, state, starts, actions, old_log_prob, advantages,
-                returns, valid, cfg: PPOConfig, clip: float) -> torch.Tensor:
+def _plain_loss(
+    agent: RecurrentAgent,
+    params: torch.Tensor,
+    obs,
+    state,
+    starts,
+    actions,
+    old_log_prob,
+    advantages,
+    returns,
+    valid,
+    cfg: PPOConfig,
+    clip: float,
+) -> torch.Tensor:
     """PPO's loss written directly with autograd: the module called one step at a time from its state."""
     views = agent._views(params)
     T, B = starts.shape
     heads, values = [], []
     for t in range(T):
         state = tuple(s * (1 - starts[t]).view(1, B, 1) for s in state)
-        (head, value), state = torch.func.functional_call(agent.module, {n: views[n] for n in agent.names},
-                                                          (obs[t:t + 1], state, torch.zeros(1, B)))
+        (head, value), state = torch.func.functional_call(
+            agent.module, {n: views[n] for n in agent.names}, (obs[t : t + 1], state, torch.zeros(1, B))
+        )
         heads.append(head[0])
         values.append(value[0])
     dist = torch.distributions.Categorical(logits=torch.stack(heads).reshape(T * B, -1))
@@ -89,14 +102,33 @@ def test_the_sequence_gradient_equals_autograd_on_the_plain_loss():
 
     envs = torch.tensor([2, 0, 1])  # a minibatch's sequences, in shuffled order
     rows = sequence_minibatch_rows(T, N, envs)
-    mb = _Rows(obs.reshape(T * N, 3)[rows], actions[rows], old_log_prob[rows], torch.zeros(T * N), advantages[rows],
-               returns[rows], valid[rows])
+    mb = _Rows(
+        obs.reshape(T * N, 3)[rows],
+        actions[rows],
+        old_log_prob[rows],
+        torch.zeros(T * N),
+        advantages[rows],
+        returns[rows],
+        valid[rows],
+    )
     algo._minibatch_gradient(mb, 0.2, Sequences(starts, state).select(envs))
     ours = agent.params.grad.clone()
 
     params = agent.params.data.clone().requires_grad_(True)
-    loss = _plain_loss(agent, params, obs[:, envs], tuple(s[:, envs] for s in state), starts[:, envs], mb.actions,
-                       mb.old_log_prob, mb.advantages, mb.returns, mb.valid, cfg, 0.2)
+    loss = _plain_loss(
+        agent,
+        params,
+        obs[:, envs],
+        tuple(s[:, envs] for s in state),
+        starts[:, envs],
+        mb.actions,
+        mb.old_log_prob,
+        mb.advantages,
+        mb.returns,
+        mb.valid,
+        cfg,
+        0.2,
+    )
     (expected,) = torch.autograd.grad(loss, [params])
     torch.testing.assert_close(ours, expected, rtol=1e-5, atol=1e-6)
     assert expected.abs().sum() > 0
@@ -111,17 +143,26 @@ def test_reinforce_runs_each_episode_as_one_sequence_from_the_initial_state():
     for a, b in zip(offsets[:-1], offsets[1:]):  # each episode alone, step by step, from zeros
         state = agent.initial_state(1)
         for t in range(a, b):
-            _, _, value, state = agent.act_state(obs[t:t + 1].numpy(), None, state, np.array([t == a]))
+            _, _, value, state = agent.act_state(obs[t : t + 1].numpy(), None, state, np.array([t == a]))
             np.testing.assert_allclose(fwd.values[t].item(), value[0], rtol=0, atol=1e-6)
     # the gradient reaches through the sequences: d(sum of values)/d(params) equals autograd's on the loop
-    agent.backward(fwd, agent.dist_terms(fwd, torch.zeros(10, dtype=torch.long)), torch.zeros(10, dtype=torch.long),
-                   torch.zeros(10), None, torch.ones(10))
+    agent.backward(
+        fwd,
+        agent.dist_terms(fwd, torch.zeros(10, dtype=torch.long)),
+        torch.zeros(10, dtype=torch.long),
+        torch.zeros(10),
+        None,
+        torch.ones(10),
+    )
     params = agent.params.data.clone().requires_grad_(True)
     views = agent._views(params)
     total = 0.0
     for a, b in zip(offsets[:-1], offsets[1:]):
-        (head, values), _ = torch.func.functional_call(agent.module, {n: views[n] for n in agent.names},
-                                                       (obs[a:b, None], agent.initial_state(1), torch.zeros(b - a, 1)))
+        (head, values), _ = torch.func.functional_call(
+            agent.module,
+            {n: views[n] for n in agent.names},
+            (obs[a:b, None], agent.initial_state(1), torch.zeros(b - a, 1)),
+        )
         total = total + values.sum()
     (expected,) = torch.autograd.grad(total, [params])
     torch.testing.assert_close(agent.params.grad, expected, rtol=1e-5, atol=1e-6)
@@ -129,8 +170,14 @@ def test_reinforce_runs_each_episode_as_one_sequence_from_the_initial_state():
 
 def _collect(agent, n_envs=2, T=14, seed=0):
     env = make_env(CUE, n_envs, vec="sync")
-    collector = RolloutCollector(env, agent, ObsNormalizer.for_space(env.single_observation_space, False, 10.0),
-                                 RewardScaler(n_envs, 0.99, False), T, seed)
+    collector = RolloutCollector(
+        env,
+        agent,
+        ObsNormalizer.for_space(env.single_observation_space, False, 10.0),
+        RewardScaler(n_envs, 0.99, False),
+        T,
+        seed,
+    )
     collector.reset(seed)
     rollout = collector.collect(0)
     return collector, rollout
@@ -149,8 +196,9 @@ def test_state_restarts_where_an_episode_starts_and_training_replays_what_acting
             value = agent.value_state(rollout.obs[t, n][None], fresh, np.array([True]))
             np.testing.assert_allclose(rollout.values[t, n], value[0], rtol=0, atol=1e-6)
         # 2. replaying the fragment from its recorded initial state gives the values and log-probs acting recorded
-        batch = PPOAlgo(PPOConfig(core="lstm", core_size=8, net_arch=(8,), n_envs=N, n_steps=T, batch_size=T * N),
-                        agent, 0).prepare(rollout)
+        batch = PPOAlgo(
+            PPOConfig(core="lstm", core_size=8, net_arch=(8,), n_envs=N, n_steps=T, batch_size=T * N), agent, 0
+        ).prepare(rollout)
         with torch.no_grad():
             fwd = agent.forward_sequences(batch.obs, batch.sequences.initial_state, batch.sequences.starts)
             log_prob = agent.dist_terms(fwd, batch.actions).log_prob
@@ -214,7 +262,9 @@ def test_predict_takes_and_returns_the_state():
 
 
 def test_what_a_recurrent_run_refuses():
-    with pytest.raises(ConfigError, match="batch_size=16 is not allowed: must be a multiple of n_steps = 32 with core='lstm'"):
+    with pytest.raises(
+        ConfigError, match="batch_size=16 is not allowed: must be a multiple of n_steps = 32 with core='lstm'"
+    ):
         PPOConfig(core="lstm", n_envs=8, n_steps=32, batch_size=16)
     with pytest.raises(ConfigError, match="core='lstm' is not allowed with policy=.*returns \\(head, value\\) itself"):
         PPO("CartPole-v1", core="lstm", policy="distrl_spaceenvs:tiny_net", n_envs=2, n_steps=8, batch_size=8)
@@ -223,11 +273,30 @@ def test_what_a_recurrent_run_refuses():
 @pytest.mark.slow
 def test_cartpole_without_velocities_needs_memory():
     # RL Zoo's CartPoleNoVel-v1 settings for RecurrentPPO (hyperparams/ppo_lstm.yml), one LSTM for both heads
-    settings = dict(wrappers=["distrl_memoryenvs:hide_velocity"], core_size=64, n_envs=8, n_steps=32, batch_size=256,
-                    n_epochs=20, gamma=0.98, gae_lambda=0.8, ent_coef=0.0, learning_rate=1e-3, lr_schedule="linear",
-                    clip_range=0.2, clip_schedule="linear", net_arch=(64,), activation="relu", ortho_init=False,
-                    normalize_obs=True, normalize_reward=True, seed=0, eval_every=10_000, eval_episodes=10,
-                    target_return=475.0)
+    settings = dict(
+        wrappers=["distrl_memoryenvs:hide_velocity"],
+        core_size=64,
+        n_envs=8,
+        n_steps=32,
+        batch_size=256,
+        n_epochs=20,
+        gamma=0.98,
+        gae_lambda=0.8,
+        ent_coef=0.0,
+        learning_rate=1e-3,
+        lr_schedule="linear",
+        clip_range=0.2,
+        clip_schedule="linear",
+        net_arch=(64,),
+        activation="relu",
+        ortho_init=False,
+        normalize_obs=True,
+        normalize_reward=True,
+        seed=0,
+        eval_every=10_000,
+        eval_episodes=10,
+        target_return=475.0,
+    )
     memory = PPO("CartPole-v1", core="lstm", **settings).learn(100_000)
     reached = memory._trainer.last_eval[0]
     steps = memory.num_steps

@@ -9,15 +9,33 @@ import results  # noqa: E402
 
 
 def run(name, seed, wall_s, sps, last100, caveat="", env_kwargs=()):
-    return {"dir": Path(name), "seed": seed, "last100": last100, "timing_caveat": caveat, "settings": "HalfCheetah-v5",
-            "config": {"strategy": {}, "run": {"env_kwargs": list(env_kwargs)}},
-            "summary": {"algo": "sac", "env": "HalfCheetah-v5", "strategy": "single", "workers": 1,
-                        "total_steps": 1000, "wall_s": wall_s, "sps": sps, "final_eval_mean_return": last100 + 10}}
+    return {
+        "dir": Path(name),
+        "seed": seed,
+        "last100": last100,
+        "timing_caveat": caveat,
+        "settings": "HalfCheetah-v5",
+        "config": {"strategy": {}, "run": {"env_kwargs": list(env_kwargs)}},
+        "summary": {
+            "algo": "sac",
+            "env": "HalfCheetah-v5",
+            "strategy": "single",
+            "workers": 1,
+            "total_steps": 1000,
+            "wall_s": wall_s,
+            "sps": sps,
+            "final_eval_mean_return": last100 + 10,
+        },
+    }
 
 
 def test_a_run_marked_as_not_comparable_is_left_out_of_wall_time_and_sps_but_not_returns():
-    lines = results.learning_table([run("sac-a-s0", 0, 600.0, 100.0, 1000.0),
-                                    run("sac-a-s1", 1, 6000.0, 10.0, 3000.0, caveat="paused for 2 hours")])
+    lines = results.learning_table(
+        [
+            run("sac-a-s0", 0, 600.0, 100.0, 1000.0),
+            run("sac-a-s1", 1, 6000.0, 10.0, 3000.0, caveat="paused for 2 hours"),
+        ]
+    )
     row = lines[2].split(" | ")
     assert row[4] == "0, 1" and row[6] == "2,000 ± 1,414"  # both seeds' returns
     assert row[8] == "10.0" and row[9] == "100"  # wall minutes and SPS of seed 0 alone
@@ -32,11 +50,18 @@ def test_a_group_with_no_comparable_timing_says_so():
 
 
 def test_runs_that_gave_the_env_arguments_get_their_own_row_which_names_them():
-    lines = results.learning_table([run("sac-c-s0", 0, 600.0, 100.0, 1000.0), run("sac-c-s1", 1, 600.0, 100.0, 3000.0),
-                                    run("sac-d-s0", 0, 600.0, 100.0, 5000.0, env_kwargs=["reset_noise_scale=0.2"])])
+    lines = results.learning_table(
+        [
+            run("sac-c-s0", 0, 600.0, 100.0, 1000.0),
+            run("sac-c-s1", 1, 600.0, 100.0, 3000.0),
+            run("sac-d-s0", 0, 600.0, 100.0, 5000.0, env_kwargs=["reset_noise_scale=0.2"]),
+        ]
+    )
     rows = [line.split(" | ") for line in lines[2:]]
     assert [(r[0].strip("| "), r[4], r[6]) for r in rows] == [
-        ("HalfCheetah-v5", "0, 1", "2,000 ± 1,414"), ("HalfCheetah-v5 (reset_noise_scale=0.2)", "0", "5,000")]
+        ("HalfCheetah-v5", "0, 1", "2,000 ± 1,414"),
+        ("HalfCheetah-v5 (reset_noise_scale=0.2)", "0", "5,000"),
+    ]
     assert rows[1][-1].startswith("RL Zoo 9535")  # the env's published figures still apply
 
 
@@ -70,4 +95,5 @@ def test_settings_shared_by_several_presets_are_named_after_the_runs_env():
 def test_the_results_page_is_what_the_kept_runs_regenerate():
     # docs/results.md is generated: a hand edit, or a kept run whose page was not rewritten, shows up here
     assert results.PAGE.read_text() == results.page_text(draw=False), (
-        "docs/results.md differs from what `python benchmarks/results.py` writes: run it and commit the page")
+        "docs/results.md differs from what `python benchmarks/results.py` writes: run it and commit the page"
+    )

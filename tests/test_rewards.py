@@ -82,7 +82,7 @@ def test_a_dataset_is_read_in_seeded_epochs(tmp_path):
 
 def test_bad_datasets_are_one_line_errors_naming_the_line(tmp_path):
     cases = [
-        (["{\"prompt\": \"a\"}", "{not json"], "line 2 is not JSON"),
+        (['{"prompt": "a"}', "{not json"], "line 2 is not JSON"),
         ([{"prompt": "a"}, [1, 2]], "line 2 is a list: must be a JSON object with a 'prompt' field"),
         ([{"question": "a"}], "line 1 has no 'prompt' field \\(its fields: question\\)"),
         ([{"prompt": 5}], "line 1: 'prompt' is a int: must be a string or a list of chat messages"),

@@ -28,8 +28,11 @@ def module_names(name: str) -> str:
 
 
 def copy_into_modules(closed, module) -> None:
-    for source, target in ((closed.actor, module.actor), (closed.critic, module.critic),
-                           (closed.critic_target, module.critic_target)):
+    for source, target in (
+        (closed.actor, module.actor),
+        (closed.critic, module.critic),
+        (closed.critic_target, module.critic_target),
+    ):
         for name, value in source.params.state_dict().items():
             mapped = name if name == "log_alpha" else module_names(name)
             target.params.view(mapped).copy_(value.t() if name.endswith("weight") else value)
@@ -37,8 +40,12 @@ def copy_into_modules(closed, module) -> None:
 
 def both_paths():
     closed = SACAlgo(CFG, make_sac_networks(OBS, ACT, CFG, "cpu", 0), torch.device("cpu"), 0)
-    built = lambda o, a, c: (SACActorModule(Flatten((3,)), 2, c.net_arch, c.activation),  # noqa: E731
-                             TwinQModule(Flatten((3,)), 2, c.net_arch, c.activation))
+
+    def built(o, a, c):
+        return SACActorModule(Flatten((3,)), 2, c.net_arch, c.activation), TwinQModule(
+            Flatten((3,)), 2, c.net_arch, c.activation
+        )
+
     module = SACAlgo(CFG, make_sac_networks(OBS, ACT, CFG, "cpu", 0, built), torch.device("cpu"), 0)
     assert isinstance(closed.actor, SquashedGaussianActor) and isinstance(closed.critic, TwinQ)
     assert isinstance(module.actor, ModuleSquashedActor) and isinstance(module.critic, ModuleTwinQ)
@@ -50,9 +57,13 @@ def test_sac_modules_match_the_closed_form_networks_step_for_step():
     closed, module = both_paths()
     g = torch.Generator().manual_seed(1)
     for _ in range(4):
-        batch = Transitions(torch.randn(16, 3, generator=g), torch.rand(16, 2, generator=g) * 2 - 1,
-                            torch.randn(16, generator=g), torch.randn(16, 3, generator=g),
-                            (torch.rand(16, generator=g) < 0.2).float())
+        batch = Transitions(
+            torch.randn(16, 3, generator=g),
+            torch.rand(16, 2, generator=g) * 2 - 1,
+            torch.randn(16, generator=g),
+            torch.randn(16, 3, generator=g),
+            (torch.rand(16, generator=g) < 0.2).float(),
+        )
         eps_next, eps_pi = torch.randn(16, 2, generator=g), torch.randn(16, 2, generator=g)
         m_closed = closed.update(batch, LocalSync(), eps_next, eps_pi)
         m_module = module.update(batch, LocalSync(), eps_next, eps_pi)
@@ -86,10 +97,18 @@ def test_the_critics_action_gradient_reaches_the_actor_and_leaves_the_critic_alo
 @pytest.mark.slow
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_sac_learns_a_task_that_needs_both_keys_of_a_dict_observation(precision):
-    run = RunConfig(algo="sac", env="distrl_spaceenvs:DictTargetEnv", total_steps=2_500, seed=0, vec="sync", quiet=True,
-                    precision=precision)
-    trainer = OffPolicyTrainer(run, SACConfig(net_arch=(64, 64), learning_rate=1e-3, batch_size=64,
-                                              learning_starts=200, buffer_size=10_000))
+    run = RunConfig(
+        algo="sac",
+        env="distrl_spaceenvs:DictTargetEnv",
+        total_steps=2_500,
+        seed=0,
+        vec="sync",
+        quiet=True,
+        precision=precision,
+    )
+    trainer = OffPolicyTrainer(
+        run, SACConfig(net_arch=(64, 64), learning_rate=1e-3, batch_size=64, learning_starts=200, buffer_size=10_000)
+    )
     assert isinstance(trainer.algo.actor, ModuleSquashedActor)
     assert trainer.replay.obs.dtype == np.uint8  # Dict observations stored as packed rows
     trainer.train()
@@ -114,8 +133,10 @@ def test_sac_refuses_discrete_actions_before_training():
 def test_bf16_runs_sacs_modules_in_bfloat16_and_keeps_parameters_gradients_and_outputs_float32():
     space = gym.spaces.Box(0, 255, (4, 36, 36), np.uint8)  # the Nature CNN's smallest input
     cfg = SACConfig(batch_size=16, buffer_size=100, net_arch=(32,), ent_coef="auto_0.3")
-    algos = {p: SACAlgo(cfg, make_sac_networks(space, ACT, cfg, "cpu", 0, precision=p), torch.device("cpu"), 0)
-             for p in ("fp32", "bf16")}
+    algos = {
+        p: SACAlgo(cfg, make_sac_networks(space, ACT, cfg, "cpu", 0, precision=p), torch.device("cpu"), 0)
+        for p in ("fp32", "bf16")
+    }
     assert torch.equal(algos["fp32"].critic.params.data, algos["bf16"].critic.params.data)  # one initialisation
     conv_out = {p: set() for p in algos}
     for p, algo in algos.items():
@@ -125,8 +146,9 @@ def test_bf16_runs_sacs_modules_in_bfloat16_and_keeps_parameters_gradients_and_o
                     layer.register_forward_hook(lambda m, i, o, p=p: conv_out[p].add(o.dtype))
     g = torch.Generator().manual_seed(0)
     obs, next_obs = (torch.randint(0, 256, (16, 4, 36, 36), generator=g, dtype=torch.uint8) for _ in range(2))
-    batch = Transitions(obs, torch.rand(16, 2, generator=g) * 2 - 1, torch.randn(16, generator=g), next_obs,
-                        torch.zeros(16))
+    batch = Transitions(
+        obs, torch.rand(16, 2, generator=g) * 2 - 1, torch.randn(16, generator=g), next_obs, torch.zeros(16)
+    )
     eps_next, eps_pi = torch.randn(16, 2, generator=g), torch.randn(16, 2, generator=g)
     losses, grads = {}, {}
     for p, algo in algos.items():

@@ -42,11 +42,11 @@ def wandb_records(run_dir: Path, run_id: str) -> list:
         pos, piece = 7, b""
         while pos + 7 <= len(data):
             left = 32768 - pos % 32768
-            _crc, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+            _crc, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
             if left < 7 or length == kind == 0:  # the rest of a block is padding
                 pos += left
                 continue
-            piece += data[pos + 7:pos + 7 + length]
+            piece += data[pos + 7 : pos + 7 + length]
             pos += 7 + length
             if kind in (1, 4):
                 record = pb.Record()
@@ -79,13 +79,35 @@ def tensorboard_scalars(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
 def _close(a: list[tuple[int, float]], b: list[tuple[int, float]]) -> bool:
     """Equal steps, and values equal to TensorBoard's float32."""
     return [s for s, _ in a] == [s for s, _ in b] and all(
-        v == pytest.approx(w, rel=1e-6, abs=1e-30) for (_, v), (_, w) in zip(a, b))
+        v == pytest.approx(w, rel=1e-6, abs=1e-30) for (_, v), (_, w) in zip(a, b)
+    )
 
 
 def test_a_tracked_run_sends_both_trackers_what_tensorboard_gets(tmp_path, stores, capsys):
     run = tmp_path / "run"
-    assert main(["train", "ppo", "CartPole-v1", "--total-steps", "2048", "--eval-every", "1024", "--eval-episodes",
-                 "3", "--run-dir", str(run), "--track", "wandb", "--track", "mlflow", "--quiet"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "ppo",
+                "CartPole-v1",
+                "--total-steps",
+                "2048",
+                "--eval-every",
+                "1024",
+                "--eval-episodes",
+                "3",
+                "--run-dir",
+                str(run),
+                "--track",
+                "wandb",
+                "--track",
+                "mlflow",
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     ids = json.loads((run / "tracking.json").read_text())
     summary = json.loads((run / "summary.json").read_text())
     board = tensorboard_scalars(run)
@@ -95,10 +117,16 @@ def test_a_tracked_run_sends_both_trackers_what_tensorboard_gets(tmp_path, store
     logged = wandb_history(records)
     assert set(logged) == set(board)
     assert all(_close(logged[tag], board[tag]) for tag in board), [t for t in board if not _close(logged[t], board[t])]
-    config = {item.key: json.loads(item.value_json) for r in records if r.WhichOneof("record_type") == "run"
-              for item in r.run.config.update}
-    assert config["run"]["total_steps"] == 2048 and config["ppo"]["n_envs"] == json.loads(
-        (run / "config.json").read_text())["ppo"]["n_envs"]
+    config = {
+        item.key: json.loads(item.value_json)
+        for r in records
+        if r.WhichOneof("record_type") == "run"
+        for item in r.run.config.update
+    }
+    assert (
+        config["run"]["total_steps"] == 2048
+        and config["ppo"]["n_envs"] == json.loads((run / "config.json").read_text())["ppo"]["n_envs"]
+    )
     final = {}
     for r in records:
         if r.WhichOneof("record_type") == "summary":
@@ -118,18 +146,43 @@ def test_a_tracked_run_sends_both_trackers_what_tensorboard_gets(tmp_path, store
 
     # A recorded evaluation video goes to the same tracked runs.
     video = tmp_path / "eval.gif"
-    assert main(["eval", str(run), "--record", str(video), "--episodes", "1", "--track", "wandb", "--track",
-                 "mlflow"]) == 0
+    assert (
+        main(["eval", str(run), "--record", str(video), "--episodes", "1", "--track", "wandb", "--track", "mlflow"])
+        == 0
+    )
     assert [f.path for f in client.list_artifacts(run_id, "eval")] == ["eval/eval.gif"]
     media = wandb_history(wandb_records(run, ids["wandb"]))
-    assert media["eval/video/_type"] == [(summary["total_steps"], "video-file")] and media["eval/video/path"][0][1].endswith(".gif")
+    assert media["eval/video/_type"] == [(summary["total_steps"], "video-file")] and media["eval/video/path"][0][
+        1
+    ].endswith(".gif")
 
 
 @pytest.mark.multiprocess
 def test_a_ddp_run_is_tracked_once_by_its_main_process(tmp_path, stores):
     run = tmp_path / "run"
-    assert main(["train", "ppo", "CartPole-v1", "--strategy", "ddp", "--workers", "2", "--total-steps", "2048",
-                 "--run-dir", str(run), "--track", "mlflow", "--track-project", "ddp-test", "--quiet"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "ppo",
+                "CartPole-v1",
+                "--strategy",
+                "ddp",
+                "--workers",
+                "2",
+                "--total-steps",
+                "2048",
+                "--run-dir",
+                str(run),
+                "--track",
+                "mlflow",
+                "--track-project",
+                "ddp-test",
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     client = stores
     experiment = client.get_experiment_by_name("ddp-test")
     runs = client.search_runs([experiment.experiment_id])
@@ -150,8 +203,25 @@ def test_a_missing_tracker_package_is_one_line_exit_2_before_anything_starts(tmp
 
     monkeypatch.setitem(sys.modules, "wandb", None)  # as if not installed: importing it raises ImportError
     run = tmp_path / "run"
-    assert main(["train", "ppo", "CartPole-v1", "--strategy", "ddp", "--workers", "2", "--run-dir", str(run),
-                 "--track", "wandb"]) == 2
-    assert capsys.readouterr().err.strip() == ("distrl: error: track='wandb' needs its package: "
-                                              "pip install 'distrl[wandb]'")
+    assert (
+        main(
+            [
+                "train",
+                "ppo",
+                "CartPole-v1",
+                "--strategy",
+                "ddp",
+                "--workers",
+                "2",
+                "--run-dir",
+                str(run),
+                "--track",
+                "wandb",
+            ]
+        )
+        == 2
+    )
+    assert capsys.readouterr().err.strip() == (
+        "distrl: error: track='wandb' needs its package: pip install 'distrl[wandb]'"
+    )
     assert not run.exists()

@@ -27,9 +27,30 @@ NAMED = {
 def trained(tmp_path_factory):
     """A small finished PPO run on a registered id, with a checkpoint to resume from."""
     run_dir = tmp_path_factory.mktemp("trust") / "run"
-    code = main(["train", "ppo", "CartPole-v1", "--total-steps", "128", "--n-envs", "2", "--n-steps", "32",
-                 "--batch-size", "64", "--n-epochs", "1", "--checkpoint-every", "64", "--eval-episodes", "1",
-                 "--run-dir", str(run_dir), "--quiet"])
+    code = main(
+        [
+            "train",
+            "ppo",
+            "CartPole-v1",
+            "--total-steps",
+            "128",
+            "--n-envs",
+            "2",
+            "--n-steps",
+            "32",
+            "--batch-size",
+            "64",
+            "--n-epochs",
+            "1",
+            "--checkpoint-every",
+            "64",
+            "--eval-episodes",
+            "1",
+            "--run-dir",
+            str(run_dir),
+            "--quiet",
+        ]
+    )
     assert code == 0
     return run_dir
 
@@ -49,8 +70,9 @@ def craft(trained: Path, tmp_path: Path, run_fields: dict) -> Path:
 
 def cli(*args, marker: Path) -> subprocess.CompletedProcess:
     env = dict(os.environ, DISTRL_TEST_MARKER=str(marker), PYTHONPATH=str(TESTS))
-    return subprocess.run([sys.executable, "-m", "distrl", *args], capture_output=True, text=True, env=env,
-                          timeout=300, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "distrl", *args], capture_output=True, text=True, env=env, timeout=300, check=False
+    )
 
 
 @pytest.mark.parametrize("field", NAMED)
@@ -90,8 +112,19 @@ def test_names_the_user_passes_again_need_no_flag(trained, tmp_path, monkeypatch
     marker = tmp_path / "marker"
     crafted = craft(trained, tmp_path, NAMED["wrapper"])
     # the same wrapper passed again by the user is theirs: the resume goes ahead and imports it
-    result = cli("train", "ppo", "CartPole-v1", "--resume", str(crafted), "--wrapper", "distrl_marker:wrap",
-                 "--total-steps", "192", "--quiet", marker=marker)
+    result = cli(
+        "train",
+        "ppo",
+        "CartPole-v1",
+        "--resume",
+        str(crafted),
+        "--wrapper",
+        "distrl_marker:wrap",
+        "--total-steps",
+        "192",
+        "--quiet",
+        marker=marker,
+    )
     assert result.returncode == 0, result.stderr
     assert marker.exists()
     # in Python, a replacement given to load is the user's too

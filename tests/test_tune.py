@@ -23,8 +23,12 @@ TESTS = Path(__file__).parent
 States = optuna.trial.TrialState
 
 # A small space on distrl's CartPole preset (32 envs x 16 steps): studies of a few seconds a trial.
-SPACE = {"learning_rate": {"type": "float", "low": 1e-4, "high": 3e-3, "log": True}, "n_epochs": [2, 10],
-         "n_steps": 16, "net_arch": [[32], "small"]}
+SPACE = {
+    "learning_rate": {"type": "float", "low": 1e-4, "high": 3e-3, "log": True},
+    "n_epochs": [2, 10],
+    "n_steps": 16,
+    "net_arch": [[32], "small"],
+}
 
 
 def _write(path: Path, data) -> Path:
@@ -33,9 +37,25 @@ def _write(path: Path, data) -> Path:
 
 
 def _tune(tmp_path: Path, *flags: str, space: dict = SPACE, trials: int = 4, budget: int = 12_288) -> list[str]:
-    return ["tune", "ppo", "CartPole-v1", "--trials", str(trials), "--budget-steps", str(budget), "--study-dir",
-            str(tmp_path / "study"), "--space", str(_write(tmp_path / "space.json", space)), "--no-default-space",
-            "--evaluations", "3", "--eval-episodes", "5", *flags]
+    return [
+        "tune",
+        "ppo",
+        "CartPole-v1",
+        "--trials",
+        str(trials),
+        "--budget-steps",
+        str(budget),
+        "--study-dir",
+        str(tmp_path / "study"),
+        "--space",
+        str(_write(tmp_path / "space.json", space)),
+        "--no-default-space",
+        "--evaluations",
+        "3",
+        "--eval-episodes",
+        "5",
+        *flags,
+    ]
 
 
 def _study(tmp_path: Path, name: str = "ppo-CartPole-v1"):
@@ -44,45 +64,68 @@ def _study(tmp_path: Path, name: str = "ppo-CartPole-v1"):
 
 # ---- search spaces and preset files ----
 
+
 def test_a_space_file_changes_the_default_space_and_maps_parameters_to_fields(tmp_path):
-    space = build_space("ppo", str(_write(tmp_path / "s.json", {
-        "gamma": [0.9, 0.99], "n_envs": 4, "net_arch": [[32, 16], "tiny"],
-        "one_minus_gae_lambda": {"type": "float", "low": 0.01, "high": 0.2, "log": True}})))
+    space = build_space(
+        "ppo",
+        str(
+            _write(
+                tmp_path / "s.json",
+                {
+                    "gamma": [0.9, 0.99],
+                    "n_envs": 4,
+                    "net_arch": [[32, 16], "tiny"],
+                    "one_minus_gae_lambda": {"type": "float", "low": 0.01, "high": 0.2, "log": True},
+                },
+            )
+        ),
+    )
     assert "one_minus_gamma" not in space.distributions  # gamma in the file replaces the zoo's one_minus_gamma
     assert space.fixed == {"n_envs": 4}
     assert {"learning_rate", "n_epochs", "gamma", "net_arch"} <= set(space.distributions)  # the rest stays
     values = space.values({"gamma": 0.99, "one_minus_gae_lambda": 0.05, "net_arch": "32x16", "learning_rate": 1e-3})
-    assert values == {"n_envs": 4, "gamma": 0.99, "gae_lambda": pytest.approx(0.95), "net_arch": (32, 16),
-                      "learning_rate": 1e-3}
+    assert values == {
+        "n_envs": 4,
+        "gamma": 0.99,
+        "gae_lambda": pytest.approx(0.95),
+        "net_arch": (32, 16),
+        "learning_rate": 1e-3,
+    }
     assert build_space("sac").values({"train_freq": 8})["gradient_steps"] == 8  # the zoo ties them
     only = build_space("ppo", str(_write(tmp_path / "o.json", {"n_epochs": [1, 2]})), defaults=False)
     assert set(only.distributions) == {"n_epochs"}
 
 
-@pytest.mark.parametrize("space, message", [
-    ({"n_epoch": [1, 2]}, "'n_epoch' is not a ppo field"),
-    ({"learning_rate": {"type": "float", "low": 1e-3}}, "{'type': 'float', 'low': 0.001} is not a valid range"),
-    ({"learning_rate": {"type": "beta", "low": 0, "high": 1}}, "type must be float, int or categorical"),
-    ({"one_minus_gamma": {"type": "float", "low": 0.5, "high": 2.0}}, "one_minus_ ranges must lie in (0, 1)"),
-    ({"n_epochs": "ten"}, "n_epochs='ten' is not allowed: must be an integer"),
-    ({"net_arch": [[64, -1]]}, "net_arch choice [64, -1] must be one of tiny"),
-    ({"gradient_steps": {"same_as": "train_freq"}}, "'gradient_steps' is not a ppo field"),
-])
+@pytest.mark.parametrize(
+    "space, message",
+    [
+        ({"n_epoch": [1, 2]}, "'n_epoch' is not a ppo field"),
+        ({"learning_rate": {"type": "float", "low": 1e-3}}, "{'type': 'float', 'low': 0.001} is not a valid range"),
+        ({"learning_rate": {"type": "beta", "low": 0, "high": 1}}, "type must be float, int or categorical"),
+        ({"one_minus_gamma": {"type": "float", "low": 0.5, "high": 2.0}}, "one_minus_ ranges must lie in (0, 1)"),
+        ({"n_epochs": "ten"}, "n_epochs='ten' is not allowed: must be an integer"),
+        ({"net_arch": [[64, -1]]}, "net_arch choice [64, -1] must be one of tiny"),
+        ({"gradient_steps": {"same_as": "train_freq"}}, "'gradient_steps' is not a ppo field"),
+    ],
+)
 def test_a_bad_space_file_is_one_line_naming_the_parameter(tmp_path, space, message):
     with pytest.raises(ConfigError) as err:
         build_space("ppo", str(_write(tmp_path / "s.json", space)))
     assert message in str(err.value) and "\n" not in str(err.value)
 
 
-@pytest.mark.parametrize("preset, message", [
-    ({"n_epoch": 3}, "n_epoch=3 is not a PPOConfig field"),
-    ({"n_epochs": "ten"}, "n_epochs='ten' is not allowed: must be an integer"),
-    ({"net_arch": [64, "a"]}, "net_arch=[64, 'a'] is not allowed: must be a list of integers"),
-    ({"n_epochs": 0}, "n_epochs=0 is not allowed: must be > 0"),
-    ({"algo": "sac", "batch_size": 64}, "is for algo='sac': this run trains ppo"),
-    ({"total_steps": 1.5}, "total_steps=1.5 is not allowed: must be an integer"),
-    ("[1, 2", "cannot be read"),
-])
+@pytest.mark.parametrize(
+    "preset, message",
+    [
+        ({"n_epoch": 3}, "n_epoch=3 is not a PPOConfig field"),
+        ({"n_epochs": "ten"}, "n_epochs='ten' is not allowed: must be an integer"),
+        ({"net_arch": [64, "a"]}, "net_arch=[64, 'a'] is not allowed: must be a list of integers"),
+        ({"n_epochs": 0}, "n_epochs=0 is not allowed: must be > 0"),
+        ({"algo": "sac", "batch_size": 64}, "is for algo='sac': this run trains ppo"),
+        ({"total_steps": 1.5}, "total_steps=1.5 is not allowed: must be an integer"),
+        ("[1, 2", "cannot be read"),
+    ],
+)
 def test_a_bad_preset_file_is_one_line_exit_2_and_starts_nothing(tmp_path, capsys, preset, message):
     path = tmp_path / "p.json"
     path.write_text(preset if isinstance(preset, str) else json.dumps(preset))
@@ -93,12 +136,27 @@ def test_a_bad_preset_file_is_one_line_exit_2_and_starts_nothing(tmp_path, capsy
 
 
 def test_a_preset_file_sets_the_run_as_its_values_say_and_flags_still_win(tmp_path):
-    path = _write(tmp_path / "p.json", {"algo": "ppo", "env": "CartPole-v1", "comment": "hand-written",
-                                        "n_envs": 4, "n_steps": 32, "batch_size": 64, "net_arch": [32],
-                                        "learning_rate": 1e-3, "total_steps": 256})
+    path = _write(
+        tmp_path / "p.json",
+        {
+            "algo": "ppo",
+            "env": "CartPole-v1",
+            "comment": "hand-written",
+            "n_envs": 4,
+            "n_steps": 32,
+            "batch_size": 64,
+            "net_arch": [32],
+            "learning_rate": 1e-3,
+            "total_steps": 256,
+        },
+    )
     run = tmp_path / "run"
-    assert main(["train", "ppo", "CartPole-v1", "--preset", str(path), "--n-epochs", "3", "--run-dir", str(run),
-                 "--quiet"]) == 0
+    assert (
+        main(
+            ["train", "ppo", "CartPole-v1", "--preset", str(path), "--n-epochs", "3", "--run-dir", str(run), "--quiet"]
+        )
+        == 0
+    )
     config = json.loads((run / "config.json").read_text())
     assert (config["ppo"]["n_envs"], config["ppo"]["n_steps"], config["ppo"]["net_arch"]) == (4, 32, [32])
     assert (config["ppo"]["learning_rate"], config["ppo"]["n_epochs"]) == (1e-3, 3)
@@ -106,6 +164,7 @@ def test_a_preset_file_sets_the_run_as_its_values_say_and_flags_still_win(tmp_pa
 
 
 # ---- studies ----
+
 
 @pytest.mark.multiprocess
 def test_a_study_writes_its_database_results_and_a_best_preset_that_reproduces_the_best_trial(tmp_path, capsys):
@@ -137,8 +196,23 @@ def test_a_study_writes_its_database_results_and_a_best_preset_that_reproduces_t
     assert f"best: trial {best.number}" in out
     # The best preset trained again (same seed) reaches the best trial's return.
     again = tmp_path / "again"
-    assert main(["train", "ppo", "CartPole-v1", "--preset", str(d / "best.json"), "--run-dir", str(again),
-                 "--quiet", "--eval-episodes", "5"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "ppo",
+                "CartPole-v1",
+                "--preset",
+                str(d / "best.json"),
+                "--run-dir",
+                str(again),
+                "--quiet",
+                "--eval-episodes",
+                "5",
+            ]
+        )
+        == 0
+    )
     summary = json.loads((again / "summary.json").read_text())
     std = json.loads((Path(best.user_attrs["run_dir"]) / "summary.json").read_text())["final_eval_std_return"]
     assert abs(summary["final_eval_mean_return"] - best.value) <= std + 1e-6
@@ -149,8 +223,9 @@ def test_a_crashing_trial_is_recorded_failed_with_its_error_and_the_study_goes_o
     # Every trial's network factory raises: each is recorded as failed, with the error, and the next starts.
     flags = ["--policy", "distrl_tunecrash:crashing_policy", "--trials", "2"]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([sys.executable, "-m", "distrl", *_tune(tmp_path, *flags)], env=env, capture_output=True,
-                          text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "distrl", *_tune(tmp_path, *flags)], env=env, capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 1, proc.stdout + proc.stderr
     trials = _study(tmp_path).get_trials()
     assert [t.state for t in trials] == [States.FAIL, States.FAIL]
@@ -176,7 +251,8 @@ def test_a_killed_study_resumes_without_losing_or_repeating_a_trial(tmp_path):
     while time.monotonic() < deadline:  # kill it once a trial has finished and the next one's process has it
         time.sleep(0.05)  # files only: a trial trains for seconds, so one seen running is still running
         if (trials_dir / "trial-0000" / RESULT_FILE).exists() and any(
-                (d / LOG_FILE).exists() and not (d / RESULT_FILE).exists() for d in trials_dir.iterdir()):
+            (d / LOG_FILE).exists() and not (d / RESULT_FILE).exists() for d in trials_dir.iterdir()
+        ):
             break
     else:
         first.kill()
@@ -199,8 +275,9 @@ def test_a_killed_study_resumes_without_losing_or_repeating_a_trial(tmp_path):
     assert f"{len(finished)} of 4 trials done, 1 interrupted trial(s) to run again" in again.stdout
     after = _study(tmp_path).get_trials()
     assert {t.number: t.value for t in after if t.number in finished} == finished  # kept, not run again
-    assert all((Path(before[n].user_attrs["run_dir"]) / "summary.json").stat().st_mtime_ns == stamps[n]
-               for n in finished)
+    assert all(
+        (Path(before[n].user_attrs["run_dir"]) / "summary.json").stat().st_mtime_ns == stamps[n] for n in finished
+    )
     lost = after[interrupted[0].number]
     assert lost.state == States.FAIL and lost.user_attrs["interrupted"]
     retry = [t for t in after if t.user_attrs.get("retry_of") == lost.number]

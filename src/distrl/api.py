@@ -16,13 +16,20 @@ import torch
 
 from distrl import checkpoint
 from distrl.config import ConfigError, RunConfig, split_by_config
-from distrl.envs import make_run_env
-from distrl.logs import Console
 from distrl.env_names import env_kwargs_items, env_source, object_name, refuse_named_code, wrapper_names
+from distrl.envs import make_run_env
 from distrl.evaluation import evaluate
+from distrl.logs import Console
 from distrl.presets import algo_configs
-from distrl.training import EVAL_SEED_OFFSET, OffPolicyTrainer, OnPolicyTrainer, TrainerBase, configs_from_checkpoint
-from distrl.training import make_trainer
+from distrl.training import (
+    EVAL_SEED_OFFSET,
+    OffPolicyTrainer,
+    OnPolicyTrainer,
+    TrainerBase,
+    configs_from_checkpoint,
+    make_trainer,
+)
+
 
 class Model:
     """An algorithm trained in this process (``--strategy single``). Use :class:`PPO` or :class:`SAC`.
@@ -49,8 +56,18 @@ class Model:
 
     algo = ""
 
-    def __init__(self, env: Any, *, seed: int = 0, preset: str = "none", run_dir: str | Path | None = None,
-                 env_kwargs: Any = None, wrappers: Any = (), policy: Any = None, **hyperparameters: Any):
+    def __init__(
+        self,
+        env: Any,
+        *,
+        seed: int = 0,
+        preset: str = "none",
+        run_dir: str | Path | None = None,
+        env_kwargs: Any = None,
+        wrappers: Any = (),
+        policy: Any = None,
+        **hyperparameters: Any,
+    ):
         run, params = split_by_config(hyperparameters, RunConfig)
         run.setdefault("quiet", True)
         if policy is not None:
@@ -89,13 +106,26 @@ class Model:
         """Whether the policy carries a state through each episode (``core='lstm'|'gru'``)."""
         return False
 
-    def _act(self, obs: np.ndarray, deterministic: bool, rng: np.random.Generator, state: Any = None,
-             starts: np.ndarray | None = None) -> tuple[np.ndarray, Any]:
+    def _act(
+        self,
+        obs: np.ndarray,
+        deterministic: bool,
+        rng: np.random.Generator,
+        state: Any = None,
+        starts: np.ndarray | None = None,
+    ) -> tuple[np.ndarray, Any]:
         """Env actions for a batch, and the next state of a recurrent policy (None otherwise)."""
         raise NotImplementedError
 
-    def predict(self, obs: Any, deterministic: bool = True, rng: np.random.Generator | None = None, *,
-                state: Any = None, episode_start: Any = None) -> Any:
+    def predict(
+        self,
+        obs: Any,
+        deterministic: bool = True,
+        rng: np.random.Generator | None = None,
+        *,
+        state: Any = None,
+        episode_start: Any = None,
+    ) -> Any:
         """Env action(s) for one observation or a batch, as the env gives them: a vector or an image in
         its own shape and dtype ([B, ...] for a batch), a Dict observation as a dict of such arrays.
 
@@ -105,11 +135,15 @@ class Model:
         """
         batch, single = self._trainer.stored_batch(obs)
         starts = None if episode_start is None else np.asarray(episode_start, dtype=bool).reshape(len(batch))
-        actions, state = self._act(batch, deterministic, rng if rng is not None else np.random.default_rng(), state, starts)
+        actions, state = self._act(
+            batch, deterministic, rng if rng is not None else np.random.default_rng(), state, starts
+        )
         actions = actions[0] if single else actions
         return (actions, state) if self.recurrent else actions
 
-    def evaluate(self, n_episodes: int = 10, deterministic: bool = True, seed: int | None = None) -> tuple[float, float]:
+    def evaluate(
+        self, n_episodes: int = 10, deterministic: bool = True, seed: int | None = None
+    ) -> tuple[float, float]:
         """Mean and std of the return over ``n_episodes`` episodes."""
         trainer = self._trainer
         env = make_run_env(trainer.run, n_episodes, trainer.env_id, evaluation=True)
@@ -139,8 +173,15 @@ class Model:
         return checkpoint.save(Path(path), tensors, state)
 
     @classmethod
-    def load(cls, path: str | Path, device: str = "auto", env: Any = None, wrappers: Any = None,
-             policy: Any = None, trust_code: bool = False) -> Model:
+    def load(
+        cls,
+        path: str | Path,
+        device: str = "auto",
+        env: Any = None,
+        wrappers: Any = None,
+        policy: Any = None,
+        trust_code: bool = False,
+    ) -> Model:
         """Load a model saved by :meth:`save`, a checkpoint directory, or a run directory's newest checkpoint.
 
         ``env``, ``wrappers`` and ``policy`` replace the run's (as in the constructor): needed when the model
@@ -154,10 +195,12 @@ class Model:
         run_cfg, _, cfg, state = configs_from_checkpoint(path)
         if state["algo"] == "grpo":
             home = checkpoint.run_dir_of(path)
-            raise ConfigError(f"checkpoint={str(path)!r} holds a grpo run, which acts on prompts, not in an env: its "
-                              "greedy reward is in summary.json, and a language model's weights are a transformers "
-                              f"directory in {str(home / 'pretrained') if home else 'RUN/pretrained'} "
-                              "(from_pretrained loads it)")
+            raise ConfigError(
+                f"checkpoint={str(path)!r} holds a grpo run, which acts on prompts, not in an env: its "
+                "greedy reward is in summary.json, and a language model's weights are a transformers "
+                f"directory in {str(home / 'pretrained') if home else 'RUN/pretrained'} "
+                "(from_pretrained loads it)"
+            )
         own: list[str] = []
         if env is not None:
             name, spec_kwargs = env_source(env)
@@ -208,8 +251,14 @@ class PPO(Model):
     def recurrent(self) -> bool:
         return self._trainer.agent.recurrent
 
-    def _act(self, obs: np.ndarray, deterministic: bool, rng: np.random.Generator, state: Any = None,
-             starts: np.ndarray | None = None) -> tuple[np.ndarray, Any]:
+    def _act(
+        self,
+        obs: np.ndarray,
+        deterministic: bool,
+        rng: np.random.Generator,
+        state: Any = None,
+        starts: np.ndarray | None = None,
+    ) -> tuple[np.ndarray, Any]:
         agent = self._trainer.agent
         noise = None if deterministic else agent.spec.draw_noise(rng, (len(obs),))
         obs = self._trainer.policy_obs(obs)
@@ -230,8 +279,14 @@ class SAC(Model):
     algo = "sac"
     _trainer: OffPolicyTrainer
 
-    def _act(self, obs: np.ndarray, deterministic: bool, rng: np.random.Generator, state: Any = None,
-             starts: np.ndarray | None = None) -> tuple[np.ndarray, Any]:
+    def _act(
+        self,
+        obs: np.ndarray,
+        deterministic: bool,
+        rng: np.random.Generator,
+        state: Any = None,
+        starts: np.ndarray | None = None,
+    ) -> tuple[np.ndarray, Any]:
         trainer = self._trainer
         noise = None if deterministic else rng.standard_normal((len(obs), trainer.action_dim), dtype=np.float32)
         return trainer.to_env(trainer.algo.actor.act(obs, noise)), None

@@ -108,7 +108,7 @@ def one_line(box: str, prog: str) -> str:
             sections.append([])
         else:
             sections[-1].append(line)
-    sections = [s for s in sections if s][0 if "│" in box else 1:]
+    sections = [s for s in sections if s][0 if "│" in box else 1 :]
     parts = []
     for head, *body in sections:
         usages = [line for line in body if line.startswith("-")]

@@ -150,6 +150,7 @@ def make_atari(env_id: str, env_kwargs: dict[str, Any], training: bool, render_m
     if render_mode is not None:
         kwargs["render_mode"] = render_mode
     env = gym.make(env_id, **kwargs)
-    env = AtariPreprocessing(env, noop_max=NOOP_MAX, frame_skip=FRAME_SKIP, screen_size=SCREEN_SIZE,
-                             grayscale_obs=True, scale_obs=False)
+    env = AtariPreprocessing(
+        env, noop_max=NOOP_MAX, frame_skip=FRAME_SKIP, screen_size=SCREEN_SIZE, grayscale_obs=True, scale_obs=False
+    )
     return wrap_game(env, training)

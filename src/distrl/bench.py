@@ -56,8 +56,20 @@ def scaling_command(argv: list[str]) -> int:
     for n in counts:
         strategy = "single" if n == 1 else args.strategy
         run_dir = out / f"{strategy}-x{n}"
-        cmd = [sys.executable, "-m", "distrl", "train", args.algo, args.env, "--strategy", strategy, "--quiet",
-               "--run-dir", str(run_dir), *args.extra.split()]
+        cmd = [
+            sys.executable,
+            "-m",
+            "distrl",
+            "train",
+            args.algo,
+            args.env,
+            "--strategy",
+            strategy,
+            "--quiet",
+            "--run-dir",
+            str(run_dir),
+            *args.extra.split(),
+        ]
         if n > 1:
             cmd += ["--workers", str(n)]
         if args.total_steps:
@@ -68,20 +80,38 @@ def scaling_command(argv: list[str]) -> int:
         if result.returncode != 0:
             raise ConfigError(f"the {strategy} x{n} run failed: {result.stderr.strip().splitlines()[-1:]}")
         summary = json.loads((run_dir / "summary.json").read_text())
-        rows.append({"workers": n, "strategy": strategy, "wall_s": time.perf_counter() - start,
-                     "train_s": summary["train_s"], "total_steps": summary["total_steps"], "sps": summary["sps"]})
-        print(f"    {summary['total_steps']:,} steps, training {summary['train_s']:.1f}s, "
-              f"{summary['sps']:,.0f} SPS", file=sys.stderr, flush=True)
+        rows.append(
+            {
+                "workers": n,
+                "strategy": strategy,
+                "wall_s": time.perf_counter() - start,
+                "train_s": summary["train_s"],
+                "total_steps": summary["total_steps"],
+                "sps": summary["sps"],
+            }
+        )
+        print(
+            f"    {summary['total_steps']:,} steps, training {summary['train_s']:.1f}s, {summary['sps']:,.0f} SPS",
+            file=sys.stderr,
+            flush=True,
+        )
     base = rows[0]
     for row in rows:
         row["speedup"] = speedup(base["train_s"], base["total_steps"], row["train_s"], row["total_steps"])
-    (out / "scaling.json").write_text(json.dumps({"algo": args.algo, "env": args.env, "strategy": args.strategy,
-                                                  "runs": rows}, indent=2))
-    speedup_chart([r["workers"] for r in rows], [r["speedup"] for r in rows],
-                  f"{args.algo.upper()} {args.env}, --strategy {args.strategy}", out / "speedup.png")
+    (out / "scaling.json").write_text(
+        json.dumps({"algo": args.algo, "env": args.env, "strategy": args.strategy, "runs": rows}, indent=2)
+    )
+    speedup_chart(
+        [r["workers"] for r in rows],
+        [r["speedup"] for r in rows],
+        f"{args.algo.upper()} {args.env}, --strategy {args.strategy}",
+        out / "speedup.png",
+    )
     print(f"{'workers':>7} {'strategy':>13} {'total steps':>12} {'training s':>10} {'speedup':>8} {'ideal':>6}")
     for r in rows:
-        print(f"{r['workers']:>7} {r['strategy']:>13} {r['total_steps']:>12,} {r['train_s']:>10.1f} "
-              f"{r['speedup']:>7.2f}x {r['workers']:>5}x")
+        print(
+            f"{r['workers']:>7} {r['strategy']:>13} {r['total_steps']:>12,} {r['train_s']:>10.1f} "
+            f"{r['speedup']:>7.2f}x {r['workers']:>5}x"
+        )
     print(f"chart: {out / 'speedup.png'}, figures: {out / 'scaling.json'}")
     return 0

@@ -65,8 +65,10 @@ def load(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise ConfigError(f"checkpoint={str(path)!r} is not a distrl checkpoint (format field missing)")
     if state.get("format_version") != FORMAT_VERSION:
-        raise ConfigError(f"checkpoint={str(path)!r} has format_version={state.get('format_version')!r}; "
-                          f"this distrl reads {FORMAT_VERSION}")
+        raise ConfigError(
+            f"checkpoint={str(path)!r} has format_version={state.get('format_version')!r}; "
+            f"this distrl reads {FORMAT_VERSION}"
+        )
     try:
         tensors = load_file(str(path / TENSORS))
     except (SafetensorError, OSError, ValueError) as exc:
@@ -98,11 +100,15 @@ def find_latest(run_or_checkpoint: Path) -> Path:
         raise ConfigError(f"run={str(path)!r} does not exist")
     if (path / STATE).exists() or (path / TENSORS).exists():
         return path
-    candidates = [p for p in (path / CHECKPOINTS_DIR).glob("step-*") if p.is_dir()] if (path / CHECKPOINTS_DIR).is_dir() else []
+    candidates = (
+        [p for p in (path / CHECKPOINTS_DIR).glob("step-*") if p.is_dir()] if (path / CHECKPOINTS_DIR).is_dir() else []
+    )
     if (path / MODEL_DIR).is_dir():
         candidates.append(path / MODEL_DIR)
     if not candidates:
-        raise ConfigError(f"run={str(path)!r} holds no distrl checkpoint (looked for {MODEL_DIR}/ and {CHECKPOINTS_DIR}/step-*)")
+        raise ConfigError(
+            f"run={str(path)!r} holds no distrl checkpoint (looked for {MODEL_DIR}/ and {CHECKPOINTS_DIR}/step-*)"
+        )
     readable = [p for p in candidates if _steps_of(p) >= 0]
     if not readable:  # let load() say what is wrong with the newest one
         return max(candidates, key=lambda p: p.name)
@@ -127,5 +133,7 @@ def auto_resume(run_dir: str | None) -> str:
 def check_new_run_dir(run_dir: Path, resume_path: Path | None) -> None:
     """Refuse to start a new run over a finished one (``--resume`` continues it instead)."""
     if resume_path is None and (run_dir / MODEL_DIR).exists():
-        raise ConfigError(f"run_dir={str(run_dir)!r} already holds a finished run: "
-                          "choose another --run-dir or continue it with --resume")
+        raise ConfigError(
+            f"run_dir={str(run_dir)!r} already holds a finished run: "
+            "choose another --run-dir or continue it with --resume"
+        )

@@ -57,8 +57,10 @@ def resolve_env_id(name: str) -> str:
     if name.startswith(MEMORY):
         if name in _OBJECTS:
             return name
-        raise ConfigError(f"env={name!r} was a Python object given to the API in the process that trained this run; "
-                          "it cannot be rebuilt here: pass the env again, e.g. PPO.load(path, env=...)")
+        raise ConfigError(
+            f"env={name!r} was a Python object given to the API in the process that trained this run; "
+            "it cannot be rebuilt here: pass the env again, e.g. PPO.load(path, env=...)"
+        )
     if name.lower() in SHORT_NAMES:
         name = SHORT_NAMES[name.lower()]
     if name in gym.registry:
@@ -66,10 +68,12 @@ def resolve_env_id(name: str) -> str:
     if name.startswith("ALE/") and _register_ale() and name in gym.registry:
         return name
     if name.startswith("custom/"):
-        class_name = name[len("custom/"):].rsplit("-v", 1)[0]
-        raise ConfigError(f"env={name!r} was registered from a 'package.module:{class_name}' entry point in the "
-                          "process that trained this run, and the run does not record which (runs saved before "
-                          f"distrl recorded entry points): name it, e.g. --env mypkg.envs:{class_name}")
+        class_name = name[len("custom/") :].rsplit("-v", 1)[0]
+        raise ConfigError(
+            f"env={name!r} was registered from a 'package.module:{class_name}' entry point in the "
+            "process that trained this run, and the run does not record which (runs saved before "
+            f"distrl recorded entry points): name it, e.g. --env mypkg.envs:{class_name}"
+        )
     if ":" in name:
         return _register_custom(name)
     candidates = list(gym.registry) + list(SHORT_NAMES)
@@ -121,7 +125,9 @@ def _register_custom(entry_point: str) -> str:
     obj = import_attr("env", entry_point)
     if isinstance(obj, type):
         if not issubclass(obj, gym.Env):
-            raise ConfigError(f"env={entry_point!r} is a class that does not subclass gymnasium.Env: {ENTRY_POINT_RULE}")
+            raise ConfigError(
+                f"env={entry_point!r} is a class that does not subclass gymnasium.Env: {ENTRY_POINT_RULE}"
+            )
         creator: Any = entry_point
     elif inspect.isfunction(obj) or inspect.ismethod(obj):  # not builtins: os:system is no env factory
         creator = partial(_call_factory, entry_point)
@@ -140,19 +146,25 @@ def _register_custom(entry_point: str) -> str:
 def _call_factory(entry_point: str, **kwargs: Any) -> gym.Env:
     env = import_attr("env", entry_point)(**kwargs)
     if not isinstance(env, gym.Env):
-        raise ConfigError(f"env={entry_point!r} returned a {type(env).__name__}, not a gymnasium.Env: {ENTRY_POINT_RULE}")
+        raise ConfigError(
+            f"env={entry_point!r} returned a {type(env).__name__}, not a gymnasium.Env: {ENTRY_POINT_RULE}"
+        )
     return env
 
 
 def _load_wrapper(name: str) -> Callable[[gym.Env], gym.Env]:
     if name.startswith(MEMORY):
         if name not in _OBJECTS:
-            raise ConfigError(f"wrappers: {name!r} was a Python function given to the API in the process that "
-                              "trained this run; pass it again, e.g. PPO.load(path, wrappers=[...])")
+            raise ConfigError(
+                f"wrappers: {name!r} was a Python function given to the API in the process that "
+                "trained this run; pass it again, e.g. PPO.load(path, wrappers=[...])"
+            )
         return _OBJECTS[name]
     wrapper = import_attr("wrappers", name)
     if not callable(wrapper):
-        raise ConfigError(f"wrappers: {name!r} is a {type(wrapper).__name__}: a wrapper must be a function fn(env) -> env")
+        raise ConfigError(
+            f"wrappers: {name!r} is a {type(wrapper).__name__}: a wrapper must be a function fn(env) -> env"
+        )
     return wrapper
 
 
@@ -161,13 +173,16 @@ def apply_wrappers(env: gym.Env, wrappers: tuple[str, ...]) -> gym.Env:
         wrapped = _load_wrapper(name)(env)
         if not isinstance(wrapped, gym.Env):
             env.close()
-            raise ConfigError(f"wrappers: {name!r} returned a {type(wrapped).__name__}, not a gymnasium.Env: "
-                              "a wrapper must be a function fn(env) -> env")
+            raise ConfigError(
+                f"wrappers: {name!r} returned a {type(wrapped).__name__}, not a gymnasium.Env: "
+                "a wrapper must be a function fn(env) -> env"
+            )
         env = wrapped
     return env
 
 
 # ---- Python objects handed to the API ----
+
 
 class EnvInstance:
     """An env instance without a spec: the first environment built is the instance itself; evaluation
@@ -219,6 +234,7 @@ def named_code(run: RunConfig, cfg: Any = None) -> list[tuple[str, str]]:
     point, its wrappers, its policy factory, and (``cfg``, GRPO's) its reward functions. Registered
     Gymnasium ids, short names and built-in rewards are not code, nor are ``memory:`` names (objects that
     exist only in the process that was given them)."""
+
     def code(name: str) -> bool:
         return ":" in name and not name.startswith(MEMORY)
 
@@ -238,9 +254,11 @@ def refuse_named_code(run: RunConfig, source: str, trust_code: bool, own: Iterab
     foreign = [(field, name) for field, name in named_code(run, cfg) if name not in own]
     if foreign and not trust_code:
         listed = ", ".join(f"{field}={name!r}" for field, name in foreign)
-        raise ConfigError(f"{source} names code that loading it would import and run: {listed}; nothing was "
-                          f"imported: allow it with {TRUST_FLAG} if you trust where the run came from, or name "
-                          "your own (--env, --wrapper, --policy, --reward; env=, wrappers=, policy=)")
+        raise ConfigError(
+            f"{source} names code that loading it would import and run: {listed}; nothing was "
+            f"imported: allow it with {TRUST_FLAG} if you trust where the run came from, or name "
+            "your own (--env, --wrapper, --policy, --reward; env=, wrappers=, policy=)"
+        )
 
 
 def remembered(name: str) -> Any | None:
@@ -257,8 +275,11 @@ def _remember(obj: Any, label: str) -> str:
 def _format_kwarg(key: str, value: Any) -> str | None:
     """``key=value`` when parsing it gives ``value`` back (see config.parse_env_kwargs)."""
     if value is None or isinstance(value, (bool, int, float, str)):
-        text = {True: "true", False: "false"}.get(value, "none") if value is None or isinstance(value, bool) else (
-            repr(value) if isinstance(value, float) else str(value))
+        text = (
+            {True: "true", False: "false"}.get(value, "none")
+            if value is None or isinstance(value, bool)
+            else (repr(value) if isinstance(value, float) else str(value))
+        )
         back = parse_env_kwargs([f"{key}={text}"])[key]
         if back == value and type(back) is type(value):
             return f"{key}={text}"
@@ -320,8 +341,10 @@ def env_kwargs_items(env_kwargs: Any) -> tuple[str, ...]:
     for key, value in env_kwargs.items():
         item = _format_kwarg(str(key), value)
         if item is None:
-            raise ConfigError(f"env_kwargs: {key}={value!r} cannot be recorded in config.json (values must be "
-                              "bool, int, float, str or None): pass a function that makes the env instead")
+            raise ConfigError(
+                f"env_kwargs: {key}={value!r} cannot be recorded in config.json (values must be "
+                "bool, int, float, str or None): pass a function that makes the env instead"
+            )
         items.append(item)
     return tuple(items)
 

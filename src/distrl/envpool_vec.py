@@ -33,9 +33,17 @@ from gymnasium.vector import AutoresetMode
 
 from distrl.config import ConfigError
 
-ATARI_DEFAULTS = {"repeat_action_probability": 0.25, "noop_max": 30, "frame_skip": 4, "stack_num": 4,
-                  "img_height": 84, "img_width": 84, "gray_scale": True, "use_fire_reset": True,
-                  "max_episode_steps": 27_000}
+ATARI_DEFAULTS = {
+    "repeat_action_probability": 0.25,
+    "noop_max": 30,
+    "frame_skip": 4,
+    "stack_num": 4,
+    "img_height": 84,
+    "img_width": 84,
+    "gray_scale": True,
+    "use_fire_reset": True,
+    "max_episode_steps": 27_000,
+}
 """distrl's Atari preprocessing in envpool's option names (see the module docstring)."""
 
 
@@ -45,12 +53,16 @@ def envpool_task(env_id: str) -> str:
     try:
         import envpool
     except ImportError as exc:
-        raise ConfigError(f"vec='envpool' needs envpool: pip install 'distrl[envpool]' ({exc}); "
-                          "if it has no wheel for this Python or platform, use vec=sync or async") from None
+        raise ConfigError(
+            f"vec='envpool' needs envpool: pip install 'distrl[envpool]' ({exc}); "
+            "if it has no wheel for this Python or platform, use vec=sync or async"
+        ) from None
     task = env_id.removeprefix("ALE/")
     if task not in envpool.list_all_envs():
-        raise ConfigError(f"vec='envpool' has no task {task!r} (env={env_id!r}): envpool runs its own list of "
-                          "Atari, classic-control, MuJoCo, DeepMind Control and ViZDoom tasks; use vec=sync or async")
+        raise ConfigError(
+            f"vec='envpool' has no task {task!r} (env={env_id!r}): envpool runs its own list of "
+            "Atari, classic-control, MuJoCo, DeepMind Control and ViZDoom tasks; use vec=sync or async"
+        )
     return task
 
 
@@ -68,7 +80,9 @@ class EnvPoolVector:
         self.env_id = env_id
         self.num_envs = n_envs
         self.atari = atari
-        self.kwargs = {**ATARI_DEFAULTS, "episodic_life": True, "reward_clip": True, **env_kwargs} if atari else env_kwargs
+        self.kwargs = (
+            {**ATARI_DEFAULTS, "episodic_life": True, "reward_clip": True, **env_kwargs} if atari else env_kwargs
+        )
         self.pool = self._make(seed=0)
         self.single_observation_space = self.pool.observation_space
         self.single_action_space = self.pool.action_space

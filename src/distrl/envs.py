@@ -23,15 +23,31 @@ from gymnasium.envs.registration import load_env_creator
 from gymnasium.vector import AutoresetMode
 
 from distrl.config import ConfigError, VecMode, parse_env_kwargs
-from distrl.env_names import (EnvInstance, apply_wrappers, dependency_error, is_atari, is_user_code,
-                              portable_env_name, remembered, resolve_env_id, shown_name)
+from distrl.env_names import (
+    EnvInstance,
+    apply_wrappers,
+    dependency_error,
+    is_atari,
+    is_user_code,
+    portable_env_name,
+    remembered,
+    resolve_env_id,
+    shown_name,
+)
 from distrl.spaces import DictLayout
 
 if TYPE_CHECKING:
     from distrl.config import RunConfig
 
-def make_single_env(name: str, env_kwargs: dict[str, Any] | None = None, wrappers: tuple[str, ...] = (),
-                    render_mode: str | None = None, atari_wrappers: bool = True, evaluation: bool = False) -> gym.Env:
+
+def make_single_env(
+    name: str,
+    env_kwargs: dict[str, Any] | None = None,
+    wrappers: tuple[str, ...] = (),
+    render_mode: str | None = None,
+    atari_wrappers: bool = True,
+    evaluation: bool = False,
+) -> gym.Env:
     """One environment: ``name`` built with ``env_kwargs``, then ``wrappers`` applied in order.
 
     Atari games get distrl's Atari preprocessing first (unless ``atari_wrappers`` is False); with
@@ -70,9 +86,15 @@ def _native_accepts(spec: gym.envs.registration.EnvSpec, env_kwargs: dict[str, A
     return all(k in params for k in env_kwargs) or any(p.kind is p.VAR_KEYWORD for p in params.values())
 
 
-def make_vector_env(env_id: str, n_envs: int, mode: VecMode = "auto", env_kwargs: dict[str, Any] | None = None,
-                    wrappers: tuple[str, ...] = (), atari_wrappers: bool = True,
-                    evaluation: bool = False) -> gym.vector.VectorEnv | OneEnv:
+def make_vector_env(
+    env_id: str,
+    n_envs: int,
+    mode: VecMode = "auto",
+    env_kwargs: dict[str, Any] | None = None,
+    wrappers: tuple[str, ...] = (),
+    atari_wrappers: bool = True,
+    evaluation: bool = False,
+) -> gym.vector.VectorEnv | OneEnv:
     """A Gymnasium vector env with next-step autoreset.
 
     ``native`` uses the env's own vector implementation (e.g. CartPole's, which steps
@@ -88,10 +110,15 @@ def make_vector_env(env_id: str, n_envs: int, mode: VecMode = "auto", env_kwargs
     atari = atari_wrappers and is_atari(env_id)
     native_ok = has_native and not wrappers and not atari and _native_accepts(spec, env_kwargs)  # type: ignore[arg-type]
     if mode == "native" and not native_ok:
-        why = ("it has no vector entry point" if not has_native else
-               "wrappers apply to single envs" if wrappers else
-               "distrl's Atari preprocessing applies to single envs (--no-atari-wrappers turns it off)" if atari else
-               f"its vector entry point does not take env_kwargs {_kwargs_text(env_kwargs)}")
+        why = (
+            "it has no vector entry point"
+            if not has_native
+            else "wrappers apply to single envs"
+            if wrappers
+            else "distrl's Atari preprocessing applies to single envs (--no-atari-wrappers turns it off)"
+            if atari
+            else f"its vector entry point does not take env_kwargs {_kwargs_text(env_kwargs)}"
+        )
         raise ConfigError(f"vec='native' is not available for {env_id}: {why}; use sync or async")
     if mode == "auto":  # not ale-py's AtariVectorEnv: it preprocesses in its own way (ask for it with native)
         mode = "native" if native_ok and not is_atari(env_id) else "sync"
@@ -99,10 +126,18 @@ def make_vector_env(env_id: str, n_envs: int, mode: VecMode = "auto", env_kwargs
             mode = "one"
     source = remembered(env_id)
     if isinstance(source, EnvInstance) and not source.handed_out and n_envs != 1:
-        raise ConfigError(f"n_envs={n_envs} is not allowed with an env instance that has no spec "
-                          f"({type(source.env.unwrapped).__name__}): must be 1, or pass a function that makes the env")
-    make_one = partial(make_single_env, portable_env_name(env_id), env_kwargs, tuple(wrappers),
-                       atari_wrappers=atari_wrappers, evaluation=evaluation)
+        raise ConfigError(
+            f"n_envs={n_envs} is not allowed with an env instance that has no spec "
+            f"({type(source.env.unwrapped).__name__}): must be 1, or pass a function that makes the env"
+        )
+    make_one = partial(
+        make_single_env,
+        portable_env_name(env_id),
+        env_kwargs,
+        tuple(wrappers),
+        atari_wrappers=atari_wrappers,
+        evaluation=evaluation,
+    )
     try:
         if mode == "one":
             return OneEnv(make_one())
@@ -123,15 +158,20 @@ def make_vector_env(env_id: str, n_envs: int, mode: VecMode = "auto", env_kwargs
     return env
 
 
-def _envpool_env(env_id: str, n_envs: int, env_kwargs: dict[str, Any], wrappers: tuple[str, ...],
-                 atari_wrappers: bool) -> gym.vector.VectorEnv | OneEnv:
+def _envpool_env(
+    env_id: str, n_envs: int, env_kwargs: dict[str, Any], wrappers: tuple[str, ...], atari_wrappers: bool
+) -> gym.vector.VectorEnv | OneEnv:
     if wrappers:
-        raise ConfigError(f"vec='envpool' cannot apply wrappers={list(wrappers)}: they wrap single Gymnasium envs; "
-                          "use vec=sync or async")
+        raise ConfigError(
+            f"vec='envpool' cannot apply wrappers={list(wrappers)}: they wrap single Gymnasium envs; "
+            "use vec=sync or async"
+        )
     atari = is_atari(env_id)
     if atari and not atari_wrappers:
-        raise ConfigError("vec='envpool' preprocesses Atari games itself; it cannot run with atari_wrappers=False "
-                          "(--no-atari-wrappers): use vec=sync or async")
+        raise ConfigError(
+            "vec='envpool' preprocesses Atari games itself; it cannot run with atari_wrappers=False "
+            "(--no-atari-wrappers): use vec=sync or async"
+        )
     from distrl.envpool_vec import EnvPoolVector
 
     return EnvPoolVector(env_id, n_envs, env_kwargs, atari)  # type: ignore[return-value]
@@ -168,8 +208,13 @@ class OneEnv:
         obs, reward, terminated, truncated, info = self.env.step(actions[0])
         self._needs_reset = bool(terminated or truncated)
         games = {key: np.array([info[key]]) for key in GAME_KEYS if key in info}  # only what VecEnv reads
-        return (_one(obs), np.array([reward], dtype=np.float64), np.array([terminated], dtype=bool),
-                np.array([truncated], dtype=bool), games)
+        return (
+            _one(obs),
+            np.array([reward], dtype=np.float64),
+            np.array([terminated], dtype=bool),
+            np.array([truncated], dtype=bool),
+            games,
+        )
 
     def close(self) -> None:
         self.env.close()
@@ -258,8 +303,16 @@ class VecEnv:
             self._lengths[ended] = 0
             if not over.any():
                 return Step(obs, reward, terminated, truncated, valid, _NO_EPISODES, _NO_LENGTHS, over)
-            return Step(obs, reward, terminated, truncated, valid, info["game_return"][over].astype(np.float64),
-                        info["game_length"][over].astype(np.int64), over)
+            return Step(
+                obs,
+                reward,
+                terminated,
+                truncated,
+                valid,
+                info["game_return"][over].astype(np.float64),
+                info["game_length"][over].astype(np.int64),
+                over,
+            )
         episode_returns = self._returns[ended]
         episode_lengths = self._lengths[ended]
         self._returns[ended] = 0.0
@@ -270,8 +323,15 @@ class VecEnv:
         self.env.close()
 
 
-def make_env(env_id: str, n_envs: int, vec: VecMode = "auto", env_kwargs: dict[str, Any] | None = None,
-             wrappers: tuple[str, ...] = (), atari_wrappers: bool = True, evaluation: bool = False) -> VecEnv:
+def make_env(
+    env_id: str,
+    n_envs: int,
+    vec: VecMode = "auto",
+    env_kwargs: dict[str, Any] | None = None,
+    wrappers: tuple[str, ...] = (),
+    atari_wrappers: bool = True,
+    evaluation: bool = False,
+) -> VecEnv:
     """Resolve ``env_id`` and build a :class:`VecEnv` of ``n_envs`` environments, each built with
     ``env_kwargs`` and wrapped by ``wrappers`` ('package.module:function', applied in order); Atari
     games are preprocessed first (see :mod:`distrl.atari`; ``evaluation``: no episodic life, no clipping)."""
@@ -286,5 +346,6 @@ def make_run_env(run: RunConfig, n_envs: int, env_id: str | None = None, evaluat
     Evaluation runs on Gymnasium even when training runs on envpool, so that scores mean the same
     with either backend (see :mod:`distrl.envpool_vec`)."""
     vec = "auto" if evaluation and run.vec == "envpool" else run.vec
-    return make_env(env_id or run.env, n_envs, vec, parse_env_kwargs(run.env_kwargs), run.wrappers,
-                    run.atari_wrappers, evaluation)
+    return make_env(
+        env_id or run.env, n_envs, vec, parse_env_kwargs(run.env_kwargs), run.wrappers, run.atari_wrappers, evaluation
+    )

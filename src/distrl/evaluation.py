@@ -9,8 +9,9 @@ import numpy as np
 from distrl.envs import VecEnv
 
 
-def evaluate(act: Callable[[np.ndarray, np.ndarray], np.ndarray], env: VecEnv, seed: int,
-             max_steps: int = 1_000_000) -> np.ndarray:
+def evaluate(
+    act: Callable[[np.ndarray, np.ndarray], np.ndarray], env: VecEnv, seed: int, max_steps: int = 1_000_000
+) -> np.ndarray:
     """Undiscounted returns of one episode in each of ``env``'s environments.
 
     Args:

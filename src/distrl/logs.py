@@ -70,7 +70,7 @@ def truncate_monitor(path: Path, rows: int) -> list[float]:
     if not path.exists():
         return []
     lines = path.read_text().splitlines(keepends=True)
-    kept = lines[:2 + rows]
+    kept = lines[: 2 + rows]
     if len(kept) < len(lines):
         tmp = path.with_suffix(path.suffix + ".tmp")
         tmp.write_text("".join(kept))
@@ -88,8 +88,9 @@ class Console:
     """Progress on a terminal (a rich bar), or plain lines at most every few seconds otherwise, counted in
     what bounds the run: ``unit`` is "steps", or "iterations" for a run stopped by --iterations."""
 
-    def __init__(self, total: int, unit: str, quiet: bool, every_s: float = 5.0, rate: str = "SPS",
-                 value: str = "return"):
+    def __init__(
+        self, total: int, unit: str, quiet: bool, every_s: float = 5.0, rate: str = "SPS", value: str = "return"
+    ):
         """``rate`` and ``value`` label the two figures each update shows (steps per second, mean return)."""
         self.rate, self.value = rate, value
         self.quiet = quiet
@@ -101,8 +102,14 @@ class Console:
         if not quiet and sys.stderr.isatty():
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-            self._progress = Progress(TextColumn(f"[bold]{unit}"), BarColumn(), MofNCompleteColumn(),
-                                      TextColumn("{task.fields[info]}"), TimeRemainingColumn(), transient=False)
+            self._progress = Progress(
+                TextColumn(f"[bold]{unit}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[info]}"),
+                TimeRemainingColumn(),
+                transient=False,
+            )
             self._task = self._progress.add_task("train", total=total, info="")
             self._progress.start()
 
@@ -152,8 +159,15 @@ class RunLogger:
         self.trackers: list[Any] = []
 
     @classmethod
-    def start(cls, run_dir: Path, env_id: str, config: dict[str, Any], track: tuple[str, ...], project: str,
-              monitor: bool = True) -> RunLogger:
+    def start(
+        cls,
+        run_dir: Path,
+        env_id: str,
+        config: dict[str, Any],
+        track: tuple[str, ...],
+        project: str,
+        monitor: bool = True,
+    ) -> RunLogger:
         """A run directory's logger with config.json written and the trackers started (closed again if one fails)."""
         logger = cls(run_dir, env_id, monitor)
         write_json_atomic(run_dir / "config.json", config)
@@ -184,12 +198,16 @@ class RunLogger:
         if rank is not None:
             if rank not in self.rank_monitors:
                 (self.run_dir / "ranks").mkdir(exist_ok=True)
-                self.rank_monitors[rank] = MonitorWriter(self.run_dir / "ranks" / f"rank-{rank}.monitor.csv", self.env_id)
+                self.rank_monitors[rank] = MonitorWriter(
+                    self.run_dir / "ranks" / f"rank-{rank}.monitor.csv", self.env_id
+                )
             self.rank_monitors[rank].write(returns, lengths)
         self.recent_returns.extend(returns)
         if returns:
-            values = {"charts/episodic_return": float(np.mean(returns)),
-                      "charts/episodic_length": float(np.mean(lengths))}
+            values = {
+                "charts/episodic_return": float(np.mean(returns)),
+                "charts/episodic_length": float(np.mean(lengths)),
+            }
             for name, value in values.items():
                 self.tb.add_scalar(name, value, step)
             for tracker in self.trackers:

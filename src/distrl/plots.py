@@ -18,8 +18,11 @@ from distrl.config import ConfigError
 from distrl.logs import MONITOR_FILE, read_monitor
 
 Axis = Literal["steps", "total-steps", "time"]
-AXIS_LABELS = {"steps": "environment steps per process", "total-steps": "environment steps (all processes)",
-               "time": "wall time (s)"}
+AXIS_LABELS = {
+    "steps": "environment steps per process",
+    "total-steps": "environment steps (all processes)",
+    "time": "wall time (s)",
+}
 
 
 def _pyplot() -> Any:
@@ -112,8 +115,9 @@ def _finish(fig: Any, x: str, k: int, title: str, out: Path | None) -> Any:
     return fig
 
 
-def reward_curves(runs: list[Path], x: Axis = "steps", k: int = 1, out: Path | None = None,
-                  title: str = "Episode return") -> Any:
+def reward_curves(
+    runs: list[Path], x: Axis = "steps", k: int = 1, out: Path | None = None, title: str = "Episode return"
+) -> Any:
     """A figure with one curve per run; written to ``out`` (PNG) when given. Returns the Figure."""
     _check_axis(x, k)
     curves = [load_curve(Path(run), x, k) for run in runs]
@@ -124,8 +128,14 @@ def reward_curves(runs: list[Path], x: Axis = "steps", k: int = 1, out: Path | N
     return _finish(fig, x, k, title, out)
 
 
-def mean_curves(groups: dict[str, list[Path]], x: Axis = "total-steps", k: int = 1, out: Path | None = None,
-                title: str = "Episode return", points: int = 200) -> Any:
+def mean_curves(
+    groups: dict[str, list[Path]],
+    x: Axis = "total-steps",
+    k: int = 1,
+    out: Path | None = None,
+    title: str = "Episode return",
+    points: int = 200,
+) -> Any:
     """A figure with one curve per group of runs (the seeds of one setting, say): their mean at ``points``
     evenly spaced x up to where the shortest run ends, and the band from the lowest to the highest run there
     (each run's smoothed curve read between its episode ends). Written to ``out`` (PNG) when given."""
@@ -136,8 +146,9 @@ def mean_curves(groups: dict[str, list[Path]], x: Axis = "total-steps", k: int =
         curves = [load_curve(Path(run), x, k) for run in runs]
         grid = np.linspace(0.0, min(float(c.x[-1]) for c in curves), points)
         ys = np.stack([np.interp(grid, c.x, c.y) for c in curves])
-        line, = ax.plot(grid, ys.mean(axis=0), linewidth=1.5,
-                        label=label if len(runs) == 1 else f"{label} ({len(runs)} runs)")
+        (line,) = ax.plot(
+            grid, ys.mean(axis=0), linewidth=1.5, label=label if len(runs) == 1 else f"{label} ({len(runs)} runs)"
+        )
         if len(runs) > 1:
             ax.fill_between(grid, ys.min(axis=0), ys.max(axis=0), color=line.get_color(), alpha=0.15, linewidth=0)
     return _finish(fig, x, k, title, out)
@@ -152,7 +163,9 @@ def seed_groups(runs: list[Path]) -> dict[str, list[Path]]:
         config = run / "config.json"
         if run.is_dir() and config.is_file():
             settings = json.loads(config.read_text())
-            settings["run"] = {k: v for k, v in settings.get("run", {}).items() if k not in ("seed", "run_dir", "resume")}
+            settings["run"] = {
+                k: v for k, v in settings.get("run", {}).items() if k not in ("seed", "run_dir", "resume")
+            }
             key = json.dumps(settings, sort_keys=True)
         else:
             key = str(run)

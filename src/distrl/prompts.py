@@ -57,8 +57,10 @@ class PromptDataset:
             for row, number in zip(self.rows, self.lines):
                 missing = [name for name in fields if name not in row]
                 if missing:
-                    raise ConfigError(f"dataset={self.path!r} line {number} has no field {missing[0]!r}, which "
-                                      f"reward {reward!r} needs (its fields: {', '.join(sorted(row))})")
+                    raise ConfigError(
+                        f"dataset={self.path!r} line {number} has no field {missing[0]!r}, which "
+                        f"reward {reward!r} needs (its fields: {', '.join(sorted(row))})"
+                    )
 
     def row_indices(self, positions: np.ndarray) -> np.ndarray:
         """The row read at each of the run's prompt positions."""
@@ -94,21 +96,33 @@ def _parse_line(path: str, number: int, text: str) -> dict[str, Any]:
     prompt = row[PROMPT]
     if isinstance(prompt, list):
         for message in prompt:
-            if not (isinstance(message, dict) and isinstance(message.get("role"), str)
-                    and isinstance(message.get("content"), str)):
-                raise ConfigError(f"{where}: a chat prompt must be a list of {{'role': str, 'content': str}} "
-                                  f"messages, not {json.dumps(message)[:80]}")
+            if not (
+                isinstance(message, dict)
+                and isinstance(message.get("role"), str)
+                and isinstance(message.get("content"), str)
+            ):
+                raise ConfigError(
+                    f"{where}: a chat prompt must be a list of {{'role': str, 'content': str}} "
+                    f"messages, not {json.dumps(message)[:80]}"
+                )
     elif not isinstance(prompt, str):
-        raise ConfigError(f"{where}: {PROMPT!r} is a {type(prompt).__name__}: must be a string or a list of chat "
-                          "messages")
+        raise ConfigError(
+            f"{where}: {PROMPT!r} is a {type(prompt).__name__}: must be a string or a list of chat messages"
+        )
     return row
 
 
 class TextTask:
     """Prompts from a :class:`PromptDataset`, completions scored by a :class:`~distrl.rewards.RewardSet`."""
 
-    def __init__(self, dataset: str, rewards: Sequence[str], reward_weights: Sequence[float] = (),
-                 reward_timeout_s: float = 60.0, seed: int = 0):
+    def __init__(
+        self,
+        dataset: str,
+        rewards: Sequence[str],
+        reward_weights: Sequence[float] = (),
+        reward_timeout_s: float = 60.0,
+        seed: int = 0,
+    ):
         self.rewards_set = RewardSet(rewards, reward_weights, reward_timeout_s)
         self.dataset = PromptDataset(dataset, seed)
         self.dataset.require_fields(self.rewards_set.needs())

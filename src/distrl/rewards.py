@@ -74,14 +74,18 @@ def load_reward(name: str, weight: float) -> RewardFunction:
     """A built-in by name or a function by 'package.module:function' (imported: the user named it)."""
     if ":" not in name:
         if name not in BUILTINS:
-            raise ConfigError(f"rewards={name!r} is not known: must be a built-in ({', '.join(BUILTINS)}) or "
-                              "'package.module:function'")
+            raise ConfigError(
+                f"rewards={name!r} is not known: must be a built-in ({', '.join(BUILTINS)}) or "
+                "'package.module:function'"
+            )
         fn = BUILTINS[name]
     else:
         fn = import_attr("rewards", name)
     if not callable(fn):
-        raise ConfigError(f"rewards={name!r} is a {type(fn).__name__}, not a function "
-                          "fn(prompts, completions, **fields) -> list[float]")
+        raise ConfigError(
+            f"rewards={name!r} is a {type(fn).__name__}, not a function "
+            "fn(prompts, completions, **fields) -> list[float]"
+        )
     try:
         signature = inspect.signature(fn)
     except (TypeError, ValueError):  # a builtin without a signature: pass it everything
@@ -90,10 +94,17 @@ def load_reward(name: str, weight: float) -> RewardFunction:
     named = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
     accepts_any = any(p.kind == p.VAR_KEYWORD for p in params)
     if not {"prompts", "completions"} <= named and not accepts_any:
-        raise ConfigError(f"rewards={name!r} has the signature {signature}: a reward function takes "
-                          "(prompts, completions, **fields) by those names")
-    needs = tuple(p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
-                  and p.default is p.empty and p.name not in ("prompts", "completions"))
+        raise ConfigError(
+            f"rewards={name!r} has the signature {signature}: a reward function takes "
+            "(prompts, completions, **fields) by those names"
+        )
+    needs = tuple(
+        p.name
+        for p in params
+        if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+        and p.default is p.empty
+        and p.name not in ("prompts", "completions")
+    )
     return RewardFunction(name, fn, weight, needs, accepts_any, tuple(sorted(named)))
 
 
@@ -102,11 +113,15 @@ class RewardSet:
 
     def __init__(self, names: Sequence[str], weights: Sequence[float] = (), timeout_s: float = 60.0):
         if not names:
-            raise ConfigError("rewards=() is not allowed: must name at least one reward function "
-                              f"(--reward NAME, a built-in ({', '.join(BUILTINS)}) or package.module:function)")
+            raise ConfigError(
+                "rewards=() is not allowed: must name at least one reward function "
+                f"(--reward NAME, a built-in ({', '.join(BUILTINS)}) or package.module:function)"
+            )
         if weights and len(weights) != len(names):
-            raise ConfigError(f"reward_weights={tuple(weights)!r} is not allowed: must give one weight per reward "
-                              f"({len(names)}: {', '.join(names)}), or none for weight 1 each")
+            raise ConfigError(
+                f"reward_weights={tuple(weights)!r} is not allowed: must give one weight per reward "
+                f"({len(names)}: {', '.join(names)}), or none for weight 1 each"
+            )
         self.functions = [load_reward(name, float(w)) for name, w in zip(names, weights or [1.0] * len(names))]
         self.timeout_s = timeout_s
 
@@ -145,8 +160,10 @@ class RewardSet:
         thread.start()
         thread.join(self.timeout_s)
         if thread.is_alive():
-            raise RewardError(f"reward {f.name!r} did not return within reward_timeout_s={self.timeout_s:g} s "
-                              f"(scoring {len(completions)} completions)")
+            raise RewardError(
+                f"reward {f.name!r} did not return within reward_timeout_s={self.timeout_s:g} s "
+                f"(scoring {len(completions)} completions)"
+            )
         if "error" in box:
             exc = box["error"]
             raise RewardError(f"reward {f.name!r} raised {type(exc).__name__}: {exc}")
@@ -158,11 +175,13 @@ def _as_scores(name: str, values: Any, n: int) -> np.ndarray:
     if hasattr(values, "tolist"):  # numpy arrays, torch tensors
         values = values.tolist()
     if not isinstance(values, (list, tuple)):
-        raise RewardError(f"reward {name!r} returned a {type(values).__name__}: must return a list of {n} floats, "
-                          "one per completion")
+        raise RewardError(
+            f"reward {name!r} returned a {type(values).__name__}: must return a list of {n} floats, one per completion"
+        )
     if len(values) != n:
-        raise RewardError(f"reward {name!r} returned {len(values)} values for {n} completions: must return one "
-                          "float per completion")
+        raise RewardError(
+            f"reward {name!r} returned {len(values)} values for {n} completions: must return one float per completion"
+        )
     out = np.zeros(n, dtype=np.float32)
     for i, v in enumerate(values):
         if v is None:

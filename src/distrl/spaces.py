@@ -96,7 +96,9 @@ def action_spec(space: spaces.Space, algo: str = "ppo") -> ActionSpec:
     """The :class:`ActionSpec` of ``space``; a ConfigError for a space no policy head fits."""
     if isinstance(space, spaces.Discrete):
         if int(space.start) != 0:
-            raise ConfigError(f"action space Discrete(n={space.n}, start={space.start}) is not supported: start must be 0")
+            raise ConfigError(
+                f"action space Discrete(n={space.n}, start={space.start}) is not supported: start must be 0"
+            )
         return ActionSpec("categorical", (int(space.n),), int(space.n))
     if isinstance(space, spaces.MultiDiscrete):
         nvec = tuple(int(n) for n in np.asarray(space.nvec).ravel())
@@ -106,10 +108,18 @@ def action_spec(space: spaces.Space, algo: str = "ppo") -> ActionSpec:
         n = int(np.prod(space.shape))
         return ActionSpec("multi_categorical", (2,) * n, n, start=(0,) * n, shape=tuple(space.shape))
     if isinstance(space, spaces.Box):
-        return ActionSpec("gaussian", (), int(np.prod(space.shape)), low=space.low.astype(np.float32).ravel(),
-                          high=space.high.astype(np.float32).ravel(), shape=tuple(space.shape))
-    raise ConfigError(f"action space {type(space).__name__} is not supported by {algo}: "
-                      "must be Discrete, MultiDiscrete, MultiBinary or Box")
+        return ActionSpec(
+            "gaussian",
+            (),
+            int(np.prod(space.shape)),
+            low=space.low.astype(np.float32).ravel(),
+            high=space.high.astype(np.float32).ravel(),
+            shape=tuple(space.shape),
+        )
+    raise ConfigError(
+        f"action space {type(space).__name__} is not supported by {algo}: "
+        "must be Discrete, MultiDiscrete, MultiBinary or Box"
+    )
 
 
 def is_image(space: spaces.Space) -> bool:
@@ -181,29 +191,31 @@ class DictLayout:
         rows = np.zeros((1 if batch is None else batch, self.nbytes), dtype=np.uint8)
         for part in self.parts:
             value = np.ascontiguousarray(np.asarray(obs[part.key], dtype=part.dtype))
-            rows[:, part.start:part.end] = value.reshape(rows.shape[0], -1).view(np.uint8)
+            rows[:, part.start : part.end] = value.reshape(rows.shape[0], -1).view(np.uint8)
         return rows[0] if batch is None else rows
 
     def unpack(self, rows: torch.Tensor) -> dict[str, torch.Tensor]:
         """The parts of packed rows [B, nbytes] (uint8 tensor), each [B, *shape] in its own dtype."""
         out = {}
         for part in self.parts:
-            raw = rows[:, part.start:part.end].contiguous()
+            raw = rows[:, part.start : part.end].contiguous()
             out[part.key] = raw.view(getattr(torch, part.dtype.name)).reshape(rows.shape[0], *part.shape)
         return out
 
     def unpack_numpy(self, rows: np.ndarray) -> dict[str, np.ndarray]:
         """:meth:`unpack` for numpy rows."""
         rows = np.ascontiguousarray(rows)
-        return {p.key: rows[:, p.start:p.end].copy().view(p.dtype).reshape(len(rows), *p.shape) for p in self.parts}
+        return {p.key: rows[:, p.start : p.end].copy().view(p.dtype).reshape(len(rows), *p.shape) for p in self.parts}
 
 
 def unsupported_observation(space: spaces.Space, where: str = "the observation") -> ConfigError:
     """The one-line error for an observation space distrl cannot encode, naming a wrapper that would fix it."""
     name = type(space).__name__
     hint = _WRAPPER_HINTS.get(name, "a wrapper that turns it into a Box or a Dict of Boxes")
-    return ConfigError(f"observation space {name} ({where}) is not supported: distrl encodes Box, Discrete and "
-                       f"Dict of Box/Discrete observations; wrap the env with {hint} (--wrapper package.module:function)")
+    return ConfigError(
+        f"observation space {name} ({where}) is not supported: distrl encodes Box, Discrete and "
+        f"Dict of Box/Discrete observations; wrap the env with {hint} (--wrapper package.module:function)"
+    )
 
 
 def check_observation_space(space: spaces.Space) -> None:

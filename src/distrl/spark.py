@@ -26,9 +26,16 @@ from distrl.training import default_run_dir
 __all__ = ["WorkerFailed", "session", "train"]
 
 
-
-def train(spark: Any, algo: str, env: str, *, workers: int = 2, local_mode: bool = True, preset: str = "auto",
-          **hyperparameters: Any) -> dict[str, Any]:
+def train(
+    spark: Any,
+    algo: str,
+    env: str,
+    *,
+    workers: int = 2,
+    local_mode: bool = True,
+    preset: str = "auto",
+    **hyperparameters: Any,
+) -> dict[str, Any]:
     """Train ``algo`` on ``env`` with ``workers`` ranks started by TorchDistributor; returns the summary.
 
     Args:
@@ -47,14 +54,17 @@ def train(spark: Any, algo: str, env: str, *, workers: int = 2, local_mode: bool
     run_values, strategy_values, params = split_by_config(hyperparameters, RunConfig, StrategyConfig)
     for name in ("workers", "launcher", "spark_local_mode"):
         if name in strategy_values:
-            raise ConfigError(f"{name}={strategy_values[name]!r} is not a hyperparameter here: "
-                              "train() sets it from its own arguments (workers=, local_mode=)")
+            raise ConfigError(
+                f"{name}={strategy_values[name]!r} is not a hyperparameter here: "
+                "train() sets it from its own arguments (workers=, local_mode=)"
+            )
     run_values.setdefault("quiet", True)
     run, cfg, _ = algo_configs(algo, env, preset, run_values, params)
     if not run.run_dir:
         run = run.replace(run_dir=str(default_run_dir(run, resolve_env_id(run.env))))
-    strategy = StrategyConfig(**{"strategy": "ddp", **strategy_values}, workers=workers, launcher="spark",
-                              spark_local_mode=local_mode)
+    strategy = StrategyConfig(
+        **{"strategy": "ddp", **strategy_values}, workers=workers, launcher="spark", spark_local_mode=local_mode
+    )
     check_before_launch(run, strategy, cfg, None)
     Path(run.run_dir).parent.mkdir(parents=True, exist_ok=True)
     return launch_spark(spark, run, strategy, cfg, local_mode=local_mode)

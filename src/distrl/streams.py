@@ -25,6 +25,12 @@ class KeyedStreams:
     def at(self, key: int) -> np.random.Generator:
         """The generator at the start of stream ``key`` (the same object, re-keyed: use it before the next call)."""
         self._key[1] = key
-        self._bits.state = {"bit_generator": "Philox", "state": {"counter": self._counter, "key": self._key},
-                            "buffer": np.zeros(4, dtype=np.uint64), "buffer_pos": 4, "has_uint32": 0, "uinteger": 0}
+        self._bits.state = {
+            "bit_generator": "Philox",
+            "state": {"counter": self._counter, "key": self._key},
+            "buffer": np.zeros(4, dtype=np.uint64),
+            "buffer_pos": 4,
+            "has_uint32": 0,
+            "uinteger": 0,
+        }
         return self._generator

@@ -129,8 +129,10 @@ TEXT_TASK = "lm"
 
 def make_state_task(name: str, seed: int = 0) -> StateTask:
     if name not in STATE_TASKS:
-        raise ConfigError(f"env={name!r} is not a group task: must be one of {', '.join(STATE_TASKS)}, or "
-                          f"{TEXT_TASK} with --model and --dataset")
+        raise ConfigError(
+            f"env={name!r} is not a group task: must be one of {', '.join(STATE_TASKS)}, or "
+            f"{TEXT_TASK} with --model and --dataset"
+        )
     return STATE_TASKS[name](seed)
 
 
@@ -141,10 +143,14 @@ def make_group_task(name: str, cfg: Any, seed: int = 0) -> GroupTask:
     if name != TEXT_TASK:
         given = [f"{field}={getattr(cfg, field)!r}" for field in ("model", "dataset", "rewards") if getattr(cfg, field)]
         if given:
-            raise ConfigError(f"{given[0]} is not allowed with env={name!r}: language-model runs use env "
-                              f"{TEXT_TASK!r} (distrl train grpo --model PATH --dataset FILE --reward NAME)")
+            raise ConfigError(
+                f"{given[0]} is not allowed with env={name!r}: language-model runs use env "
+                f"{TEXT_TASK!r} (distrl train grpo --model PATH --dataset FILE --reward NAME)"
+            )
         return make_state_task(name, seed)
     if not cfg.model:
-        raise ConfigError(f"model='' is not allowed with env={TEXT_TASK!r}: must be a directory holding a "
-                          "transformers causal LM (--model PATH)")
+        raise ConfigError(
+            f"model='' is not allowed with env={TEXT_TASK!r}: must be a directory holding a "
+            "transformers causal LM (--model PATH)"
+        )
     return TextTask(cfg.dataset, cfg.rewards, cfg.reward_weights, cfg.reward_timeout_s, seed)

@@ -32,8 +32,15 @@ class WandbTracker:
         import wandb
 
         self.wandb = wandb
-        self.run = wandb.init(project=project, name=name, dir=str(run_dir), config=config, id=run_id,
-                              resume="allow" if run_id else None, settings=wandb.Settings(silent=True, console="off"))
+        self.run = wandb.init(
+            project=project,
+            name=name,
+            dir=str(run_dir),
+            config=config,
+            id=run_id,
+            resume="allow" if run_id else None,
+            settings=wandb.Settings(silent=True, console="off"),
+        )
         self.id = self.run.id
 
     def scalars(self, values: dict[str, float], step: int) -> None:
@@ -82,7 +89,7 @@ class MlflowTracker:
         self.id = run.info.run_id
         params = [Param(key, str(value)[:6000]) for key, value in _flat(config).items()]
         for i in range(0, len(params), 100):  # MLflow takes at most 100 params per batch
-            self.client.log_batch(self.id, params=params[i:i + 100])
+            self.client.log_batch(self.id, params=params[i : i + 100])
 
     def scalars(self, values: dict[str, float], step: int) -> None:
         now = int(time.time() * 1000)
@@ -92,7 +99,7 @@ class MlflowTracker:
 
     def flush(self) -> None:
         for i in range(0, len(self.pending), 1000):  # MLflow takes at most 1,000 metrics per batch
-            self.client.log_batch(self.id, metrics=self.pending[i:i + 1000])
+            self.client.log_batch(self.id, metrics=self.pending[i : i + 1000])
         self.pending = []
         self.flushed_at = time.monotonic()
 

@@ -54,8 +54,16 @@ def _labelled(frames: list[np.ndarray], text: str) -> list[np.ndarray]:
     return [np.concatenate([top, frame[..., :3]], axis=0) for frame in frames]
 
 
-def record(make_env: str | Callable[[], gym.Env], policies: list[Policy], path: Path, episodes: int = 1, seed: int = 0,
-           fps: int = 30, max_steps: int = 2_000, labels: list[str] | None = None) -> Recording:
+def record(
+    make_env: str | Callable[[], gym.Env],
+    policies: list[Policy],
+    path: Path,
+    episodes: int = 1,
+    seed: int = 0,
+    fps: int = 30,
+    max_steps: int = 2_000,
+    labels: list[str] | None = None,
+) -> Recording:
     """Record ``episodes`` episodes per policy, side by side (one column per policy).
 
     ``make_env`` builds one environment rendering ``rgb_array`` frames (with the run's env_kwargs and

@@ -13,8 +13,8 @@ from distrl.data.replay import VersionedReplay
 from distrl.nets.distributions import sample_tokens
 from distrl.nets.group_policy import CategoricalPolicy
 from distrl.protocols import LocalSync
-from distrl.streams import KeyedStreams
 from distrl.strategies.pipeline import Generator, check_pipeline, request_positions
+from distrl.streams import KeyedStreams
 from distrl.tasks import BanditTask, ToyTask, make_group_task
 
 
@@ -26,7 +26,8 @@ def test_group_advantages_by_hand():
     assert adv[1].tolist() == [0.0, 0.0, 0.0, 0.0]  # a flat group teaches nothing
     assert group_advantages(rewards, "none")[0].tolist() == [-1.5, -0.5, 0.5, 1.5]  # Dr. GRPO: no std division
     assert group_advantages(rewards, "batch", batch_std=2.0)[0].tolist() == pytest.approx(
-        [x / 2.0001 for x in (-1.5, -0.5, 0.5, 1.5)])
+        [x / 2.0001 for x in (-1.5, -0.5, 0.5, 1.5)]
+    )
 
 
 def test_token_loss_and_its_derivative_by_hand():
@@ -118,8 +119,17 @@ def _plain_grpo_loss(policy, batch, adv, cfg, ref_policy=None):
 
 @pytest.mark.parametrize("loss_type, scale", [("grpo", "group"), ("dapo", "batch"), ("dr_grpo", "none")])
 def test_the_learner_step_follows_the_gradient_of_the_plain_loss(loss_type, scale):
-    cfg = GRPOConfig(loss_type=loss_type, scale_rewards=scale, beta=0.05, microbatch_size=7, learning_rate=1e-3,
-                     max_new_tokens=1, prompts_per_slice=4, slices_per_step=2, clip_range_high=0.3)
+    cfg = GRPOConfig(
+        loss_type=loss_type,
+        scale_rewards=scale,
+        beta=0.05,
+        microbatch_size=7,
+        learning_rate=1e-3,
+        max_new_tokens=1,
+        prompts_per_slice=4,
+        slices_per_step=2,
+        clip_range_high=0.3,
+    )
     task = make_group_task("toy", cfg, seed=0)
     policy, reference = CategoricalPolicy(4, 4, (16,), seed=1), CategoricalPolicy(4, 4, (16,), seed=1)
     with torch.no_grad():
@@ -146,9 +156,16 @@ def test_replay_evicts_oldest_first_and_counts_everything():
     assert [entry[1] for entry in buf._slices] == ["slice-2", "slice-3", "slice-4"]
     taken = buf.sample(2, learner_version=5)
     assert len(taken) == 2 and len(buf) == 1
-    assert buf.counters() == {"slices_added": 5, "slices_trained": 2, "slice_uses": 2, "slices_never_trained": 3,
-                              "slices_retired": 2, "slices_evicted": 2, "slices_dropped_for_lag": 0,
-                              "slices_left_in_buffer": 1}
+    assert buf.counters() == {
+        "slices_added": 5,
+        "slices_trained": 2,
+        "slice_uses": 2,
+        "slices_never_trained": 3,
+        "slices_retired": 2,
+        "slices_evicted": 2,
+        "slices_dropped_for_lag": 0,
+        "slices_left_in_buffer": 1,
+    }
 
 
 def test_replay_reuses_a_slice_up_to_max_reuse_and_still_accounts_for_it():
@@ -176,7 +193,10 @@ def test_replay_drops_slices_past_the_lag_cap():
     assert buf.dropped_for_lag == 2
     assert all(4 - entry[0] <= 2 for entry in buf._slices)
     c = buf.counters()
-    assert c["slices_added"] == c["slices_retired"] + c["slices_evicted"] + c["slices_dropped_for_lag"] + c["slices_left_in_buffer"]
+    assert (
+        c["slices_added"]
+        == c["slices_retired"] + c["slices_evicted"] + c["slices_dropped_for_lag"] + c["slices_left_in_buffer"]
+    )
 
 
 def test_version_weighted_sampling_frequencies():
@@ -185,7 +205,7 @@ def test_version_weighted_sampling_frequencies():
     for _ in range(20_000):
         for v in range(4):
             buf.add(v, v)
-        (v, _), = buf.sample(1, learner_version=3)
+        ((v, _),) = buf.sample(1, learner_version=3)
         counts[v] += 1
         buf.sample(3, learner_version=3)  # empty it for the next round
     assert counts / counts.sum() == pytest.approx(np.array([1, 2, 3, 4]) / 10, abs=0.01)
@@ -201,8 +221,14 @@ def test_a_slice_is_drawn_by_exactly_the_version_it_is_tagged_with():
     for version, policy in zip((3, 4), policies):
         samples, _, _ = gen.generate(version, policy.params.flat(), request=version)
         assert (samples.version == version).all() and samples.tokens.shape == (12 * 5, 1)
-        assert samples.positions.tolist() == request_positions(version, cfg).tolist() == list(range(12 * version, 12 * version + 12))
-        expected = policy.token_log_probs(torch.from_numpy(samples.prompt), None, torch.from_numpy(samples.tokens), None)
+        assert (
+            samples.positions.tolist()
+            == request_positions(version, cfg).tolist()
+            == list(range(12 * version, 12 * version + 12))
+        )
+        expected = policy.token_log_probs(
+            torch.from_numpy(samples.prompt), None, torch.from_numpy(samples.tokens), None
+        )
         assert torch.allclose(torch.from_numpy(samples.log_probs), expected.detach())
     again, _, _ = gen.generate(4, None, request=5)  # same version: no weights sent, none loaded
     assert (again.version == 4).all()
@@ -219,8 +245,9 @@ def test_tasks_know_their_optimum():
     toy = ToyTask()
     states = toy.states(50, rng)
     all_actions = np.tile(np.arange(4), (50, 1))
-    assert toy.optimal_reward(states) == pytest.approx(toy.action_rewards(states, all_actions).max(axis=1).mean(),
-                                                       rel=1e-6)
+    assert toy.optimal_reward(states) == pytest.approx(
+        toy.action_rewards(states, all_actions).max(axis=1).mean(), rel=1e-6
+    )
     # a prompt is its position's state, whoever asks
     assert np.array_equal(toy.prompts(np.array([5, 9])), toy.prompts(np.arange(10))[[5, 9]])
 

@@ -14,15 +14,38 @@ from distrl.protocols import LocalSync
 from reference import distribution, functional_params, values
 
 
-def ppo_parts(log_prob, old, adv, clip_range, values=None, old_values=None, returns=None, clip_range_vf=None,
-              vf_coef=0.0, ent_coef=0.0, entropy=None):
+def ppo_parts(
+    log_prob,
+    old,
+    adv,
+    clip_range,
+    values=None,
+    old_values=None,
+    returns=None,
+    clip_range_vf=None,
+    vf_coef=0.0,
+    ent_coef=0.0,
+    entropy=None,
+):
     """ppo_loss on leaf inputs: the loss, its per-sample parts, and autograd's d loss / d (log_prob, values)."""
     n = len(log_prob)
     log_prob = log_prob.clone().requires_grad_(True)
     values = (torch.zeros(n) if values is None else values).clone().requires_grad_(True)
     zeros = torch.zeros(n)
-    out = ppo_loss(log_prob, zeros if entropy is None else entropy, values, old, zeros if old_values is None else old_values,
-                   adv, zeros if returns is None else returns, torch.ones(n), clip_range, clip_range_vf, vf_coef, ent_coef)
+    out = ppo_loss(
+        log_prob,
+        zeros if entropy is None else entropy,
+        values,
+        old,
+        zeros if old_values is None else old_values,
+        adv,
+        zeros if returns is None else returns,
+        torch.ones(n),
+        clip_range,
+        clip_range_vf,
+        vf_coef,
+        ent_coef,
+    )
     d_log_prob, d_values = torch.autograd.grad(out.loss, [log_prob, values])
     return out, d_log_prob, d_values
 
@@ -58,17 +81,38 @@ def test_value_loss_by_hand_with_and_without_clipping():
     torch.testing.assert_close(out.value_loss.detach(), torch.tensor([0.25, 9.0]))
     torch.testing.assert_close(d, torch.tensor([1.0, -6.0]))
     # returns far above: clipped error (0.2 - 3)^2 > (1 - 3)^2, and it is flat in v
-    out, _, d = ppo_parts(torch.zeros(1), torch.zeros(1), torch.zeros(1), 0.2, torch.tensor([1.0]), torch.zeros(1),
-                          torch.tensor([3.0]), 0.2, vf_coef=1.0)
-    assert float(out.value_loss) == pytest.approx(2.8 ** 2) and float(d) == 0.0
+    out, _, d = ppo_parts(
+        torch.zeros(1),
+        torch.zeros(1),
+        torch.zeros(1),
+        0.2,
+        torch.tensor([1.0]),
+        torch.zeros(1),
+        torch.tensor([3.0]),
+        0.2,
+        vf_coef=1.0,
+    )
+    assert float(out.value_loss) == pytest.approx(2.8**2) and float(d) == 0.0
 
 
 def test_ppo_loss_weighs_the_terms_and_skips_invalid_samples():
     # two samples, the second invalid: only the first counts, with vf_coef 0.5 and ent_coef 0.1
     log_prob, entropy = torch.zeros(2), torch.tensor([0.7, 5.0]).requires_grad_(True)
     values = torch.tensor([1.0, 9.0]).requires_grad_(True)
-    out = ppo_loss(log_prob, entropy, values, torch.zeros(2), torch.zeros(2), torch.tensor([2.0, 3.0]),
-                   torch.tensor([0.0, 0.0]), torch.tensor([1.0, 0.0]), 0.2, None, 0.5, 0.1)
+    out = ppo_loss(
+        log_prob,
+        entropy,
+        values,
+        torch.zeros(2),
+        torch.zeros(2),
+        torch.tensor([2.0, 3.0]),
+        torch.tensor([0.0, 0.0]),
+        torch.tensor([1.0, 0.0]),
+        0.2,
+        None,
+        0.5,
+        0.1,
+    )
     assert float(out.loss) == pytest.approx(-2.0 + 0.5 * 1.0 - 0.1 * 0.7)  # r = 1: -A, (1 - 0)^2, entropy 0.7
     d_entropy, d_values = torch.autograd.grad(out.loss, [entropy, values])
     assert d_entropy.tolist() == pytest.approx([-0.1, 0.0]) and d_values.tolist() == pytest.approx([1.0, 0.0])
@@ -89,12 +133,21 @@ def make_batch(agent: ActorCritic, n: int, seed: int = 0, invalid_every: int = 5
     log_probs = agent.log_prob(obs, actions) + 0.3 * torch.randn(n, generator=g)
     valid = torch.ones(n)
     valid[::invalid_every] = 0.0
-    return RolloutBatch(obs=obs, actions=actions, log_probs=log_probs, values=torch.randn(n, generator=g),
-                        advantages=torch.randn(n, generator=g), returns=torch.randn(n, generator=g),
-                        valid=valid, policy_version=0)
+    return RolloutBatch(
+        obs=obs,
+        actions=actions,
+        log_probs=log_probs,
+        values=torch.randn(n, generator=g),
+        advantages=torch.randn(n, generator=g),
+        returns=torch.randn(n, generator=g),
+        valid=valid,
+        policy_version=0,
+    )
 
 
-@pytest.mark.parametrize("space", [spaces.Discrete(3), spaces.Box(-1, 1, (2,), np.float32)], ids=["categorical", "gaussian"])
+@pytest.mark.parametrize(
+    "space", [spaces.Discrete(3), spaces.Box(-1, 1, (2,), np.float32)], ids=["categorical", "gaussian"]
+)
 @pytest.mark.parametrize("clip_vf", [None, 0.1])
 def test_minibatch_gradient_equals_autograd_of_the_loss(space, clip_vf):
     cfg = PPOConfig(n_envs=1, n_steps=40, batch_size=40, ent_coef=0.01, vf_coef=0.7, clip_range_vf=clip_vf)
@@ -166,15 +219,29 @@ def small_rollout(T: int = 12, N: int = 3, seed: int = 0) -> Rollout:
     terminated[4, 0] = truncated[7, 1] = True
     valid = np.ones((T, N), bool)
     valid[5, 0] = False  # the reset step after the episode's end
-    return Rollout(obs=rng.normal(size=(T + 1, N, 4)).astype(np.float32), actions=rng.integers(0, 2, (T, N)),
-                   rewards=rng.normal(size=(T, N)).astype(np.float32), terminated=terminated, truncated=truncated,
-                   valid=valid, policy_version=0, log_probs=np.log(rng.uniform(0.2, 0.8, (T, N))).astype(np.float32))
+    return Rollout(
+        obs=rng.normal(size=(T + 1, N, 4)).astype(np.float32),
+        actions=rng.integers(0, 2, (T, N)),
+        rewards=rng.normal(size=(T, N)).astype(np.float32),
+        terminated=terminated,
+        truncated=truncated,
+        valid=valid,
+        policy_version=0,
+        log_probs=np.log(rng.uniform(0.2, 0.8, (T, N))).astype(np.float32),
+    )
 
 
 @pytest.mark.parametrize("normalize_advantage", [True, False])
 def test_recompute_advantage_equals_preparing_the_rollout_again_before_each_epoch(normalize_advantage):
-    cfg = PPOConfig(n_envs=3, n_steps=12, batch_size=12, n_epochs=3, learning_rate=0.01, clip_range_vf=0.2,
-                    normalize_advantage=normalize_advantage)
+    cfg = PPOConfig(
+        n_envs=3,
+        n_steps=12,
+        batch_size=12,
+        n_epochs=3,
+        learning_rate=0.01,
+        clip_range_vf=0.2,
+        normalize_advantage=normalize_advantage,
+    )
     rollout = small_rollout()
     agent = ActorCritic(4, spaces.Discrete(2), (16,), seed=0)
     algo = PPOAlgo(dataclasses.replace(cfg, recompute_advantage=True), agent, seed=0)
@@ -211,8 +278,9 @@ def test_recomputed_batch_holds_the_current_critics_values_and_their_gae():
     assert adv[5] == 0.0
     assert adv[4] == pytest.approx(r[4] - v[4, 0], abs=1e-5)
     assert adv[3] == pytest.approx(r[3] + g * v[4, 0] - v[3, 0] + g * lam * adv[4], abs=1e-5)
-    np.testing.assert_allclose(fresh.returns.numpy(), (fresh.advantages + fresh.values).numpy() * batch.valid.numpy(),
-                               atol=1e-6)
+    np.testing.assert_allclose(
+        fresh.returns.numpy(), (fresh.advantages + fresh.values).numpy() * batch.valid.numpy(), atol=1e-6
+    )
 
 
 def test_recompute_advantage_is_refused_for_recurrent_policies_and_decoupled():

@@ -19,8 +19,16 @@ def test_returns_to_go_restart_at_each_episode():
 
 def test_policy_gradient_loss_sign():
     log_prob = torch.tensor([-0.5, -2.0]).requires_grad_(True)
-    loss = reinforce_loss(log_prob, torch.zeros(2), torch.zeros(2), torch.zeros(2), torch.tensor([2.0, -1.0]),
-                          baseline=False, vf_coef=0.5, ent_coef=0.0)
+    loss = reinforce_loss(
+        log_prob,
+        torch.zeros(2),
+        torch.zeros(2),
+        torch.zeros(2),
+        torch.tensor([2.0, -1.0]),
+        baseline=False,
+        vf_coef=0.5,
+        ent_coef=0.0,
+    )
     assert float(loss) == pytest.approx(1.0 - 2.0)  # sum of -log_prob * A
     (d,) = torch.autograd.grad(loss, [log_prob])
     torch.testing.assert_close(d, torch.tensor([-2.0, 1.0]))
@@ -28,8 +36,16 @@ def test_policy_gradient_loss_sign():
 
 def test_reinforce_loss_fits_the_baseline_and_adds_the_entropy_bonus_by_hand():
     values, entropy = torch.tensor([1.0, 3.0]).requires_grad_(True), torch.tensor([0.5, 0.25]).requires_grad_(True)
-    loss = reinforce_loss(torch.zeros(2), entropy, values, torch.tensor([2.0, 2.0]), torch.zeros(2),
-                          baseline=True, vf_coef=0.5, ent_coef=0.01)
+    loss = reinforce_loss(
+        torch.zeros(2),
+        entropy,
+        values,
+        torch.tensor([2.0, 2.0]),
+        torch.zeros(2),
+        baseline=True,
+        vf_coef=0.5,
+        ent_coef=0.01,
+    )
     assert float(loss) == pytest.approx(0.5 * (1.0 + 1.0) - 0.01 * 0.75)
     d_values, d_entropy = torch.autograd.grad(loss, [values, entropy])
     assert d_values.tolist() == pytest.approx([-1.0, 1.0]) and d_entropy.tolist() == pytest.approx([-0.01, -0.01])
@@ -37,8 +53,14 @@ def test_reinforce_loss_fits_the_baseline_and_adds_the_entropy_bonus_by_hand():
 
 def one_step_batch(actions, rewards):
     n = len(actions)
-    return EpisodeBatch(obs=np.zeros((n, 3), np.float32), actions=np.array(actions), rewards=np.array(rewards, np.float32),
-                        starts=np.arange(n + 1), policy_version=0, steps=n)
+    return EpisodeBatch(
+        obs=np.zeros((n, 3), np.float32),
+        actions=np.array(actions),
+        rewards=np.array(rewards, np.float32),
+        starts=np.arange(n + 1),
+        policy_version=0,
+        steps=n,
+    )
 
 
 def test_update_makes_the_rewarded_action_more_likely():
@@ -57,7 +79,9 @@ def test_normalised_returns_make_a_constant_reward_a_zero_gradient():
     algo = REINFORCEAlgo(REINFORCEConfig(normalize_returns=True), agent)
     metrics = algo.update(one_step_batch([0, 0, 0, 1], [1.0, 1.0, 1.0, 1.0]), LocalSync())
     assert metrics["losses/grad_norm"] == pytest.approx(0.0, abs=1e-6)
-    unnormalised = REINFORCEAlgo(REINFORCEConfig(normalize_returns=False), ActorCritic(3, spaces.Discrete(2), (8,), seed=0))
+    unnormalised = REINFORCEAlgo(
+        REINFORCEConfig(normalize_returns=False), ActorCritic(3, spaces.Discrete(2), (8,), seed=0)
+    )
     assert unnormalised.update(one_step_batch([0, 0, 0, 1], [1.0, 1.0, 1.0, 1.0]), LocalSync())["losses/grad_norm"] > 0
 
 

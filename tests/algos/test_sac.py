@@ -13,8 +13,15 @@ from reference import mlp, sac_algo
 
 
 def test_critic_target_by_hand_termination_vs_truncation():
-    y = critic_target(torch.tensor([1.0, 1.0]), torch.tensor([0.0, 1.0]), torch.tensor([2.0, 2.0]),
-                      torch.tensor([3.0, 3.0]), torch.tensor([-0.5, -0.5]), alpha=0.2, gamma=0.9)
+    y = critic_target(
+        torch.tensor([1.0, 1.0]),
+        torch.tensor([0.0, 1.0]),
+        torch.tensor([2.0, 2.0]),
+        torch.tensor([3.0, 3.0]),
+        torch.tensor([-0.5, -0.5]),
+        alpha=0.2,
+        gamma=0.9,
+    )
     # min(2, 3) - 0.2 * (-0.5) = 2.1; bootstrap 1 + 0.9 * 2.1 = 2.89; terminated: reward only
     torch.testing.assert_close(y, torch.tensor([2.89, 1.0]))
 
@@ -63,9 +70,13 @@ class Recorder(LocalSync):
 
 def sample_batch(n=32, obs_dim=3, action_dim=2, seed=0):
     g = torch.Generator().manual_seed(seed)
-    return Transitions(torch.randn(n, obs_dim, generator=g), torch.rand(n, action_dim, generator=g) * 2 - 1,
-                       torch.randn(n, generator=g), torch.randn(n, obs_dim, generator=g),
-                       (torch.rand(n, generator=g) < 0.2).float())
+    return Transitions(
+        torch.randn(n, obs_dim, generator=g),
+        torch.rand(n, action_dim, generator=g) * 2 - 1,
+        torch.randn(n, generator=g),
+        torch.randn(n, obs_dim, generator=g),
+        (torch.rand(n, generator=g) < 0.2).float(),
+    )
 
 
 def reference_views(params, data):
@@ -139,10 +150,22 @@ def test_replay_buffer_skips_reset_steps_wraps_and_round_trips(tmp_path):
     rb = ReplayBuffer(5, obs_dim=2, action_dim=1)
     for step in range(4):
         obs = np.full((2, 2), step, np.float32)
-        rb.add(obs, np.zeros((2, 1), np.float32), np.array([step, step + 0.5], np.float32), obs + 1,
-               np.zeros(2, np.float32), np.array([True, step != 1]))
+        rb.add(
+            obs,
+            np.zeros((2, 1), np.float32),
+            np.array([step, step + 0.5], np.float32),
+            obs + 1,
+            np.zeros(2, np.float32),
+            np.array([True, step != 1]),
+        )
     assert rb.size == 5 and rb.pos == 2  # 7 valid rows into 5 slots
-    assert sorted(rb.rewards.tolist()) == [1.0, 2.0, 2.5, 3.0, 3.5]  # the reset row of step 1 was skipped; oldest evicted
+    assert sorted(rb.rewards.tolist()) == [
+        1.0,
+        2.0,
+        2.5,
+        3.0,
+        3.5,
+    ]  # the reset row of step 1 was skipped; oldest evicted
     rb.save(tmp_path / "replay.safetensors")
     other = ReplayBuffer(5, 2, 1)
     other.load(tmp_path / "replay.safetensors")

@@ -52,8 +52,15 @@ def transitions(rb) -> Counter:
     else:
         rows = np.arange(rb.size)
         nxt = rb.next_obs[rows]
-    return Counter(zip(map(tuple, rb.obs[rows].tolist()), map(tuple, rb.actions[rows].tolist()),
-                       rb.rewards[rows].tolist(), map(tuple, nxt.tolist()), rb.terminated[rows].tolist()))
+    return Counter(
+        zip(
+            map(tuple, rb.obs[rows].tolist()),
+            map(tuple, rb.actions[rows].tolist()),
+            rb.rewards[rows].tolist(),
+            map(tuple, nxt.tolist()),
+            rb.terminated[rows].tolist(),
+        )
+    )
 
 
 @pytest.mark.parametrize("n_envs, cut_every", [(1, 0), (3, 0), (3, 7)])
@@ -64,7 +71,7 @@ def test_the_compact_buffer_holds_the_full_buffers_transitions_in_about_half_the
         compact.add(*step)
     assert compact.size == full.size == sum(transitions(full).values()) > 100
     assert transitions(compact) == transitions(full)  # truncated episodes keep their last observation
-    episodes = len({tuple(o[:2]) for o in compact.obs[:compact.filled].tolist()})
+    episodes = len({tuple(o[:2]) for o in compact.obs[: compact.filled].tolist()})
     assert compact.filled == full.size + episodes  # one row per step and one per episode (env, episode)
     assert compact.filled < 0.8 * 2 * full.size
 
@@ -77,7 +84,7 @@ def test_a_full_compact_buffer_keeps_only_whole_recent_transitions():
     kept = transitions(compact)
     assert compact.size == sum(kept.values()) == compact.starts.sum() > 20
     assert not kept - transitions(full)  # every stored transition is one that happened, next observation included
-    latest = set(map(tuple, full.obs[:full.size][-40:].tolist()))
+    latest = set(map(tuple, full.obs[: full.size][-40:].tolist()))
     assert {key[0] for key in kept} <= latest  # and one of the latest
 
 
@@ -117,18 +124,37 @@ def test_the_memory_check_counts_one_observation_per_transition(monkeypatch):
     with pytest.raises(ConfigError, match="at most 310,"):
         replay.check_replay_memory(400_000, *image, 3, compact=True)
     assert CompactReplayBuffer(10, image[0], 3, image[1]).obs.nbytes * 2 == sum(
-        getattr(ReplayBuffer(10, image[0], 3, image[1]), f).nbytes for f in ("obs", "next_obs"))
+        getattr(ReplayBuffer(10, image[0], 3, image[1]), f).nbytes for f in ("obs", "next_obs")
+    )
     with pytest.raises(ConfigError, match="buffer_size=8 is not allowed: must be > 2 \\* n_envs \\(8\\)"):
         SACConfig(optimize_memory_usage=True, n_envs=4, buffer_size=8, batch_size=8)
 
 
 @pytest.mark.parametrize("compact", [False, True])
 def test_a_sac_run_resumed_with_its_replay_buffer_equals_the_uninterrupted_run(tmp_path, compact):
-    args = ["train", "sac", "Pendulum-v1", "--learning-starts", "50", "--batch-size", "32", "--net-arch", "32", "32",
-            "--save-replay", "--checkpoint-every", "150", "--quiet", *(["--optimize-memory-usage"] if compact else [])]
+    args = [
+        "train",
+        "sac",
+        "Pendulum-v1",
+        "--learning-starts",
+        "50",
+        "--batch-size",
+        "32",
+        "--net-arch",
+        "32",
+        "32",
+        "--save-replay",
+        "--checkpoint-every",
+        "150",
+        "--quiet",
+        *(["--optimize-memory-usage"] if compact else []),
+    ]
     for name in ("full", "run"):
         assert main([*args, "--total-steps", "400", "--run-dir", str(tmp_path / name)]) == 0
-    assert main([*args, "--total-steps", "400", "--resume", str(tmp_path / "run" / "checkpoints" / f"step-{150:012d}")]) == 0
+    assert (
+        main([*args, "--total-steps", "400", "--resume", str(tmp_path / "run" / "checkpoints" / f"step-{150:012d}")])
+        == 0
+    )
     tensors = [checkpoint.load(tmp_path / name / "model")[0] for name in ("full", "run")]
     assert tensors[0].keys() == tensors[1].keys()
     assert all(np.array_equal(tensors[0][k].numpy(), tensors[1][k].numpy()) for k in tensors[0])

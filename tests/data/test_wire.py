@@ -11,24 +11,41 @@ from distrl.strategies.actor_learner import unpack_batch
 
 
 def test_arrays_and_values_round_trip_exactly():
-    fields = {"version": 7, "params": np.arange(5, dtype=np.float32) / 3, "stats": {"mean": np.ones((2, 3)),
-              "count": np.array(4.0)}, "returns": [0.1, 1e-300, -2.5], "empty": np.zeros((0, 4), np.int64),
-              "none": None, "scalar": np.float64(0.3)}
+    fields = {
+        "version": 7,
+        "params": np.arange(5, dtype=np.float32) / 3,
+        "stats": {"mean": np.ones((2, 3)), "count": np.array(4.0)},
+        "returns": [0.1, 1e-300, -2.5],
+        "empty": np.zeros((0, 4), np.int64),
+        "none": None,
+        "scalar": np.float64(0.3),
+    }
     out = unpack(pack(fields))
     assert out["version"] == 7 and out["returns"] == [0.1, 1e-300, -2.5] and out["none"] is None
     assert out["scalar"] == 0.3
-    for got, want in [(out["params"], fields["params"]), (out["stats"]["mean"], fields["stats"]["mean"]),
-                      (out["stats"]["count"], fields["stats"]["count"]), (out["empty"], fields["empty"])]:
+    for got, want in [
+        (out["params"], fields["params"]),
+        (out["stats"]["mean"], fields["stats"]["mean"]),
+        (out["stats"]["count"], fields["stats"]["count"]),
+        (out["empty"], fields["empty"]),
+    ]:
         assert got.dtype == want.dtype and got.shape == want.shape and np.array_equal(got, want)
     out["params"][0] = 99.0  # writable, and not shared with the sender
     assert fields["params"][0] == 0.0
 
 
 def test_a_worker_batch_comes_back_as_the_same_batch():
-    batch = EpisodeBatch(obs=np.random.default_rng(0).standard_normal((6, 4), dtype=np.float32),
-                         actions=np.array([0, 1, 1, 0, 1, 0]), rewards=np.ones(6, np.float32),
-                         starts=np.array([0, 2, 6]), policy_version=3, steps=8, episode_returns=[2.0, 4.0],
-                         episode_lengths=[2, 4], collect_s=0.25)
+    batch = EpisodeBatch(
+        obs=np.random.default_rng(0).standard_normal((6, 4), dtype=np.float32),
+        actions=np.array([0, 1, 1, 0, 1, 0]),
+        rewards=np.ones(6, np.float32),
+        starts=np.array([0, 2, 6]),
+        policy_version=3,
+        steps=8,
+        episode_returns=[2.0, 4.0],
+        episode_lengths=[2, 4],
+        collect_s=0.25,
+    )
     got = unpack_batch(pack({"type": "EpisodeBatch", **vars(batch)}))
     assert isinstance(got, EpisodeBatch) and got.policy_version == 3 and got.steps == 8 and got.collect_s == 0.25
     assert got.episode_returns == [2.0, 4.0] and got.episode_lengths == [2, 4]

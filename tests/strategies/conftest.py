@@ -7,7 +7,13 @@ import pytest
 def ray_local():
     """One local Ray instance for every Ray test of the session."""
     ray = pytest.importorskip("ray")
-    ray.init(address="local", num_cpus=4, include_dashboard=False, _node_ip_address="127.0.0.1", logging_level=logging.WARNING,
-             log_to_driver=False)
+    ray.init(
+        address="local",
+        num_cpus=4,
+        include_dashboard=False,
+        _node_ip_address="127.0.0.1",
+        logging_level=logging.WARNING,
+        log_to_driver=False,
+    )
     yield ray
     ray.shutdown()

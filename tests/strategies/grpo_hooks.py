@@ -29,5 +29,6 @@ def train_bandit(engine, strategy, hook=lambda source, version: None, **changes)
     """GRPO on the bandit (its preset, then ``changes``) through the pipeline on ``engine``; returns its summary."""
     run, cfg, _ = algo_configs("grpo", "bandit", run={"quiet": True})
     cfg = dataclasses.replace(cfg, **changes)
-    return train_grpo(run, cfg, None, strategy=strategy,
-                      source_factory=lambda trainer: HookedGroups(trainer, strategy, engine, hook))
+    return train_grpo(
+        run, cfg, None, strategy=strategy, source_factory=lambda trainer: HookedGroups(trainer, strategy, engine, hook)
+    )

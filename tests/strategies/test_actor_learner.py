@@ -25,8 +25,12 @@ def al(workers=2, **kw):
 def reinforce_trainer(ray, env="CartPole-v1", strategy=None, seed=0, **cfg):
     strategy = strategy or al()
     run = RunConfig(algo="reinforce", env=env, seed=seed, vec="sync", quiet=True, total_steps=10**9)
-    return EpisodicTrainer(run, REINFORCEConfig(n_envs=2, episodes_per_iter=8, **cfg), strategy=strategy,
-                           collector_factory=lambda t: RemoteCollector(t, strategy, RayActors(ray)))
+    return EpisodicTrainer(
+        run,
+        REINFORCEConfig(n_envs=2, episodes_per_iter=8, **cfg),
+        strategy=strategy,
+        collector_factory=lambda t: RemoteCollector(t, strategy, RayActors(ray)),
+    )
 
 
 def run_iterations(trainer, n):
@@ -52,10 +56,13 @@ def test_ppo_with_two_workers_equals_single_process_on_the_same_envs(ray_local):
     cfg = PPOConfig(n_envs=2, n_steps=16, batch_size=32, n_epochs=2, normalize_obs=True, normalize_reward=True)
     strategy = al()
     run = RunConfig(env="CartPole-v1", seed=3, vec="sync", quiet=True, total_steps=4 * 64)
-    remote = OnPolicyTrainer(run, cfg, strategy=strategy, collector_factory=lambda t: RemoteCollector(t, strategy, RayActors(ray_local)))
+    remote = OnPolicyTrainer(
+        run, cfg, strategy=strategy, collector_factory=lambda t: RemoteCollector(t, strategy, RayActors(ray_local))
+    )
     remote.train()
-    single = OnPolicyTrainer(run, PPOConfig(n_envs=4, n_steps=16, batch_size=32, n_epochs=2, normalize_obs=True,
-                                            normalize_reward=True))
+    single = OnPolicyTrainer(
+        run, PPOConfig(n_envs=4, n_steps=16, batch_size=32, n_epochs=2, normalize_obs=True, normalize_reward=True)
+    )
     single.train()
     assert remote.steps == single.steps == 256
     torch.testing.assert_close(remote.agent.params.data, single.agent.params.data, rtol=0, atol=1e-6)
@@ -127,9 +134,29 @@ def test_missing_ray_names_the_extra(monkeypatch):
 def test_cli_actor_learner_reports_per_iteration_and_summary(tmp_path):
     pytest.importorskip("ray")
     run_dir = tmp_path / "run"
-    result = subprocess.run([sys.executable, "-m", "distrl", "train", "reinforce", "CartPole-v1", "--strategy",
-                             "actor-learner", "--workers", "2", "--iterations", "3", "--episodes-per-iter", "10",
-                             "--run-dir", str(run_dir)], capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "distrl",
+            "train",
+            "reinforce",
+            "CartPole-v1",
+            "--strategy",
+            "actor-learner",
+            "--workers",
+            "2",
+            "--iterations",
+            "3",
+            "--episodes-per-iter",
+            "10",
+            "--run-dir",
+            str(run_dir),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr
     assert "iteration 3/3: mean reward" in result.stderr
     ends = [line for line in result.stderr.splitlines() if line.startswith("done:")]  # one end line, labelled
@@ -144,9 +171,29 @@ def test_cli_actor_learner_reports_per_iteration_and_summary(tmp_path):
 
 def test_unreachable_ray_address_is_exit_2(tmp_path):
     pytest.importorskip("ray")
-    result = subprocess.run([sys.executable, "-m", "distrl", "train", "reinforce", "CartPole-v1", "--strategy",
-                             "actor-learner", "--workers", "2", "--ray-address", "127.0.0.1:1", "--iterations", "1",
-                             "--run-dir", str(tmp_path / "r")], capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "distrl",
+            "train",
+            "reinforce",
+            "CartPole-v1",
+            "--strategy",
+            "actor-learner",
+            "--workers",
+            "2",
+            "--ray-address",
+            "127.0.0.1:1",
+            "--iterations",
+            "1",
+            "--run-dir",
+            str(tmp_path / "r"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1].startswith("distrl: error: ray_address='127.0.0.1:1'")
 
@@ -157,8 +204,25 @@ def test_two_workers_solve_cartpole(tmp_path, algo):
     import json
 
     run_dir = tmp_path / "run"
-    result = subprocess.run([sys.executable, "-m", "distrl", "train", algo, "CartPole-v1", "--strategy", "actor-learner",
-                             "--workers", "2", "--quiet", "--run-dir", str(run_dir)], capture_output=True, text=True,
-                            timeout=900)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "distrl",
+            "train",
+            algo,
+            "CartPole-v1",
+            "--strategy",
+            "actor-learner",
+            "--workers",
+            "2",
+            "--quiet",
+            "--run-dir",
+            str(run_dir),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert result.returncode == 0, result.stderr
     assert json.loads((run_dir / "summary.json").read_text())["final_eval_mean_return"] >= 475

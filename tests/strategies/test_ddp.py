@@ -7,20 +7,28 @@ import pytest
 import torch
 from gymnasium import spaces
 
+from distributed import run_ranks
 from distrl.algos.ppo import PackedBatch, PPOAlgo
 from distrl.config import ConfigError, PPOConfig, REINFORCEConfig, RunConfig, StrategyConfig, scaled
 from distrl.data.rollout import RolloutBatch
 from distrl.nets import ActorCritic
 from distrl.protocols import LocalSync
 from distrl.training import OnPolicyTrainer
-from distributed import run_ranks
 from reference import sac_algo
 
 pytestmark = pytest.mark.multiprocess
 
 N = 64
-UPDATE_CFG = PPOConfig(n_envs=1, n_steps=N, batch_size=N, n_epochs=4, learning_rate=0.01, max_grad_norm=0.05,
-                       ent_coef=0.01, clip_range_vf=0.2)
+UPDATE_CFG = PPOConfig(
+    n_envs=1,
+    n_steps=N,
+    batch_size=N,
+    n_epochs=4,
+    learning_rate=0.01,
+    max_grad_norm=0.05,
+    ent_coef=0.01,
+    clip_range_vf=0.2,
+)
 
 
 def fixed_batch(seed: int = 0, n: int = N) -> RolloutBatch:
@@ -30,16 +38,26 @@ def fixed_batch(seed: int = 0, n: int = N) -> RolloutBatch:
     actions = torch.randint(0, 2, (n,), generator=g)
     valid = torch.ones(n)
     valid[::7] = 0.0
-    return RolloutBatch(obs=obs, actions=actions, log_probs=agent.log_prob(obs, actions) + 0.2 * torch.randn(n, generator=g),
-                        values=torch.randn(n, generator=g), advantages=3 * torch.randn(n, generator=g) + 1,
-                        returns=torch.randn(n, generator=g), valid=valid, policy_version=0)
+    return RolloutBatch(
+        obs=obs,
+        actions=actions,
+        log_probs=agent.log_prob(obs, actions) + 0.2 * torch.randn(n, generator=g),
+        values=torch.randn(n, generator=g),
+        advantages=3 * torch.randn(n, generator=g) + 1,
+        returns=torch.randn(n, generator=g),
+        valid=valid,
+        policy_version=0,
+    )
 
 
 def shard(batch: RolloutBatch, rank: int, world: int) -> RolloutBatch:
     size = batch.size // world
     part = slice(rank * size, (rank + 1) * size)
-    tensors = {f.name: getattr(batch, f.name)[part] for f in dataclasses.fields(batch)
-               if isinstance(getattr(batch, f.name), torch.Tensor)}
+    tensors = {
+        f.name: getattr(batch, f.name)[part]
+        for f in dataclasses.fields(batch)
+        if isinstance(getattr(batch, f.name), torch.Tensor)
+    }
     return dataclasses.replace(batch, **tensors)
 
 
@@ -125,7 +143,9 @@ def startup(rank, world):
     from distrl.strategies.ddp import DistributedSync, checksum
 
     run = RunConfig(env="CartPole-v1", total_steps=10_000, seed=rank * 17, vec="sync", quiet=True)
-    trainer = OnPolicyTrainer(run, PPOConfig(n_envs=2, n_steps=8, batch_size=16), sync=DistributedSync(torch.device("cpu"), 30))
+    trainer = OnPolicyTrainer(
+        run, PPOConfig(n_envs=2, n_steps=8, batch_size=16), sync=DistributedSync(torch.device("cpu"), 30)
+    )
     before = checksum(trainer.agent.params.data)
     trainer.broadcast_state()
     trainer.sync.verify_identical(trainer.agent.params.data, "parameters")
@@ -143,7 +163,9 @@ def test_startup_broadcast_gives_every_rank_rank0s_parameters():
 def whole_run(rank, world, cfg, iterations):
     from distrl.strategies.ddp import DistributedSync
 
-    run = RunConfig(env="CartPole-v1", total_steps=iterations * cfg.rollout_size * world, seed=5, vec="sync", quiet=True)
+    run = RunConfig(
+        env="CartPole-v1", total_steps=iterations * cfg.rollout_size * world, seed=5, vec="sync", quiet=True
+    )
     trainer = OnPolicyTrainer(run, cfg, sync=DistributedSync(torch.device("cpu"), 30))
     trainer.broadcast_state()
     trainer.train()
@@ -153,8 +175,15 @@ def whole_run(rank, world, cfg, iterations):
 
 @pytest.mark.parametrize("recompute", [False, True], ids=["advantages-once", "recompute-advantage"])
 def test_whole_run_with_two_ranks_equals_single_process_on_the_same_envs(recompute):
-    cfg = PPOConfig(n_envs=4, n_steps=16, batch_size=64, n_epochs=3, learning_rate=3e-3, normalize_obs=True,
-                    recompute_advantage=recompute)
+    cfg = PPOConfig(
+        n_envs=4,
+        n_steps=16,
+        batch_size=64,
+        n_epochs=3,
+        learning_rate=3e-3,
+        normalize_obs=True,
+        recompute_advantage=recompute,
+    )
     (p0, steps), (p1, _) = run_ranks(whole_run, 2, cfg, 4)
     single_cfg = dataclasses.replace(cfg, n_envs=8, batch_size=128)
     run = RunConfig(env="CartPole-v1", total_steps=steps, seed=5, vec="sync", quiet=True)
@@ -230,7 +259,9 @@ def sac_step_on_shard(rank, world, cfg, batch, eps_next, eps_pi):
     half = batch.size // world
     part = slice(rank * half, (rank + 1) * half)
     algo = sac_algo(cfg, seed=0)
-    shard_batch = type(batch)(*(getattr(batch, f)[part] for f in ("obs", "actions", "rewards", "next_obs", "terminated")))
+    shard_batch = type(batch)(
+        *(getattr(batch, f)[part] for f in ("obs", "actions", "rewards", "next_obs", "terminated"))
+    )
     algo.update(shard_batch, DistributedSync(torch.device("cpu"), 30), eps_next[part], eps_pi[part])
     return algo.actor.params.data.clone(), algo.critic.params.data.clone(), algo.critic_target.params.data.clone()
 
@@ -241,9 +272,13 @@ def test_one_sac_gradient_step_on_two_ranks_equals_single_process():
 
     cfg = SACConfig(batch_size=32, buffer_size=100, net_arch=(16, 16), ent_coef="auto_0.3")
     g = torch.Generator().manual_seed(0)
-    batch = Transitions(torch.randn(32, 3, generator=g), torch.rand(32, 2, generator=g) * 2 - 1,
-                        torch.randn(32, generator=g), torch.randn(32, 3, generator=g),
-                        (torch.rand(32, generator=g) < 0.2).float())
+    batch = Transitions(
+        torch.randn(32, 3, generator=g),
+        torch.rand(32, 2, generator=g) * 2 - 1,
+        torch.randn(32, generator=g),
+        torch.randn(32, 3, generator=g),
+        (torch.rand(32, generator=g) < 0.2).float(),
+    )
     eps_next, eps_pi = torch.randn(32, 2, generator=g), torch.randn(32, 2, generator=g)
     results = run_ranks(sac_step_on_shard, 2, cfg, batch, eps_next, eps_pi)
     single = sac_algo(cfg, seed=0)
@@ -262,7 +297,9 @@ def test_a_restartable_group_on_several_torchrun_nodes_sharing_the_agents_store_
     monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
     monkeypatch.setenv("TORCHELASTIC_MAX_RESTARTS", "2")
     monkeypatch.setenv("GROUP_WORLD_SIZE", "2")
-    with pytest.raises(ConfigError, match="max_restarts=2 on 2 torchrun nodes needs TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1"):
+    with pytest.raises(
+        ConfigError, match="max_restarts=2 on 2 torchrun nodes needs TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1"
+    ):
         join_group("gloo", 5.0)
 
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from distrl.config import PPOConfig, RunConfig, StrategyConfig
 from distributed import run_ranks
+from distrl.config import PPOConfig, RunConfig, StrategyConfig
 
 pytestmark = pytest.mark.multiprocess
 
@@ -72,17 +72,56 @@ def scatter_rows(rank, world):
 
 
 def test_one_process_is_a_clear_error(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "distrl", "train", "ppo", "CartPole-v1", "--strategy", "decoupled",
-                             "--workers", "1", "--run-dir", str(tmp_path / "r")], capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "distrl",
+            "train",
+            "ppo",
+            "CartPole-v1",
+            "--strategy",
+            "decoupled",
+            "--workers",
+            "1",
+            "--run-dir",
+            str(tmp_path / "r"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 2
-    assert "workers=1 is not allowed: must be >= 2 with --strategy decoupled; a player needs at least one trainer" in result.stderr
+    assert (
+        "workers=1 is not allowed: must be >= 2 with --strategy decoupled; a player needs at least one trainer"
+        in result.stderr
+    )
 
 
 def test_cli_decoupled_run_writes_the_run_dir(tmp_path):
     run_dir = tmp_path / "run"
-    result = subprocess.run([sys.executable, "-m", "distrl", "train", "ppo", "CartPole-v1", "--strategy", "decoupled",
-                             "--workers", "3", "--total-steps", "4096", "--quiet", "--run-dir", str(run_dir)],
-                            capture_output=True, text=True, timeout=180)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "distrl",
+            "train",
+            "ppo",
+            "CartPole-v1",
+            "--strategy",
+            "decoupled",
+            "--workers",
+            "3",
+            "--total-steps",
+            "4096",
+            "--quiet",
+            "--run-dir",
+            str(run_dir),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert result.returncode == 0, result.stderr
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["workers"] == 3 and summary["strategy"] == "decoupled" and summary["player_wait_s"] > 0
@@ -92,8 +131,26 @@ def test_cli_decoupled_run_writes_the_run_dir(tmp_path):
 @pytest.mark.slow
 def test_decoupled_with_three_processes_solves_cartpole(tmp_path):
     run_dir = tmp_path / "run"
-    result = subprocess.run([sys.executable, "-m", "distrl", "train", "ppo", "CartPole-v1", "--strategy", "decoupled",
-                             "--workers", "3", "--share-data", "--quiet", "--run-dir", str(run_dir)],
-                            capture_output=True, text=True, timeout=900)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "distrl",
+            "train",
+            "ppo",
+            "CartPole-v1",
+            "--strategy",
+            "decoupled",
+            "--workers",
+            "3",
+            "--share-data",
+            "--quiet",
+            "--run-dir",
+            str(run_dir),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert result.returncode == 0, result.stderr
     assert json.loads((run_dir / "summary.json").read_text())["final_eval_mean_return"] >= 475

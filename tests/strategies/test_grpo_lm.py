@@ -22,8 +22,9 @@ from distrl.strategies.pipeline import RewardFailed
 from distrl.training.group import train_grpo
 
 transformers = pytest.importorskip("transformers")
-from distrl_lm import DIGITS, make_model, write_reversal  # noqa: E402
 from grpo_hooks import HookedGroups  # noqa: E402
+
+from distrl_lm import DIGITS, make_model, write_reversal  # noqa: E402
 
 pytestmark = pytest.mark.multiprocess
 
@@ -35,21 +36,45 @@ def lm(tmp_path_factory):
 
 
 def grpo_args(lm, run_dir, *flags, reward="distrl_lm:reversal"):
-    return ["train", "grpo", "--model", lm["model"], "--dataset", lm["data"], "--reward", reward,
-            "--max-new-tokens", "5", "--learning-rate", "1e-3", "--prompts-per-slice", "4", "--quiet",
-            "--run-dir", str(run_dir), *flags]
+    return [
+        "train",
+        "grpo",
+        "--model",
+        lm["model"],
+        "--dataset",
+        lm["data"],
+        "--reward",
+        reward,
+        "--max-new-tokens",
+        "5",
+        "--learning-rate",
+        "1e-3",
+        "--prompts-per-slice",
+        "4",
+        "--quiet",
+        "--run-dir",
+        str(run_dir),
+        *flags,
+    ]
 
 
 def train(lm, run_dir, *flags, reward="distrl_lm:reversal", timeout=600):
-    return subprocess.run([sys.executable, "-m", "distrl", *grpo_args(lm, run_dir, *flags, reward=reward)],
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "distrl", *grpo_args(lm, run_dir, *flags, reward=reward)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def policy(run_dir, checkpoint="model"):
     from safetensors.torch import load_file
 
-    return {k: v for k, v in load_file(str(Path(run_dir) / checkpoint / "tensors.safetensors")).items()
-            if k.startswith("policy.")}
+    return {
+        k: v
+        for k, v in load_file(str(Path(run_dir) / checkpoint / "tensors.safetensors")).items()
+        if k.startswith("policy.")
+    }
 
 
 def largest_difference(a, b):
@@ -65,8 +90,22 @@ def summary(run_dir):
 def test_a_tiny_model_learns_to_reverse_digit_strings(lm, tmp_path):
     run_dir = tmp_path / "run"
     # temperature 1.2 keeps groups exploring: over seeds 0-2 this reached 0.9 in 575-735 steps (at 1.0: 376-988)
-    result = train(lm, run_dir, "--group-size", "16", "--slices-per-step", "4", "--temperature", "1.2",
-                   "--learner-steps", "1000", "--target-return", "0.9", "--sample-every", "100")
+    result = train(
+        lm,
+        run_dir,
+        "--group-size",
+        "16",
+        "--slices-per-step",
+        "4",
+        "--temperature",
+        "1.2",
+        "--learner-steps",
+        "1000",
+        "--target-return",
+        "0.9",
+        "--sample-every",
+        "100",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     s = summary(run_dir)
     # chance: a random digit in each place, about 1 in 15 tokens; the test's reward gives partial credit
@@ -81,22 +120,32 @@ def test_a_tiny_model_learns_to_reverse_digit_strings(lm, tmp_path):
     model = transformers.AutoModelForCausalLM.from_pretrained(str(run_dir / "pretrained"), local_files_only=True)
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(run_dir / "pretrained"), local_files_only=True)
     rows = [json.loads(line) for line in Path(lm["data"]).read_text().splitlines()[:32]]
-    out = model.generate(**tokenizer([r["prompt"] for r in rows], return_tensors="pt"), max_new_tokens=5,
-                         do_sample=False, pad_token_id=tokenizer.pad_token_id)
+    out = model.generate(
+        **tokenizer([r["prompt"] for r in rows], return_tensors="pt"),
+        max_new_tokens=5,
+        do_sample=False,
+        pad_token_id=tokenizer.pad_token_id,
+    )
     answers = tokenizer.batch_decode(out[:, 4:], skip_special_tokens=True)
     assert sum(reversal(None, answers, [r["answer"] for r in rows])) / len(rows) >= 0.8
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     tags = set(EventAccumulator(str(run_dir)).Reload().Tags()["scalars"])
-    assert {"rewards/mean", "rewards/distrl_lm:reversal", "losses/clip_fraction", "losses/kl",
-            "completions/mean_length", "charts/tokens_per_s", "pipeline/policy_lag_mean"} <= tags
+    assert {
+        "rewards/mean",
+        "rewards/distrl_lm:reversal",
+        "losses/clip_fraction",
+        "losses/kl",
+        "completions/mean_length",
+        "charts/tokens_per_s",
+        "pipeline/policy_lag_mean",
+    } <= tags
 
 
 def test_one_generator_one_request_ahead_reproduces_single(lm, tmp_path):
     flags = ("--group-size", "4", "--slices-per-step", "2", "--slices-per-call", "2", "--learner-steps", "5")
     assert main(grpo_args(lm, tmp_path / "single", *flags)) == 0
-    pipeline = train(lm, tmp_path / "pipeline", *flags, "--strategy", "pipeline", "--workers", "1",
-                     "--queue-size", "2")
+    pipeline = train(lm, tmp_path / "pipeline", *flags, "--strategy", "pipeline", "--workers", "1", "--queue-size", "2")
     assert pipeline.returncode == 0, pipeline.stderr[-3000:]
     assert largest_difference(policy(tmp_path / "single"), policy(tmp_path / "pipeline")) < 1e-5
     s = summary(tmp_path / "pipeline")
@@ -109,71 +158,156 @@ def test_ddp_on_two_ranks_equals_single_on_the_same_global_batch_and_resumes(lm,
     # every rank draws its share of each step's prompts; the dapo loss divides by the global token count
     flags = ("--group-size", "4", "--learner-steps", "4", "--beta", "0.05", "--microbatch-size", "6")
     assert main(grpo_args(lm, tmp_path / "single", *flags, "--slices-per-step", "2")) == 0
-    ddp = train(lm, tmp_path / "ddp", *flags, "--slices-per-step", "1", "--strategy", "ddp", "--workers", "2",
-                "--checkpoint-every", "2")
+    ddp = train(
+        lm,
+        tmp_path / "ddp",
+        *flags,
+        "--slices-per-step",
+        "1",
+        "--strategy",
+        "ddp",
+        "--workers",
+        "2",
+        "--checkpoint-every",
+        "2",
+    )
     assert ddp.returncode == 0, ddp.stderr[-3000:]
     assert largest_difference(policy(tmp_path / "single"), policy(tmp_path / "ddp")) < 2e-5
     s = summary(tmp_path / "ddp")
     assert len(set(s["param_checksums"])) == 1 and s["completions"] == summary(tmp_path / "single")["completions"]
     # both ranks go on from step 2's checkpoint (rank 0 reads it and sends it) exactly as they first went
     whole = policy(tmp_path / "ddp")
-    resumed = subprocess.run([sys.executable, "-m", "distrl", "train", "grpo", "--resume",
-                              str(tmp_path / "ddp" / "checkpoints" / "step-000000000002"), "--reward",
-                              "distrl_lm:reversal", "--quiet"], capture_output=True, text=True, timeout=300)
+    resumed = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "distrl",
+            "train",
+            "grpo",
+            "--resume",
+            str(tmp_path / "ddp" / "checkpoints" / "step-000000000002"),
+            "--reward",
+            "distrl_lm:reversal",
+            "--quiet",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert largest_difference(whole, policy(tmp_path / "ddp")) == 0.0
 
 
 def test_a_resumed_run_goes_on_exactly_as_the_uninterrupted_one(lm, tmp_path):
     run_dir = tmp_path / "run"
-    flags = ("--group-size", "4", "--slices-per-step", "2", "--learner-steps", "6", "--checkpoint-every", "3",
-             "--beta", "0.05")
+    flags = (
+        "--group-size",
+        "4",
+        "--slices-per-step",
+        "2",
+        "--learner-steps",
+        "6",
+        "--checkpoint-every",
+        "3",
+        "--beta",
+        "0.05",
+    )
     assert main(grpo_args(lm, run_dir, *flags)) == 0
     whole = policy(run_dir)
     shutil.rmtree(run_dir / "model")
-    assert main(["train", "grpo", "--resume", str(run_dir / "checkpoints" / "step-000000000003"),
-                 "--reward", "distrl_lm:reversal", "--quiet"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "grpo",
+                "--resume",
+                str(run_dir / "checkpoints" / "step-000000000003"),
+                "--reward",
+                "distrl_lm:reversal",
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     assert largest_difference(whole, policy(run_dir)) == 0.0
     assert summary(run_dir)["learner_steps"] == 6
     # a checkpoint in the key layout of earlier versions (policy.NAME, adam.NAME) goes on the same way
     step3 = run_dir / "checkpoints" / "step-000000000003"
     tensors = load_file(str(step3 / "tensors.safetensors"))
     assert tensors and all(k.split("/")[0] in ("params", "optim") for k in tensors)
-    save_file({k.replace("params/", "policy.").replace("optim/", "adam."): v for k, v in tensors.items()},
-              str(step3 / "tensors.safetensors"), metadata={"format": "distrl-checkpoint"})
+    save_file(
+        {k.replace("params/", "policy.").replace("optim/", "adam."): v for k, v in tensors.items()},
+        str(step3 / "tensors.safetensors"),
+        metadata={"format": "distrl-checkpoint"},
+    )
     shutil.rmtree(run_dir / "model")
     assert main(["train", "grpo", "--resume", str(step3), "--reward", "distrl_lm:reversal", "--quiet"]) == 0
     assert largest_difference(whole, policy(run_dir)) == 0.0
     # a resumed run's config names its reward's code: without --reward again (or --trust-code), nothing runs
-    refused = subprocess.run([sys.executable, "-m", "distrl", "train", "grpo", "--resume", str(run_dir)],
-                             capture_output=True, text=True, timeout=120)
+    refused = subprocess.run(
+        [sys.executable, "-m", "distrl", "train", "grpo", "--resume", str(run_dir)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert refused.returncode == 2 and "reward='distrl_lm:reversal'" in refused.stderr
 
 
 def test_a_reward_that_raises_ends_the_run_with_one_line_naming_it(lm, tmp_path):
-    result = train(lm, tmp_path / "run", "--group-size", "4", "--slices-per-step", "1", "--learner-steps", "3",
-                   reward="distrl_lm:raises")
+    result = train(
+        lm,
+        tmp_path / "run",
+        "--group-size",
+        "4",
+        "--slices-per-step",
+        "1",
+        "--learner-steps",
+        "3",
+        reward="distrl_lm:raises",
+    )
     assert result.returncode == 1
     assert result.stderr.strip().splitlines()[-1] == (
-        "distrl: error: reward 'distrl_lm:raises' raised ZeroDivisionError: a reward that divides by zero")
+        "distrl: error: reward 'distrl_lm:raises' raised ZeroDivisionError: a reward that divides by zero"
+    )
     assert "Traceback" not in result.stderr and not (tmp_path / "run" / "model").exists()
 
 
-@pytest.mark.parametrize("reward, message", [
-    ("distrl_lm:raises", "reward 'distrl_lm:raises' raised ZeroDivisionError: a reward that divides by zero"),
-    ("distrl_lm:hangs", "reward 'distrl_lm:hangs' did not return within reward_timeout_s=2 s"),
-    ("distrl_lm:dies", "the scorer failed while scoring (rewards distrl_lm:dies)"),
-    ("distrl_lm:wrong_length", "reward 'distrl_lm:wrong_length' returned 15 values for 16 completions"),
-])
-def test_a_reward_that_raises_hangs_kills_the_scorer_or_miscounts_cannot_stall_the_pipeline(lm, tmp_path, ray_local,
-                                                                                            reward, message):
-    cfg = GRPOConfig(model=lm["model"], dataset=lm["data"], rewards=(reward,), group_size=4, prompts_per_slice=4,
-                     slices_per_step=1, slices_per_call=1, learner_steps=3, max_new_tokens=5, reward_timeout_s=2)
+@pytest.mark.parametrize(
+    "reward, message",
+    [
+        ("distrl_lm:raises", "reward 'distrl_lm:raises' raised ZeroDivisionError: a reward that divides by zero"),
+        ("distrl_lm:hangs", "reward 'distrl_lm:hangs' did not return within reward_timeout_s=2 s"),
+        ("distrl_lm:dies", "the scorer failed while scoring (rewards distrl_lm:dies)"),
+        ("distrl_lm:wrong_length", "reward 'distrl_lm:wrong_length' returned 15 values for 16 completions"),
+    ],
+)
+def test_a_reward_that_raises_hangs_kills_the_scorer_or_miscounts_cannot_stall_the_pipeline(
+    lm, tmp_path, ray_local, reward, message
+):
+    cfg = GRPOConfig(
+        model=lm["model"],
+        dataset=lm["data"],
+        rewards=(reward,),
+        group_size=4,
+        prompts_per_slice=4,
+        slices_per_step=1,
+        slices_per_call=1,
+        learner_steps=3,
+        max_new_tokens=5,
+        reward_timeout_s=2,
+    )
     run, strategy = RunConfig(algo="grpo", env="lm", quiet=True), StrategyConfig(strategy="pipeline", workers=1)
     asked = []  # when the learner first asked for data, the actors being up (their start-up is not the point)
     with pytest.raises(RewardFailed) as failed:
-        train_grpo(run, cfg, tmp_path / "run", strategy=strategy, source_factory=lambda trainer: HookedGroups(
-            trainer, strategy, RayActors(ray_local), lambda source, version: asked.append(time.monotonic())))
+        train_grpo(
+            run,
+            cfg,
+            tmp_path / "run",
+            strategy=strategy,
+            source_factory=lambda trainer: HookedGroups(
+                trainer, strategy, RayActors(ray_local), lambda source, version: asked.append(time.monotonic())
+            ),
+        )
     assert message in str(failed.value) and time.monotonic() - asked[0] < 60
     assert not (tmp_path / "run" / "model").exists()
     if reward == "distrl_lm:raises":  # the same reward in one process: the same message
@@ -200,7 +334,9 @@ def test_bad_inputs_are_one_line_errors_before_anything_starts(lm, tmp_path, cap
         assert not run_dir.exists()
     assert main(["train", "grpo", "toy", "--model", lm["model"]]) == 2
     assert "is not allowed with env='toy'" in capsys.readouterr().err
-    assert main(grpo_args(lm, tmp_path / "done", "--group-size", "2", "--slices-per-step", "1",
-                          "--learner-steps", "1")) == 0
+    assert (
+        main(grpo_args(lm, tmp_path / "done", "--group-size", "2", "--slices-per-step", "1", "--learner-steps", "1"))
+        == 0
+    )
     assert main(["eval", str(tmp_path / "done")]) == 2  # it acts on prompts: eval says where its results are
     assert "holds a grpo run" in capsys.readouterr().err

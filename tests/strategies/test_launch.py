@@ -16,7 +16,9 @@ SMALL = ["--n-envs", "4", "--n-steps", "32", "--batch-size", "64", "--n-epochs",
 
 
 def distrl(*args, timeout=180, **kwargs):
-    return subprocess.run([sys.executable, "-m", "distrl", *args], capture_output=True, text=True, timeout=timeout, **kwargs)
+    return subprocess.run(
+        [sys.executable, "-m", "distrl", *args], capture_output=True, text=True, timeout=timeout, **kwargs
+    )
 
 
 def summary(run_dir):
@@ -25,8 +27,20 @@ def summary(run_dir):
 
 def test_local_launcher_runs_two_ranks_and_merges_their_episodes(tmp_path):
     run_dir = tmp_path / "run"
-    result = distrl("train", "ppo", "CartPole-v1", "--strategy", "ddp", "--workers", "2", "--total-steps", "4096",
-                    *SMALL, "--run-dir", str(run_dir))
+    result = distrl(
+        "train",
+        "ppo",
+        "CartPole-v1",
+        "--strategy",
+        "ddp",
+        "--workers",
+        "2",
+        "--total-steps",
+        "4096",
+        *SMALL,
+        "--run-dir",
+        str(run_dir),
+    )
     assert result.returncode == 0, result.stderr
     s = summary(run_dir)
     assert s["workers"] == 2 and s["strategy"] == "ddp" and s["total_steps"] == 4096
@@ -40,43 +54,137 @@ def test_local_launcher_runs_two_ranks_and_merges_their_episodes(tmp_path):
 
 def test_torchrun_launch_uses_the_same_code_path(tmp_path):
     run_dir = tmp_path / "run"
-    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                             "-m", "distrl", "train", "ppo", "CartPole-v1", "--strategy", "ddp", "--total-steps", "2048",
-                             *SMALL, "--run-dir", str(run_dir)], capture_output=True, text=True, timeout=180)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "-m",
+            "distrl",
+            "train",
+            "ppo",
+            "CartPole-v1",
+            "--strategy",
+            "ddp",
+            "--total-steps",
+            "2048",
+            *SMALL,
+            "--run-dir",
+            str(run_dir),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert result.returncode == 0, result.stderr
     assert summary(run_dir)["workers"] == 2 and summary(run_dir)["total_steps"] == 2048
 
 
 def test_equivalent_scaling_is_recorded_and_impossible_scaling_fails_before_start(tmp_path):
     run_dir = tmp_path / "run"
-    ok = distrl("train", "ppo", "CartPole-v1", "--strategy", "ddp", "--workers", "2", "--scaling", "equivalent",
-                "--total-steps", "1024", *SMALL, "--run-dir", str(run_dir))
+    ok = distrl(
+        "train",
+        "ppo",
+        "CartPole-v1",
+        "--strategy",
+        "ddp",
+        "--workers",
+        "2",
+        "--scaling",
+        "equivalent",
+        "--total-steps",
+        "1024",
+        *SMALL,
+        "--run-dir",
+        str(run_dir),
+    )
     assert ok.returncode == 0, ok.stderr
     effective = json.loads((run_dir / "config.json").read_text())["ppo_effective"]
     assert effective["n_steps"] == 16 and effective["learning_rate"] == pytest.approx(2 * 2e-3)  # preset lr 2e-3
-    bad = distrl("train", "ppo", "CartPole-v1", "--strategy", "ddp", "--workers", "2", "--scaling", "equivalent",
-                 "--n-steps", "33", "--n-envs", "2", "--batch-size", "33", "--run-dir", str(tmp_path / "bad"))
+    bad = distrl(
+        "train",
+        "ppo",
+        "CartPole-v1",
+        "--strategy",
+        "ddp",
+        "--workers",
+        "2",
+        "--scaling",
+        "equivalent",
+        "--n-steps",
+        "33",
+        "--n-envs",
+        "2",
+        "--batch-size",
+        "33",
+        "--run-dir",
+        str(tmp_path / "bad"),
+    )
     assert bad.returncode == 2 and "n_steps=33" in bad.stderr and not (tmp_path / "bad").exists()
 
 
 def test_reinforce_runs_under_ddp_with_equivalent_scaling(tmp_path):
     run_dir = tmp_path / "run"
-    ok = distrl("train", "reinforce", "CartPole-v1", "--strategy", "ddp", "--workers", "2", "--scaling", "equivalent",
-                "--iterations", "2", "--quiet", "--run-dir", str(run_dir))
+    ok = distrl(
+        "train",
+        "reinforce",
+        "CartPole-v1",
+        "--strategy",
+        "ddp",
+        "--workers",
+        "2",
+        "--scaling",
+        "equivalent",
+        "--iterations",
+        "2",
+        "--quiet",
+        "--run-dir",
+        str(run_dir),
+    )
     assert ok.returncode == 0, ok.stderr
     assert summary(run_dir)["iterations"] == 2 and summary(run_dir)["workers"] == 2
     effective = json.loads((run_dir / "config.json").read_text())["reinforce_effective"]
     assert effective["episodes_per_iter"] == 8  # the preset's 16, over 2 workers
-    bad = distrl("train", "reinforce", "CartPole-v1", "--strategy", "ddp", "--workers", "2", "--scaling",
-                 "equivalent", "--episodes-per-iter", "15", "--run-dir", str(tmp_path / "bad"))
+    bad = distrl(
+        "train",
+        "reinforce",
+        "CartPole-v1",
+        "--strategy",
+        "ddp",
+        "--workers",
+        "2",
+        "--scaling",
+        "equivalent",
+        "--episodes-per-iter",
+        "15",
+        "--run-dir",
+        str(tmp_path / "bad"),
+    )
     assert bad.returncode == 2 and "episodes_per_iter=15" in bad.stderr and not (tmp_path / "bad").exists()
     assert len(bad.stderr.strip().splitlines()) == 1
 
 
 def test_a_rank_that_raises_ends_the_job_naming_the_rank(tmp_path):
     start = time.monotonic()
-    result = distrl("train", "ppo", "distrl_testenvs:ExplodingOnRank1", "--strategy", "ddp", "--workers", "2",
-                    "--vec", "sync", "--total-steps", "100000", *SMALL, "--run-dir", str(tmp_path / "run"))
+    result = distrl(
+        "train",
+        "ppo",
+        "distrl_testenvs:ExplodingOnRank1",
+        "--strategy",
+        "ddp",
+        "--workers",
+        "2",
+        "--vec",
+        "sync",
+        "--total-steps",
+        "100000",
+        *SMALL,
+        "--run-dir",
+        str(tmp_path / "run"),
+    )
     assert time.monotonic() - start < 60
     assert result.returncode == 1
     last = result.stderr.strip().splitlines()[-1]
@@ -94,15 +202,34 @@ def test_the_launcher_names_the_rank_that_failed_in_substance_not_the_peer_that_
     workers = [_Worker(0, rank(0.0, peer)), _Worker(1, rank(0.5, "distrl: error: rank 1: ValueError: bad obs"))]
     with pytest.raises(WorkerFailed) as failed:
         _wait_all(workers)
-    assert str(failed.value) == ("rank 1 failed (exit status 1): distrl: error: rank 1: ValueError: bad obs"
-                                 " (then failed too: rank 0)")
+    assert str(failed.value) == (
+        "rank 1 failed (exit status 1): distrl: error: rank 1: ValueError: bad obs (then failed too: rank 0)"
+    )
 
 
 def test_a_killed_rank_ends_the_job_within_60s_and_leaves_no_process(tmp_path):
     psutil = pytest.importorskip("psutil")
-    launcher = subprocess.Popen([sys.executable, "-m", "distrl", "train", "ppo", "CartPole-v1", "--strategy", "ddp",
-                                 "--workers", "2", "--total-steps", "10000000", *SMALL, "--run-dir", str(tmp_path / "run")],
-                                stderr=subprocess.PIPE, text=True)
+    launcher = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "distrl",
+            "train",
+            "ppo",
+            "CartPole-v1",
+            "--strategy",
+            "ddp",
+            "--workers",
+            "2",
+            "--total-steps",
+            "10000000",
+            *SMALL,
+            "--run-dir",
+            str(tmp_path / "run"),
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     parent = psutil.Process(launcher.pid)
     deadline = time.monotonic() + 60
     victim = None
@@ -129,9 +256,29 @@ def test_a_killed_rank_ends_the_job_within_60s_and_leaves_no_process(tmp_path):
 
 def test_sac_runs_under_ddp(tmp_path):
     run_dir = tmp_path / "run"
-    result = distrl("train", "sac", "Pendulum-v1", "--strategy", "ddp", "--workers", "2", "--scaling", "equivalent",
-                    "--total-steps", "600", "--learning-starts", "200", "--batch-size", "32", "--net-arch", "32", "32",
-                    "--quiet", "--run-dir", str(run_dir))
+    result = distrl(
+        "train",
+        "sac",
+        "Pendulum-v1",
+        "--strategy",
+        "ddp",
+        "--workers",
+        "2",
+        "--scaling",
+        "equivalent",
+        "--total-steps",
+        "600",
+        "--learning-starts",
+        "200",
+        "--batch-size",
+        "32",
+        "--net-arch",
+        "32",
+        "32",
+        "--quiet",
+        "--run-dir",
+        str(run_dir),
+    )
     assert result.returncode == 0, result.stderr
     s = summary(run_dir)
     assert s["workers"] == 2 and s["total_steps"] == 600
@@ -143,9 +290,29 @@ def test_sac_runs_under_ddp(tmp_path):
 def test_a_ddp_sac_run_resumed_with_every_ranks_replay_buffer_equals_the_uninterrupted_run(tmp_path, compact):
     from distrl import checkpoint
 
-    args = ["train", "sac", "Pendulum-v1", "--strategy", "ddp", "--workers", "2", "--total-steps", "600",
-            "--learning-starts", "100", "--batch-size", "32", "--net-arch", "32", "32", "--save-replay",
-            "--checkpoint-every", "300", "--quiet", *(["--optimize-memory-usage"] if compact else [])]
+    args = [
+        "train",
+        "sac",
+        "Pendulum-v1",
+        "--strategy",
+        "ddp",
+        "--workers",
+        "2",
+        "--total-steps",
+        "600",
+        "--learning-starts",
+        "100",
+        "--batch-size",
+        "32",
+        "--net-arch",
+        "32",
+        "32",
+        "--save-replay",
+        "--checkpoint-every",
+        "300",
+        "--quiet",
+        *(["--optimize-memory-usage"] if compact else []),
+    ]
     for name in ("full", "run"):
         result = distrl(*args, "--run-dir", str(tmp_path / name))
         assert result.returncode == 0, result.stderr
@@ -176,12 +343,43 @@ def test_ddp_run_resumes_from_its_checkpoint(tmp_path):
 
 def test_resume_auto_under_torchrun_restarts_continues_a_killed_rank_from_the_newest_checkpoint(tmp_path):
     psutil = pytest.importorskip("psutil")
-    slow = ["distrl_testenvs:SlowCartPole", "--strategy", "ddp", "--total-steps", "2048", "--checkpoint-every", "512",
-            "--seed", "3", *SMALL]  # 2 ms a step: an iteration lasts about 0.3 s, long enough to be cut
+    slow = [
+        "distrl_testenvs:SlowCartPole",
+        "--strategy",
+        "ddp",
+        "--total-steps",
+        "2048",
+        "--checkpoint-every",
+        "512",
+        "--seed",
+        "3",
+        *SMALL,
+    ]  # 2 ms a step: an iteration lasts about 0.3 s, long enough to be cut
     run_dir = tmp_path / "elastic"
-    agent = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                              "--max-restarts", "1", "-m", "distrl", "train", "ppo", *slow, "--resume", "auto",
-                              "--run-dir", str(run_dir)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    agent = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "--max-restarts",
+            "1",
+            "-m",
+            "distrl",
+            "train",
+            "ppo",
+            *slow,
+            "--resume",
+            "auto",
+            "--run-dir",
+            str(run_dir),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 120
     while not list((run_dir / "checkpoints").glob("step-*")) and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -204,7 +402,10 @@ def test_resume_auto_under_torchrun_restarts_continues_a_killed_rank_from_the_ne
     assert episodes(run_dir) == episodes(whole)  # each episode once, none lost, none twice
     from distrl import checkpoint
 
-    assert checkpoint.load(run_dir / checkpoint.MODEL_DIR)[0].keys() == checkpoint.load(whole / checkpoint.MODEL_DIR)[0].keys()
+    assert (
+        checkpoint.load(run_dir / checkpoint.MODEL_DIR)[0].keys()
+        == checkpoint.load(whole / checkpoint.MODEL_DIR)[0].keys()
+    )
     for name, value in checkpoint.load(run_dir / checkpoint.MODEL_DIR)[0].items():
         assert torch.equal(value, checkpoint.load(whole / checkpoint.MODEL_DIR)[0][name]), name
 
@@ -212,17 +413,20 @@ def test_resume_auto_under_torchrun_restarts_continues_a_killed_rank_from_the_ne
 def test_resume_auto_needs_a_run_dir_and_starts_afresh_in_one_without_a_checkpoint(tmp_path):
     bad = distrl("train", "ppo", "CartPole-v1", "--resume", "auto", "--total-steps", "256", *SMALL)
     assert bad.returncode == 2 and bad.stderr.strip() == (
-        "distrl: error: resume='auto' needs --run-dir: the run directory to continue, or to start in")
+        "distrl: error: resume='auto' needs --run-dir: the run directory to continue, or to start in"
+    )
     run_dir = tmp_path / "run"
     run_dir.mkdir()  # what a start killed before its first checkpoint leaves: a config and episodes
     (run_dir / "monitor.csv").write_text('#{"t_start": 0, "env_id": "CartPole-v1"}\nr,l,t\n9,9,0.1\n')
-    first = distrl("train", "ppo", "CartPole-v1", "--resume", "auto", "--total-steps", "256", *SMALL,
-                   "--run-dir", str(run_dir))
+    first = distrl(
+        "train", "ppo", "CartPole-v1", "--resume", "auto", "--total-steps", "256", *SMALL, "--run-dir", str(run_dir)
+    )
     assert first.returncode == 0, first.stderr
     rows = (run_dir / "monitor.csv").read_text().splitlines()[2:]
     assert "9,9,0.1" not in rows and len(rows) == summary(run_dir)["episodes"]
-    again = distrl("train", "ppo", "CartPole-v1", "--resume", "auto", "--total-steps", "512", *SMALL,
-                   "--run-dir", str(run_dir))  # finished: auto continues it
+    again = distrl(
+        "train", "ppo", "CartPole-v1", "--resume", "auto", "--total-steps", "512", *SMALL, "--run-dir", str(run_dir)
+    )  # finished: auto continues it
     assert again.returncode == 0, again.stderr
     assert summary(run_dir)["total_steps"] == 512
 
@@ -230,8 +434,23 @@ def test_resume_auto_needs_a_run_dir_and_starts_afresh_in_one_without_a_checkpoi
 def test_ray_launcher_places_ranks_as_actors(tmp_path):
     pytest.importorskip("ray")
     run_dir = tmp_path / "run"
-    result = distrl("train", "ppo", "CartPole-v1", "--strategy", "ddp", "--workers", "2", "--launcher", "ray",
-                    "--total-steps", "2048", *SMALL, "--run-dir", str(run_dir), timeout=300)
+    result = distrl(
+        "train",
+        "ppo",
+        "CartPole-v1",
+        "--strategy",
+        "ddp",
+        "--workers",
+        "2",
+        "--launcher",
+        "ray",
+        "--total-steps",
+        "2048",
+        *SMALL,
+        "--run-dir",
+        str(run_dir),
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr
     assert summary(run_dir)["workers"] == 2 and summary(run_dir)["total_steps"] == 2048
 
@@ -246,8 +465,10 @@ def test_the_ray_launcher_names_the_rank_that_failed_in_substance(ray_local):
         raise error
 
     fail = ray_local.remote(_fail_after)
-    refs = [fail.remote(0.0, RuntimeError("[gloo/pair.cc:553] Connection closed by peer [127.0.0.1]:1")),
-            fail.remote(0.5, ValueError("bad obs"))]
+    refs = [
+        fail.remote(0.0, RuntimeError("[gloo/pair.cc:553] Connection closed by peer [127.0.0.1]:1")),
+        fail.remote(0.5, ValueError("bad obs")),
+    ]
     with pytest.raises(WorkerFailed) as failed:
         _wait_ray(ray_local, refs)
     # rank 0 is reported too when its task has failed by then; on a busy machine it may start late
@@ -256,8 +477,22 @@ def test_the_ray_launcher_names_the_rank_that_failed_in_substance(ray_local):
 
 def test_unreachable_ray_cluster_is_a_clear_error(tmp_path):
     pytest.importorskip("ray")
-    result = distrl("train", "ppo", "CartPole-v1", "--strategy", "ddp", "--workers", "2",
-                    "--ray-address", "127.0.0.1:1", "--total-steps", "1024", *SMALL, "--run-dir", str(tmp_path / "r"))
+    result = distrl(
+        "train",
+        "ppo",
+        "CartPole-v1",
+        "--strategy",
+        "ddp",
+        "--workers",
+        "2",
+        "--ray-address",
+        "127.0.0.1:1",
+        "--total-steps",
+        "1024",
+        *SMALL,
+        "--run-dir",
+        str(tmp_path / "r"),
+    )
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1].startswith("distrl: error: ray_address='127.0.0.1:1'")
 
@@ -265,7 +500,18 @@ def test_unreachable_ray_cluster_is_a_clear_error(tmp_path):
 @pytest.mark.slow
 def test_ddp_with_two_workers_solves_cartpole(tmp_path):
     run_dir = tmp_path / "run"
-    result = distrl("train", "ppo", "CartPole-v1", "--strategy", "ddp", "--workers", "2", "--quiet",
-                    "--run-dir", str(run_dir), timeout=600)
+    result = distrl(
+        "train",
+        "ppo",
+        "CartPole-v1",
+        "--strategy",
+        "ddp",
+        "--workers",
+        "2",
+        "--quiet",
+        "--run-dir",
+        str(run_dir),
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr
     assert summary(run_dir)["final_eval_mean_return"] >= 475

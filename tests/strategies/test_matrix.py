@@ -10,10 +10,35 @@ from distrl.cli import main
 pytestmark = pytest.mark.multiprocess
 
 ALGOS = {  # the smallest budgets that make each algorithm update more than once
-    "ppo": ["CartPole-v1", "--total-steps", "256", "--n-envs", "2", "--n-steps", "32", "--batch-size", "16",
-            "--n-epochs", "1"],
-    "sac": ["Pendulum-v1", "--total-steps", "96", "--learning-starts", "64", "--batch-size", "16",
-            "--buffer-size", "1000", "--net-arch", "16", "16", "--learning-rate", "0.001"],
+    "ppo": [
+        "CartPole-v1",
+        "--total-steps",
+        "256",
+        "--n-envs",
+        "2",
+        "--n-steps",
+        "32",
+        "--batch-size",
+        "16",
+        "--n-epochs",
+        "1",
+    ],
+    "sac": [
+        "Pendulum-v1",
+        "--total-steps",
+        "96",
+        "--learning-starts",
+        "64",
+        "--batch-size",
+        "16",
+        "--buffer-size",
+        "1000",
+        "--net-arch",
+        "16",
+        "16",
+        "--learning-rate",
+        "0.001",
+    ],
     "reinforce": ["CartPole-v1", "--total-steps", "150", "--episodes-per-iter", "4", "--n-envs", "2"],
     "grpo": ["toy", "--learner-steps", "2"],
 }
@@ -22,16 +47,28 @@ STRATEGIES = ["single", "ddp", "actor-learner", "decoupled", "pipeline"]
 # Worked out by hand for two workers: what one update trains on (ppo: env steps, reinforce: episodes,
 # grpo: completions; sac: the effective learning rate, the one thing its scaling shows in a short run).
 TRAINS = {
-    ("ppo", "single"): (64, 64), ("ppo", "ddp"): (128, 64), ("ppo", "actor-learner"): (128, 64),
-    ("ppo", "decoupled"): (64, None), ("ppo", "pipeline"): (64, None),
-    ("sac", "single"): (1e-3, 1e-3), ("sac", "ddp"): (1e-3, 2e-3),
-    ("reinforce", "single"): (4, 4), ("reinforce", "ddp"): (8, 4), ("reinforce", "actor-learner"): (4, 4),
-    ("grpo", "single"): (512, 512), ("grpo", "ddp"): (1024, 512), ("grpo", "pipeline"): (512, None),
+    ("ppo", "single"): (64, 64),
+    ("ppo", "ddp"): (128, 64),
+    ("ppo", "actor-learner"): (128, 64),
+    ("ppo", "decoupled"): (64, None),
+    ("ppo", "pipeline"): (64, None),
+    ("sac", "single"): (1e-3, 1e-3),
+    ("sac", "ddp"): (1e-3, 2e-3),
+    ("reinforce", "single"): (4, 4),
+    ("reinforce", "ddp"): (8, 4),
+    ("reinforce", "actor-learner"): (4, 4),
+    ("grpo", "single"): (512, 512),
+    ("grpo", "ddp"): (1024, 512),
+    ("grpo", "pipeline"): (512, None),
 }
 UNAVAILABLE = {  # (algo, strategy): the field the error names
-    ("sac", "actor-learner"): "algo='sac'", ("sac", "decoupled"): "algo='sac'", ("sac", "pipeline"): "strategy='pipeline'",
-    ("reinforce", "decoupled"): "algo='reinforce'", ("reinforce", "pipeline"): "strategy='pipeline'",
-    ("grpo", "actor-learner"): "strategy='actor-learner'", ("grpo", "decoupled"): "strategy='decoupled'",
+    ("sac", "actor-learner"): "algo='sac'",
+    ("sac", "decoupled"): "algo='sac'",
+    ("sac", "pipeline"): "strategy='pipeline'",
+    ("reinforce", "decoupled"): "algo='reinforce'",
+    ("reinforce", "pipeline"): "strategy='pipeline'",
+    ("grpo", "actor-learner"): "strategy='actor-learner'",
+    ("grpo", "decoupled"): "strategy='decoupled'",
 }
 
 
@@ -52,12 +89,27 @@ def per_update(algo: str, run_dir) -> float:
 @pytest.mark.parametrize("scaling", ["per-worker", "equivalent"])
 @pytest.mark.parametrize("strategy", STRATEGIES)
 @pytest.mark.parametrize("algo", list(ALGOS))
-def test_every_combination_trains_as_documented_or_is_a_one_line_error(algo, strategy, scaling, tmp_path, capsys,
-                                                                        ray_local):
+def test_every_combination_trains_as_documented_or_is_a_one_line_error(
+    algo, strategy, scaling, tmp_path, capsys, ray_local
+):
     workers = "1" if strategy == "single" else "2"
     run_dir = tmp_path / "run"
-    code = main(["train", algo, *ALGOS[algo], "--strategy", strategy, "--workers", workers, "--scaling", scaling,
-                 "--quiet", "--run-dir", str(run_dir)])
+    code = main(
+        [
+            "train",
+            algo,
+            *ALGOS[algo],
+            "--strategy",
+            strategy,
+            "--workers",
+            workers,
+            "--scaling",
+            scaling,
+            "--quiet",
+            "--run-dir",
+            str(run_dir),
+        ]
+    )
     err = capsys.readouterr().err.strip()
     expected = TRAINS.get((algo, strategy), (None, None))[scaling == "equivalent"]
     if expected is None:

@@ -9,17 +9,19 @@ import dataclasses
 
 import pytest
 import torch
+from test_decoupled import decoupled_rank
 
+from distributed import run_ranks
 from distrl.config import PPOConfig, RunConfig, StrategyConfig
 from distrl.nets import ModuleAgent
 from distrl.training import OnPolicyTrainer
-from distributed import run_ranks
-from test_decoupled import decoupled_rank
 
 pytestmark = pytest.mark.multiprocess
 
 # A 6x6 uint8 image (the small CNN) passed through env kwargs, so every process must reapply them.
-PIXELS = RunConfig(env="distrl_spaceenvs:QuadrantEnv", env_kwargs=("size=6", "length=4"), seed=4, vec="sync", quiet=True)
+PIXELS = RunConfig(
+    env="distrl_spaceenvs:QuadrantEnv", env_kwargs=("size=6", "length=4"), seed=4, vec="sync", quiet=True
+)
 USER_NET = RunConfig(env="CartPole-v1", policy="distrl_spaceenvs:tiny_net", seed=4, vec="sync", quiet=True)
 CFG = PPOConfig(n_envs=2, n_steps=16, batch_size=32, n_epochs=2, learning_rate=3e-3, net_arch=(16,))
 # envpool's C++ pool: every process makes its own (env i of a pool seeded s gets s + i, as with Gymnasium's
@@ -44,8 +46,11 @@ def single_params(run: RunConfig, cfg: PPOConfig, steps: int) -> torch.Tensor:
 def ddp_rank(rank, world, run, cfg, iterations):
     from distrl.strategies.ddp import DistributedSync
 
-    trainer = OnPolicyTrainer(run.replace(total_steps=iterations * cfg.rollout_size * world), cfg,
-                              sync=DistributedSync(torch.device("cpu"), 30))
+    trainer = OnPolicyTrainer(
+        run.replace(total_steps=iterations * cfg.rollout_size * world),
+        cfg,
+        sync=DistributedSync(torch.device("cpu"), 30),
+    )
     trainer.broadcast_state()
     trainer.train()
     trainer.close()
@@ -85,8 +90,12 @@ def test_actor_learner_with_a_module_equals_single_process(ray_local, name):
 
     run, cfg = RUNS[name]
     strategy = StrategyConfig(strategy="actor-learner", workers=2)
-    remote = OnPolicyTrainer(run.replace(total_steps=3 * 64), cfg, strategy=strategy,
-                             collector_factory=lambda t: RemoteCollector(t, strategy, RayActors(ray_local)))
+    remote = OnPolicyTrainer(
+        run.replace(total_steps=3 * 64),
+        cfg,
+        strategy=strategy,
+        collector_factory=lambda t: RemoteCollector(t, strategy, RayActors(ray_local)),
+    )
     remote.train()
     remote.close()
     single = single_params(run, dataclasses.replace(cfg, n_envs=4), 3 * 64)
@@ -100,8 +109,12 @@ def test_pipeline_with_a_module_one_fragment_ahead_equals_single_process(ray_loc
 
     run, cfg = RUNS[name]
     strategy = StrategyConfig(strategy="pipeline", workers=1, queue_size=1)
-    remote = OnPolicyTrainer(run.replace(total_steps=4 * 32), cfg, strategy=strategy,
-                             collector_factory=lambda t: AsyncCollector(t, strategy, RayActors(ray_local)))
+    remote = OnPolicyTrainer(
+        run.replace(total_steps=4 * 32),
+        cfg,
+        strategy=strategy,
+        collector_factory=lambda t: AsyncCollector(t, strategy, RayActors(ray_local)),
+    )
     remote.train()
     remote.close()
     assert remote.policy_version == 4
@@ -117,8 +130,12 @@ def test_actor_learner_runs_recurrent_reinforce_deterministically(ray_local):
     def params(seed):
         strategy = StrategyConfig(strategy="actor-learner", workers=2)
         run = MEMORY.replace(algo="reinforce", seed=seed, total_steps=10**9)
-        trainer = EpisodicTrainer(run, REINFORCEConfig(n_envs=2, episodes_per_iter=8, core="lstm", core_size=8),
-                                  strategy=strategy, collector_factory=lambda t: RemoteCollector(t, strategy, RayActors(ray_local)))
+        trainer = EpisodicTrainer(
+            run,
+            REINFORCEConfig(n_envs=2, episodes_per_iter=8, core="lstm", core_size=8),
+            strategy=strategy,
+            collector_factory=lambda t: RemoteCollector(t, strategy, RayActors(ray_local)),
+        )
         for _ in range(3):
             trainer.train(stop_at=trainer.steps + 1)
         trainer.close()

@@ -16,6 +16,7 @@ from distrl.strategies.monarch_engine import monarch_session  # noqa: E402
 from distrl.strategies.pipeline_ppo import AsyncCollector  # noqa: E402
 from distrl.training import OnPolicyTrainer  # noqa: E402
 
+
 def alive(pid):
     import psutil
 
@@ -46,18 +47,27 @@ def test_grpo_pipeline_on_monarch_restarts_a_killed_generator_and_leaves_no_proc
             seen["killed"] = source.engine.result(source.engine.call(source.pool.actors[0], "pid"), 60)
             os.kill(seen["killed"], signal.SIGKILL)
         if version is None:  # the end, generations drained: the actors now (one generator replaced)
-            seen["pids"] = [source.engine.result(source.engine.call(a, "pid"), 60)
-                            for a in [*source.pool.actors, source.scorer]]
+            seen["pids"] = [
+                source.engine.result(source.engine.call(a, "pid"), 60) for a in [*source.pool.actors, source.scorer]
+            ]
 
     with monarch_session() as engine:
-        summary = train_bandit(engine, StrategyConfig(strategy="pipeline", workers=2, engine="monarch"),
-                               kill_and_watch, learner_steps=60)
+        summary = train_bandit(
+            engine, StrategyConfig(strategy="pipeline", workers=2, engine="monarch"), kill_and_watch, learner_steps=60
+        )
         assert engine.faults  # the driver got the failure through the hook instead of exiting
     assert summary["learner_steps"] == 60 and summary["generator_restarts"] == 1
     assert summary["events"][0].startswith("generator 0 died")
-    assert summary["slices_generated"] == summary["slices_added"] == (
-        summary["slices_retired"] + summary["slices_evicted"] + summary["slices_dropped_for_lag"]
-        + summary["slices_left_in_buffer"])
+    assert (
+        summary["slices_generated"]
+        == summary["slices_added"]
+        == (
+            summary["slices_retired"]
+            + summary["slices_evicted"]
+            + summary["slices_dropped_for_lag"]
+            + summary["slices_left_in_buffer"]
+        )
+    )
     pid, pids = seen["killed"], seen["pids"]
     assert len(set(pids)) == 3 and pid not in pids  # 2 generators (one replaced) and the scorer
     assert not any(alive(p) for p in [pid, *pids])  # and after the close, none of them is left
@@ -68,7 +78,9 @@ def test_async_ppo_on_monarch_one_fragment_ahead_reproduces_single_process():
     run = RunConfig(env="CartPole-v1", seed=3, vec="sync", quiet=True, total_steps=4 * 32)
     strategy = StrategyConfig(strategy="pipeline", workers=1, queue_size=1, engine="monarch")
     with monarch_session() as engine:
-        remote = OnPolicyTrainer(run, cfg, strategy=strategy, collector_factory=lambda t: AsyncCollector(t, strategy, engine))
+        remote = OnPolicyTrainer(
+            run, cfg, strategy=strategy, collector_factory=lambda t: AsyncCollector(t, strategy, engine)
+        )
         remote.train()
         remote.close()
     single = OnPolicyTrainer(run, cfg)

@@ -22,8 +22,8 @@ def adds_up(summary, unit="slice"):
     """Every generated slice (fragment) was retired after training, evicted, dropped for lag, or is left."""
     s = {k.replace(unit, "slice"): v for k, v in summary.items()}
     return s["slices_generated"] == s["slices_added"] == (
-        s["slices_retired"] + s["slices_evicted"] + s["slices_dropped_for_lag"] + s["slices_left_in_buffer"]) and (
-        s["slices_trained"] + s["slices_never_trained"] == s["slices_added"])
+        s["slices_retired"] + s["slices_evicted"] + s["slices_dropped_for_lag"] + s["slices_left_in_buffer"]
+    ) and (s["slices_trained"] + s["slices_never_trained"] == s["slices_added"])
 
 
 def test_synchronous_grpo_learns_the_bandit_to_90_percent_of_optimal():
@@ -51,16 +51,23 @@ def test_a_killed_generator_is_restarted_and_the_run_completes(ray_local):
         if version == 20:
             os.kill(ray_local.get(source.pool.actors[0].pid.remote(), timeout=60), signal.SIGKILL)
 
-    summary = train_bandit(RayActors(ray_local), StrategyConfig(strategy="pipeline", workers=2), kill_at_step,
-                           learner_steps=80)
+    summary = train_bandit(
+        RayActors(ray_local), StrategyConfig(strategy="pipeline", workers=2), kill_at_step, learner_steps=80
+    )
     assert summary["learner_steps"] == 80 and summary["generator_restarts"] == 1
     assert summary["events"][0].startswith("generator 0 died") and adds_up(summary)
 
 
 def test_a_slow_learner_keeps_queue_and_buffer_bounded(ray_local):
     strategy = StrategyConfig(strategy="pipeline", workers=2, queue_size=3, buffer_capacity=6)
-    summary = train_bandit(RayActors(ray_local), strategy, lambda source, version: time.sleep(0.1),
-                           learner_steps=25, slices_per_step=2, slices_per_call=1)
+    summary = train_bandit(
+        RayActors(ray_local),
+        strategy,
+        lambda source, version: time.sleep(0.1),
+        learner_steps=25,
+        slices_per_step=2,
+        slices_per_call=1,
+    )
     assert summary["queue_depth_max"] <= 3 and summary["buffer_max"] <= 6
     # the generators run at the learner's pace: never more than queue_size slices ahead of it
     assert summary["slices_generated"] <= 25 * 2 + 3 and adds_up(summary)
@@ -68,15 +75,38 @@ def test_a_slow_learner_keeps_queue_and_buffer_bounded(ray_local):
 
 def test_command_line_pipeline_writes_the_run_dir(tmp_path):
     run_dir = tmp_path / "run"
-    result = subprocess.run([sys.executable, "-m", "distrl", "train", "grpo", "toy", "--strategy", "pipeline",
-                             "--workers", "2", "--learner-steps", "40", "--quiet", "--run-dir", str(run_dir)],
-                            capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "distrl",
+            "train",
+            "grpo",
+            "toy",
+            "--strategy",
+            "pipeline",
+            "--workers",
+            "2",
+            "--learner-steps",
+            "40",
+            "--quiet",
+            "--run-dir",
+            str(run_dir),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["strategy"] == "pipeline" and summary["workers"] == 2 and summary["learner_steps"] == 40
     assert adds_up(summary) and (run_dir / "model" / "tensors.safetensors").is_file()
-    bad = subprocess.run([sys.executable, "-m", "distrl", "train", "sac", "pendulum", "--strategy", "pipeline"],
-                         capture_output=True, text=True, timeout=120)
+    bad = subprocess.run(
+        [sys.executable, "-m", "distrl", "train", "sac", "pendulum", "--strategy", "pipeline"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert bad.returncode == 2 and "strategy='pipeline' is not available for sac" in bad.stderr
 
 

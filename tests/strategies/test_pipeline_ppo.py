@@ -13,8 +13,8 @@ import torch
 from distrl.config import PPOConfig, RunConfig, StrategyConfig
 from distrl.strategies.actor_learner import RolloutWorker, WorkerSpec
 from distrl.strategies.actors import RayActors
-from distrl.strategies.pool import GeneratorFailed
 from distrl.strategies.pipeline_ppo import AsyncCollector
+from distrl.strategies.pool import GeneratorFailed
 from distrl.training import OnPolicyTrainer
 
 CFG = PPOConfig(n_envs=2, n_steps=16, batch_size=32, n_epochs=2, normalize_obs=True, normalize_reward=True)
@@ -22,7 +22,9 @@ CFG = PPOConfig(n_envs=2, n_steps=16, batch_size=32, n_epochs=2, normalize_obs=T
 
 def pipeline_trainer(ray, run, cfg=CFG, **strategy):
     strategy = StrategyConfig(strategy="pipeline", **{"workers": 1, **strategy})
-    return OnPolicyTrainer(run, cfg, strategy=strategy, collector_factory=lambda t: AsyncCollector(t, strategy, RayActors(ray)))
+    return OnPolicyTrainer(
+        run, cfg, strategy=strategy, collector_factory=lambda t: AsyncCollector(t, strategy, RayActors(ray))
+    )
 
 
 def test_behaviour_log_probs_come_from_the_policy_that_acted_not_the_learner():
@@ -72,17 +74,25 @@ def test_a_killed_generator_is_replaced_and_ppo_goes_on(ray_local):
     summary = trainer.collector.finish()
     trainer.close()
     assert summary["generator_restarts"] == 1 and summary["events"][0].startswith("generator 0 died")
-    assert summary["fragments_generated"] == summary["fragments_added"] == (
-        summary["fragments_retired"] + summary["fragments_evicted"] + summary["fragments_dropped_for_lag"]
-        + summary["fragments_left_in_buffer"])
+    assert (
+        summary["fragments_generated"]
+        == summary["fragments_added"]
+        == (
+            summary["fragments_retired"]
+            + summary["fragments_evicted"]
+            + summary["fragments_dropped_for_lag"]
+            + summary["fragments_left_in_buffer"]
+        )
+    )
     assert summary["policy_lag_max"] <= StrategyConfig().max_policy_lag
 
 
 @pytest.mark.multiprocess
 def test_an_env_error_in_a_generator_names_it_and_aborts_when_asked(ray_local):
     run = RunConfig(env="distrl_testenvs:ExplodingEnv", seed=0, vec="sync", quiet=True, total_steps=10**9)
-    trainer = pipeline_trainer(ray_local, run, cfg=PPOConfig(n_envs=1, n_steps=4, batch_size=4), workers=2,
-                               on_worker_error="abort")
+    trainer = pipeline_trainer(
+        ray_local, run, cfg=PPOConfig(n_envs=1, n_steps=4, batch_size=4), workers=2, on_worker_error="abort"
+    )
     with pytest.raises(GeneratorFailed) as err:
         trainer.train()
     trainer.close()
@@ -95,9 +105,26 @@ def test_an_env_error_in_a_generator_names_it_and_aborts_when_asked(ray_local):
 @pytest.mark.multiprocess
 def test_async_ppo_with_two_generators_solves_cartpole(tmp_path):
     run_dir = tmp_path / "run"
-    result = subprocess.run([sys.executable, "-m", "distrl", "train", "ppo", "cartpole", "--strategy", "pipeline",
-                             "--workers", "2", "--quiet", "--run-dir", str(run_dir)],
-                            capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "distrl",
+            "train",
+            "ppo",
+            "cartpole",
+            "--strategy",
+            "pipeline",
+            "--workers",
+            "2",
+            "--quiet",
+            "--run-dir",
+            str(run_dir),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     s = json.loads((run_dir / "summary.json").read_text())
     assert s["strategy"] == "pipeline" and s["final_eval_mean_return"] >= 475
@@ -116,8 +143,7 @@ def test_async_ppo_with_two_generators_solves_cartpole(tmp_path):
 @pytest.mark.multiprocess
 def test_a_generator_that_keeps_failing_ends_the_run_after_max_worker_restarts(ray_local):
     run = RunConfig(env="distrl_testenvs:ExplodingEnv", seed=0, vec="sync", quiet=True, total_steps=10**9)
-    trainer = pipeline_trainer(ray_local, run, cfg=PPOConfig(n_envs=1, n_steps=4, batch_size=4),
-                               max_worker_restarts=1)
+    trainer = pipeline_trainer(ray_local, run, cfg=PPOConfig(n_envs=1, n_steps=4, batch_size=4), max_worker_restarts=1)
     with pytest.raises(GeneratorFailed, match=r"generator 0 failed 2 times \(max_worker_restarts=1\); last: raised "):
         trainer.train()
     assert trainer.collector.events[0].startswith("generator 0 raised worker 0, env distrl_testenvs:ExplodingEnv")

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from distributed import kill_processes_naming
 
 pytest.importorskip("ray")
@@ -27,8 +28,13 @@ class TwoNodes:
     def __init__(self):
         self.tmp = tempfile.mkdtemp(prefix="rc", dir="/tmp")  # short: Ray's socket paths live under it
         self.env = {**os.environ, "RAY_TMPDIR": self.tmp}
-        self.proc = subprocess.Popen([sys.executable, str(TESTS / "ray_two_nodes.py")], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, text=True, env=self.env)
+        self.proc = subprocess.Popen(
+            [sys.executable, str(TESTS / "ray_two_nodes.py")],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=self.env,
+        )
         info = json.loads(self.proc.stdout.readline())
         self.address, self.head, self.second = info["address"], info["head"], info["second"]
 
@@ -41,8 +47,13 @@ class TwoNodes:
         self.second = self.command("add")["second"]
 
     def train(self, *args: str) -> subprocess.Popen:
-        return subprocess.Popen([sys.executable, "-m", "distrl", "train", *args, "--ray-address", self.address,
-                                 "--quiet"], env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        return subprocess.Popen(
+            [sys.executable, "-m", "distrl", "train", *args, "--ray-address", self.address, "--quiet"],
+            env=self.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
 
     def close(self) -> None:
         self.proc.stdin.close()
@@ -77,8 +88,9 @@ SMALL = ["--total-steps", "1024", "--n-envs", "2", "--n-steps", "64", "--batch-s
 @pytest.mark.parametrize("strategy, role", [("ddp", "ranks"), ("actor-learner", "workers"), ("pipeline", "generators")])
 def test_workers_are_placed_on_both_nodes_and_recorded(nodes, tmp_path, strategy, role):
     run_dir = tmp_path / "run"
-    done = finish(nodes.train("ppo", "CartPole-v1", "--strategy", strategy, "--workers", "2", *SMALL,
-                              "--run-dir", str(run_dir)))
+    done = finish(
+        nodes.train("ppo", "CartPole-v1", "--strategy", strategy, "--workers", "2", *SMALL, "--run-dir", str(run_dir))
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["total_steps"] == 1024
@@ -95,8 +107,17 @@ def wait_for_training(run_dir: Path, timeout: float = 120) -> None:
     raise AssertionError("the run never started training")
 
 
-SLOW = ["distrl_testenvs:SlowCartPole", "--total-steps", "3072", "--n-envs", "2", "--n-steps", "64",
-        "--batch-size", "64"]  # 2 ms a step: about 4 s of collecting in all
+SLOW = [
+    "distrl_testenvs:SlowCartPole",
+    "--total-steps",
+    "3072",
+    "--n-envs",
+    "2",
+    "--n-steps",
+    "64",
+    "--batch-size",
+    "64",
+]  # 2 ms a step: about 4 s of collecting in all
 
 
 @pytest.mark.parametrize("strategy, role", [("actor-learner", "workers"), ("pipeline", "generators")])
@@ -124,8 +145,21 @@ def test_losing_a_node_mid_run_the_run_goes_on_with_what_is_left_and_says_so(nod
 
 def test_losing_a_node_ends_ddp_naming_the_node_within_the_timeout(nodes, tmp_path):
     run_dir = tmp_path / "run"
-    proc = nodes.train("ppo", *SLOW[:1], "--total-steps", "100000", *SLOW[3:], "--strategy", "ddp", "--workers", "2",
-                       "--timeout-s", "30", "--run-dir", str(run_dir))
+    proc = nodes.train(
+        "ppo",
+        *SLOW[:1],
+        "--total-steps",
+        "100000",
+        *SLOW[3:],
+        "--strategy",
+        "ddp",
+        "--workers",
+        "2",
+        "--timeout-s",
+        "30",
+        "--run-dir",
+        str(run_dir),
+    )
     wait_for_training(run_dir)
     lost = nodes.command("remove")["removed"]
     start = time.monotonic()

@@ -15,6 +15,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+
 from distributed import kill_processes_naming
 
 pytest.importorskip("ray")
@@ -33,9 +34,29 @@ def ray_tmp():
 
 def _train(run_dir: Path, ray_tmp: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "RAY_TMPDIR": ray_tmp}
-    return subprocess.run([sys.executable, "-m", "distrl", "train", "reinforce", "CartPole-v1", "--strategy",
-                           "actor-learner", "--workers", "1", "--iterations", "2", "--run-dir", str(run_dir),
-                           "--quiet"], env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "distrl",
+            "train",
+            "reinforce",
+            "CartPole-v1",
+            "--strategy",
+            "actor-learner",
+            "--workers",
+            "1",
+            "--iterations",
+            "2",
+            "--run-dir",
+            str(run_dir),
+            "--quiet",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_the_embedded_instance_starts_beside_a_stale_address_file(ray_tmp, tmp_path):
@@ -53,9 +74,26 @@ def test_the_embedded_instance_starts_beside_a_live_ray_start_cluster(ray_tmp, t
     env = {**os.environ, "RAY_TMPDIR": ray_tmp}
     ray = str(Path(sys.executable).parent / "ray")
     port = free_port()
-    subprocess.run([ray, "start", "--head", "--port", str(port), "--num-cpus", "1", "--node-ip-address", "127.0.0.1",
-                    "--include-dashboard", "false", "--disable-usage-stats"], env=env, check=True, timeout=180,
-                   capture_output=True)
+    subprocess.run(
+        [
+            ray,
+            "start",
+            "--head",
+            "--port",
+            str(port),
+            "--num-cpus",
+            "1",
+            "--node-ip-address",
+            "127.0.0.1",
+            "--include-dashboard",
+            "false",
+            "--disable-usage-stats",
+        ],
+        env=env,
+        check=True,
+        timeout=180,
+        capture_output=True,
+    )
     assert Path(ray_tmp, "ray", "ray_current_cluster").read_text().strip().endswith(str(port))
     proc = _train(tmp_path / "run", ray_tmp)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -63,8 +101,13 @@ def test_the_embedded_instance_starts_beside_a_live_ray_start_cluster(ray_tmp, t
     session = (tmp_path / "run" / "ray-logs").resolve().parent.name
     cluster_sessions = {p.name for p in Path(ray_tmp, "ray").glob("session_2*")}
     assert session in cluster_sessions and len(cluster_sessions) == 2
-    status = subprocess.run([ray, "status", "--address", f"127.0.0.1:{port}"], env={**env, "RAY_AUTH_MODE": "token"},
-                            capture_output=True, text=True, timeout=120)
+    status = subprocess.run(
+        [ray, "status", "--address", f"127.0.0.1:{port}"],
+        env={**env, "RAY_AUTH_MODE": "token"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert status.returncode == 0, status.stderr
 
 
@@ -90,8 +133,9 @@ with ray_session("") as ray:
 
 def test_the_embedded_instance_refuses_a_connection_without_its_token(ray_tmp, tmp_path):
     env = {**os.environ, "RAY_TMPDIR": ray_tmp}
-    proc = subprocess.run([sys.executable, "-c", CHECK, str(tmp_path)], env=env, capture_output=True, text=True,
-                          timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", CHECK, str(tmp_path)], env=env, capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["token"] is True

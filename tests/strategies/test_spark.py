@@ -21,15 +21,20 @@ def report(rank, error):
 
 
 def test_the_rank_that_failed_first_is_named_not_the_peer_it_broke():
-    output = ["some log line", report(0, "RuntimeError: [gloo/pair.cc:553] Connection closed by peer [127.0.0.1]:1"),
-              report(1, "ValueError: bad observation")]
+    output = [
+        "some log line",
+        report(0, "RuntimeError: [gloo/pair.cc:553] Connection closed by peer [127.0.0.1]:1"),
+        report(1, "ValueError: bad observation"),
+    ]
     message = describe_failure(RuntimeError("TorchDistributor failed during training."), 2, output)
     assert message == "rank 1 of 2 failed under Spark: ValueError: bad observation (then failed too: rank 0)"
 
 
 def test_reports_are_also_found_inside_the_exception_text_spark_raises():
-    wrapped = RuntimeError("Command [...] failed with return code 1. The task output is included below:\n"
-                           f"noise\n{report(3, 'KeyError: x')}\nmore noise")
+    wrapped = RuntimeError(
+        "Command [...] failed with return code 1. The task output is included below:\n"
+        f"noise\n{report(3, 'KeyError: x')}\nmore noise"
+    )
     outer = RuntimeError("An error occurred while calling o66.collectToPython.\n\tat org.apache.Foo(Foo.java:1)")
     outer.__cause__ = wrapped
     assert describe_failure(outer, 4) == "rank 3 of 4 failed under Spark: KeyError: x"
@@ -38,15 +43,23 @@ def test_reports_are_also_found_inside_the_exception_text_spark_raises():
 def test_without_a_report_the_last_error_line_is_quoted_not_a_java_frame():
     exc = RuntimeError("Py4JJavaError: job aborted\nPythonException: OSError: no space\n\tat py4j.Gateway(G.java:1)")
     message = describe_failure(exc, 2)
-    assert message == "the Spark run of 2 ranks failed and no rank reported an exception: PythonException: OSError: no space"
+    assert (
+        message
+        == "the Spark run of 2 ranks failed and no rank reported an exception: PythonException: OSError: no space"
+    )
 
 
 def fake_spark(master, busy=(), default_parallelism=8, cpus_per_task="1", python=sys.executable):
     stages = {i: SimpleNamespace(numActiveTasks=n) for i, n in enumerate(busy)}
     tracker = SimpleNamespace(getActiveStageIds=lambda: list(stages), getStageInfo=stages.get)
     conf = SimpleNamespace(get=lambda key, default: cpus_per_task if key == "spark.task.cpus" else default)
-    sc = SimpleNamespace(master=master, defaultParallelism=default_parallelism, statusTracker=lambda: tracker,
-                         getConf=lambda: conf, pythonExec=python)
+    sc = SimpleNamespace(
+        master=master,
+        defaultParallelism=default_parallelism,
+        statusTracker=lambda: tracker,
+        getConf=lambda: conf,
+        pythonExec=python,
+    )
     return SimpleNamespace(sparkContext=sc)
 
 
@@ -105,10 +118,21 @@ def test_two_ranks_train_ppo_and_end_with_identical_parameters(spark, tmp_path, 
     from distrl.spark import train
 
     run_dir = tmp_path / "run"
-    summary = train(spark, "ppo", "CartPole-v1", workers=2, local_mode=local_mode, total_steps=1024,
-                    run_dir=str(run_dir), scaling="equivalent", **SMALL)
+    summary = train(
+        spark,
+        "ppo",
+        "CartPole-v1",
+        workers=2,
+        local_mode=local_mode,
+        total_steps=1024,
+        run_dir=str(run_dir),
+        scaling="equivalent",
+        **SMALL,
+    )
     assert summary["workers"] == 2 and summary["strategy"] == "ddp"
-    assert summary["total_steps"] == 1024 and summary["iterations"] == 1024 // (2 * 2 * 32)  # 2 workers x 2 envs x n_steps 64 / 2
+    assert summary["total_steps"] == 1024 and summary["iterations"] == 1024 // (
+        2 * 2 * 32
+    )  # 2 workers x 2 envs x n_steps 64 / 2
     first, second = summary["param_checksums"]
     assert first == second == final_params_checksum(run_dir)
     assert json.loads((run_dir / "summary.json").read_text()) == summary
@@ -125,8 +149,16 @@ def test_a_rank_that_raises_is_named_with_its_exception(spark, tmp_path):
 
     start = time.monotonic()
     with pytest.raises(WorkerFailed) as caught:
-        train(spark, "ppo", "distrl_testenvs:ExplodingOnRank1", workers=2, total_steps=100_000,
-              run_dir=str(tmp_path / "run"), vec="sync", **SMALL)
+        train(
+            spark,
+            "ppo",
+            "distrl_testenvs:ExplodingOnRank1",
+            workers=2,
+            total_steps=100_000,
+            run_dir=str(tmp_path / "run"),
+            vec="sync",
+            **SMALL,
+        )
     assert time.monotonic() - start < 120
     assert str(caught.value).startswith("rank 1 of 2 failed under Spark: RuntimeError: boom from rank 1's env")
 
@@ -149,10 +181,38 @@ def test_too_many_ranks_for_the_master_fail_at_once_without_a_job(spark, tmp_pat
 def test_command_line_launcher_spark(tmp_path):
     pytest.importorskip("pyspark", reason="pyspark is not installed (pip install 'distrl[spark]')")
     run_dir = tmp_path / "run"
-    result = subprocess.run([sys.executable, "-m", "distrl", "train", "ppo", "CartPole-v1", "--strategy", "ddp",
-                             "--launcher", "spark", "--workers", "2", "--spark-master", "local[2]", "--total-steps",
-                             "512", "--n-envs", "2", "--n-steps", "64", "--batch-size", "64", "--quiet",
-                             "--run-dir", str(run_dir)], capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "distrl",
+            "train",
+            "ppo",
+            "CartPole-v1",
+            "--strategy",
+            "ddp",
+            "--launcher",
+            "spark",
+            "--workers",
+            "2",
+            "--spark-master",
+            "local[2]",
+            "--total-steps",
+            "512",
+            "--n-envs",
+            "2",
+            "--n-steps",
+            "64",
+            "--batch-size",
+            "64",
+            "--quiet",
+            "--run-dir",
+            str(run_dir),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["workers"] == 2 and summary["param_checksums"][0] == summary["param_checksums"][1]

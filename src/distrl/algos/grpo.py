@@ -67,9 +67,15 @@ class TokenLoss(NamedTuple):
     """Where the clipped term was the larger (bool)."""
 
 
-def token_loss(log_probs: torch.Tensor, behaviour_log_probs: torch.Tensor, advantages: torch.Tensor,
-               clip_low: float, clip_high: float, ref_log_probs: torch.Tensor | None = None,
-               beta: float = 0.0) -> TokenLoss:
+def token_loss(
+    log_probs: torch.Tensor,
+    behaviour_log_probs: torch.Tensor,
+    advantages: torch.Tensor,
+    clip_low: float,
+    clip_high: float,
+    ref_log_probs: torch.Tensor | None = None,
+    beta: float = 0.0,
+) -> TokenLoss:
     """GRPO's per-token objective on the policy's token log-probabilities [n, T]::
 
         r           = exp(log_prob - behaviour_log_prob)
@@ -107,8 +113,20 @@ def token_weights(mask: torch.Tensor, loss_type: str, max_new_tokens: int) -> tu
     return mask, float(mask.sum())
 
 
-STATS = ("count", "loss", "policy_loss", "kl", "clipped_tokens", "tokens", "completions", "reward", "reward_sq",
-         "flat_groups", "groups", "lag")
+STATS = (
+    "count",
+    "loss",
+    "policy_loss",
+    "kl",
+    "clipped_tokens",
+    "tokens",
+    "completions",
+    "reward",
+    "reward_sq",
+    "flat_groups",
+    "groups",
+    "lag",
+)
 """Sums that travel with the gradient (then per-reward-function sums follow)."""
 
 
@@ -130,14 +148,16 @@ class GRPOAlgo:
         rewards = torch.from_numpy(batch.reward).double().reshape(-1, batch.group_size)
         batch_std = None
         if self.cfg.scale_rewards == "batch":
-            n, total, total_sq = sync.all_sum(np.array([rewards.numel(), float(rewards.sum()),
-                                                        float(rewards.square().sum())]))
+            n, total, total_sq = sync.all_sum(
+                np.array([rewards.numel(), float(rewards.sum()), float(rewards.square().sum())])
+            )
             mean = total / max(n, 1.0)
             batch_std = float(np.sqrt(max(total_sq / max(n, 1.0) - mean * mean, 0.0) * n / max(n - 1.0, 1.0)))
         return group_advantages(rewards, self.cfg.scale_rewards, batch_std).reshape(-1).float()
 
-    def update(self, batch: GroupSamples, sync: Sync, policy_version: int = 0,
-               progress_remaining: float = 1.0) -> dict[str, float]:
+    def update(
+        self, batch: GroupSamples, sync: Sync, policy_version: int = 0, progress_remaining: float = 1.0
+    ) -> dict[str, float]:
         """Gradient of the batch's loss (in microbatches) → ``sync.gradients`` → divide by the global count →
         clip → Adam step. ``policy_version`` is the learner's, for the staleness statistics."""
         cfg = self.cfg
@@ -152,16 +172,19 @@ class GRPOAlgo:
             rows = slice(start, min(start + per, batch.size))
             part = batch.rows(rows)
             tensors = part.to_torch(device)
-            log_probs = policy.token_log_probs(tensors["prompt"], tensors["prompt_mask"], tensors["tokens"],
-                                               tensors["mask"])
+            log_probs = policy.token_log_probs(
+                tensors["prompt"], tensors["prompt_mask"], tensors["tokens"], tensors["mask"]
+            )
             ref = None
             if self.reference is not None:
                 with torch.no_grad():
-                    ref = self.reference.token_log_probs(tensors["prompt"], tensors["prompt_mask"], tensors["tokens"],
-                                                         tensors["mask"])
+                    ref = self.reference.token_log_probs(
+                        tensors["prompt"], tensors["prompt_mask"], tensors["tokens"], tensors["mask"]
+                    )
             behaviour = torch.from_numpy(part.log_probs).to(device)
-            losses = token_loss(log_probs, behaviour, advantages[rows].unsqueeze(1), cfg.clip_range, cfg.clip_high,
-                                ref, cfg.beta)
+            losses = token_loss(
+                log_probs, behaviour, advantages[rows].unsqueeze(1), cfg.clip_range, cfg.clip_high, ref, cfg.beta
+            )
             weights, count = token_weights(tensors["mask"], cfg.loss_type, cfg.max_new_tokens)
             loss = (losses.loss * weights).sum()
             loss.backward()  # accumulates into the flat gradient
@@ -174,9 +197,14 @@ class GRPOAlgo:
                 sums["clipped_tokens"] += float((losses.clipped.float() * valid).sum())
                 sums["tokens"] += float(valid.sum())
         groups = batch.reward.reshape(-1, batch.group_size)
-        sums.update(completions=batch.size, reward=float(batch.reward.sum()),
-                    reward_sq=float(np.square(batch.reward).sum()), flat_groups=float((groups.std(axis=1) == 0).sum()),
-                    groups=groups.shape[0], lag=float((policy_version - batch.version).sum()))
+        sums.update(
+            completions=batch.size,
+            reward=float(batch.reward.sum()),
+            reward_sq=float(np.square(batch.reward).sum()),
+            flat_groups=float((groups.std(axis=1) == 0).sum()),
+            groups=groups.shape[0],
+            lag=float((policy_version - batch.version).sum()),
+        )
         stats = torch.tensor([sums[name] for name in STATS] + batch.rewards.sum(axis=0).tolist(), dtype=torch.float64)
         sync.gradients(grad, stats)
         count = float(stats[0])
@@ -204,7 +232,7 @@ class GRPOAlgo:
             "completions/tokens": s["tokens"],
             "pipeline/policy_lag_mean": s["lag"] / n,
         }
-        for k, total in enumerate(stats[len(STATS):].tolist()):
+        for k, total in enumerate(stats[len(STATS) :].tolist()):
             out[f"rewards/{k}"] = total / n
         return out
 

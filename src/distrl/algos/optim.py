@@ -27,8 +27,14 @@ class ClippedAdam:
     in a few element-wise operations over the single flat tensor.
     """
 
-    def __init__(self, params: ParamBuffer, lr: float, eps: float = 1e-5, max_grad_norm: float | None = None,
-                 betas: tuple[float, float] = (0.9, 0.999)):
+    def __init__(
+        self,
+        params: ParamBuffer,
+        lr: float,
+        eps: float = 1e-5,
+        max_grad_norm: float | None = None,
+        betas: tuple[float, float] = (0.9, 0.999),
+    ):
         self.params = params
         self.lr = lr
         self.eps = eps
@@ -54,23 +60,40 @@ class ClippedAdam:
             # where the clip coefficient goes. Same arithmetic as the fallback below.
             self._step_tensor.fill_(self.steps)
             self._scale_tensor.fill_(1.0 / scale)
-            _FUSED_ADAM([self.params.data], [grad], [self.exp_avg], [self.exp_avg_sq], [], [self._step_tensor],
-                        lr=lr, beta1=self.beta1, beta2=self.beta2, weight_decay=0.0, eps=self.eps,
-                        amsgrad=False, maximize=False, grad_scale=self._scale_tensor, found_inf=None)
+            _FUSED_ADAM(
+                [self.params.data],
+                [grad],
+                [self.exp_avg],
+                [self.exp_avg_sq],
+                [],
+                [self._step_tensor],
+                lr=lr,
+                beta1=self.beta1,
+                beta2=self.beta2,
+                weight_decay=0.0,
+                eps=self.eps,
+                amsgrad=False,
+                maximize=False,
+                grad_scale=self._scale_tensor,
+                found_inf=None,
+            )
             return norm
         b1, b2 = self.beta1, self.beta2
         self.exp_avg.mul_(b1).add_(grad, alpha=(1.0 - b1) * scale)
         self.exp_avg_sq.mul_(b2).addcmul_(grad, grad, value=(1.0 - b2) * scale * scale)
-        bias1 = 1.0 - b1 ** self.steps
-        bias2 = 1.0 - b2 ** self.steps
+        bias1 = 1.0 - b1**self.steps
+        bias2 = 1.0 - b2**self.steps
         denom = self.exp_avg_sq.sqrt().div_(math.sqrt(bias2)).add_(self.eps)
         step_size = lr / bias1
         self.params.data.addcdiv_(self.exp_avg, denom, value=-step_size)
         return norm
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        return {"exp_avg": self.exp_avg.cpu().clone(), "exp_avg_sq": self.exp_avg_sq.cpu().clone(),
-                "steps": torch.tensor([self.steps], dtype=torch.int64)}
+        return {
+            "exp_avg": self.exp_avg.cpu().clone(),
+            "exp_avg_sq": self.exp_avg_sq.cpu().clone(),
+            "steps": torch.tensor([self.steps], dtype=torch.int64),
+        }
 
     def load_state_dict(self, tensors: dict[str, torch.Tensor]) -> None:
         self.exp_avg.copy_(tensors["exp_avg"])

@@ -38,9 +38,20 @@ class PPOLoss(NamedTuple):
     """[B] probability ratio ``pi / pi_old`` of the taken actions."""
 
 
-def ppo_loss(log_prob: torch.Tensor, entropy: torch.Tensor, values: torch.Tensor, old_log_prob: torch.Tensor,
-             old_values: torch.Tensor, advantages: torch.Tensor, returns: torch.Tensor, valid: torch.Tensor,
-             clip_range: float, clip_range_vf: float | None, vf_coef: float, ent_coef: float) -> PPOLoss:
+def ppo_loss(
+    log_prob: torch.Tensor,
+    entropy: torch.Tensor,
+    values: torch.Tensor,
+    old_log_prob: torch.Tensor,
+    old_values: torch.Tensor,
+    advantages: torch.Tensor,
+    returns: torch.Tensor,
+    valid: torch.Tensor,
+    clip_range: float,
+    clip_range_vf: float | None,
+    vf_coef: float,
+    ent_coef: float,
+) -> PPOLoss:
     """PPO's objective on the network's outputs for a minibatch of B samples (all arguments [B]).
 
     Per sample, with ``r = exp(log_prob - old_log_prob)`` and ``e = clip_range``::
@@ -66,9 +77,20 @@ def ppo_loss(log_prob: torch.Tensor, entropy: torch.Tensor, values: torch.Tensor
 
 # Per-sample statistics summed over valid samples and workers with every minibatch gradient.
 _STATS = ("count", "approx_kl", "clip_fraction", "policy_loss", "value_loss", "entropy")
-UPDATE_METRICS = ("losses/policy_loss", "losses/value_loss", "losses/entropy", "losses/approx_kl",
-                  "losses/clip_fraction", "losses/grad_norm", "losses/explained_variance", "losses/gradient_steps",
-                  "losses/trained_samples", "losses/stopped_early", "charts/learning_rate", "charts/clip_range")
+UPDATE_METRICS = (
+    "losses/policy_loss",
+    "losses/value_loss",
+    "losses/entropy",
+    "losses/approx_kl",
+    "losses/clip_fraction",
+    "losses/grad_norm",
+    "losses/explained_variance",
+    "losses/gradient_steps",
+    "losses/trained_samples",
+    "losses/stopped_early",
+    "charts/learning_rate",
+    "charts/clip_range",
+)
 """What ``update`` returns, in this order (decoupled's trainers send them to the player as one tensor)."""
 
 
@@ -89,8 +111,14 @@ class PackedBatch:
     A minibatch is one gather from each, and a batch travels between processes as the two tensors.
     """
 
-    def __init__(self, obs: torch.Tensor, data: torch.Tensor, action_shape: tuple[int, ...], discrete: bool,
-                 sequences: Sequences | None = None):
+    def __init__(
+        self,
+        obs: torch.Tensor,
+        data: torch.Tensor,
+        action_shape: tuple[int, ...],
+        discrete: bool,
+        sequences: Sequences | None = None,
+    ):
         self.obs, self.data = obs, data
         self.sequences = sequences
         """Recurrent policies: the rows are whole environment sequences (row t * N + n); see ``Sequences``."""
@@ -109,8 +137,9 @@ class PackedBatch:
         actions = batch.actions.float().reshape(batch.size, -1)
         columns = [batch.log_probs, batch.values, advantages, batch.returns, batch.valid]
         data = torch.cat([actions, torch.stack(columns, 1)], 1)
-        return cls(batch.obs, data, tuple(batch.actions.shape[1:]), not batch.actions.is_floating_point(),
-                   batch.sequences)
+        return cls(
+            batch.obs, data, tuple(batch.actions.shape[1:]), not batch.actions.is_floating_point(), batch.sequences
+        )
 
     @property
     def size(self) -> int:
@@ -171,8 +200,15 @@ class PPOAlgo:
             values = self.agent.sequence_values(obs, sequences.initial_state, starts).cpu().numpy()
         else:
             values = self._values(obs)
-        advantages, returns = gae(rollout.rewards, values, rollout.terminated, rollout.truncated,
-                                  rollout.valid, self.cfg.gamma, self.cfg.gae_lambda)
+        advantages, returns = gae(
+            rollout.rewards,
+            values,
+            rollout.terminated,
+            rollout.truncated,
+            rollout.valid,
+            self.cfg.gamma,
+            self.cfg.gae_lambda,
+        )
         flat_obs = obs[:T].reshape(T * N, *obs.shape[2:])
         actions = torch.from_numpy(rollout.actions.reshape(T * N, *rollout.actions.shape[2:])).to(device)
         if rollout.log_probs is not None:
@@ -180,7 +216,9 @@ class PPOAlgo:
         else:
             log_probs = self.agent.log_prob(flat_obs, actions)
         return RolloutBatch(
-            obs=flat_obs, actions=actions, log_probs=log_probs,
+            obs=flat_obs,
+            actions=actions,
+            log_probs=log_probs,
             values=torch.from_numpy(values[:T].reshape(-1).copy()).to(device),
             advantages=torch.from_numpy(advantages.reshape(-1)).to(device),
             returns=torch.from_numpy(returns.reshape(-1)).to(device),
@@ -200,20 +238,31 @@ class PPOAlgo:
         rollout = batch.rollout
         assert rollout is not None, "the batch was prepared without recompute_advantage"
         values = self._values(torch.from_numpy(rollout.obs).to(self.agent.device))
-        advantages, returns = gae(rollout.rewards, values, rollout.terminated, rollout.truncated,
-                                  rollout.valid, self.cfg.gamma, self.cfg.gae_lambda)
+        advantages, returns = gae(
+            rollout.rewards,
+            values,
+            rollout.terminated,
+            rollout.truncated,
+            rollout.valid,
+            self.cfg.gamma,
+            self.cfg.gae_lambda,
+        )
         T = rollout.rewards.shape[0]
         device = self.agent.device
-        return dataclasses.replace(batch, values=torch.from_numpy(values[:T].reshape(-1).copy()).to(device),
-                                   advantages=torch.from_numpy(advantages.reshape(-1)).to(device),
-                                   returns=torch.from_numpy(returns.reshape(-1)).to(device))
+        return dataclasses.replace(
+            batch,
+            values=torch.from_numpy(values[:T].reshape(-1).copy()).to(device),
+            advantages=torch.from_numpy(advantages.reshape(-1)).to(device),
+            returns=torch.from_numpy(returns.reshape(-1)).to(device),
+        )
 
     @staticmethod
     def advantage_moments(batch: RolloutBatch) -> np.ndarray:
         """[count, sum, sum of squares] of the advantages over valid steps (summable over workers)."""
         adv = batch.advantages.double()
-        return np.array([float(batch.valid.sum()), float((adv * batch.valid).sum()),
-                         float((adv.square() * batch.valid).sum())])
+        return np.array(
+            [float(batch.valid.sum()), float((adv * batch.valid).sum()), float((adv.square() * batch.valid).sum())]
+        )
 
     def normalized_advantages(self, batch: RolloutBatch, sync: Sync, moments: np.ndarray | None = None) -> torch.Tensor:
         """Advantages standardised with the mean and std over every worker's valid steps.
@@ -228,8 +277,13 @@ class PPOAlgo:
         std = np.sqrt(max(total_sq / max(count, 1.0) - mean * mean, 0.0))
         return ((batch.advantages - mean) / (std + 1e-8)) * batch.valid
 
-    def update(self, batch: RolloutBatch, sync: Sync, progress_remaining: float = 1.0,
-               advantage_moments: np.ndarray | None = None) -> dict[str, float]:
+    def update(
+        self,
+        batch: RolloutBatch,
+        sync: Sync,
+        progress_remaining: float = 1.0,
+        advantage_moments: np.ndarray | None = None,
+    ) -> dict[str, float]:
         """``n_epochs`` x minibatches of: loss gradient → ``sync.gradients`` → clip → Adam step.
 
         With ``recompute_advantage`` every epoch after the first starts from :meth:`recomputed`
@@ -241,12 +295,18 @@ class PPOAlgo:
             fresh = self.recomputed(batch)
             return PackedBatch.pack(fresh, self.normalized_advantages(fresh, sync))
 
-        return self.update_packed(packed, sync, progress_remaining,
-                                  repack=repack if batch.rollout is not None else None)
+        return self.update_packed(
+            packed, sync, progress_remaining, repack=repack if batch.rollout is not None else None
+        )
 
-    def update_packed(self, packed: PackedBatch, sync: Sync, progress_remaining: float = 1.0,
-                      part: tuple[int, int] | None = None,
-                      repack: Callable[[], PackedBatch] | None = None) -> dict[str, float]:
+    def update_packed(
+        self,
+        packed: PackedBatch,
+        sync: Sync,
+        progress_remaining: float = 1.0,
+        part: tuple[int, int] | None = None,
+        repack: Callable[[], PackedBatch] | None = None,
+    ) -> dict[str, float]:
         """The update on an already packed batch (advantages as they should be used).
 
         ``part=(j, k)``: this worker holds the whole batch and computes the gradient of the
@@ -282,10 +342,25 @@ class PPOAlgo:
                 break
         self.agent.refresh_acting_copy()
         means = {name: float(totals[i]) / max(float(totals[0]), 1.0) for i, name in enumerate(_STATS)}
-        return dict(zip(UPDATE_METRICS, (
-            means["policy_loss"], means["value_loss"], means["entropy"], approx_kl, means["clip_fraction"],
-            float(np.mean(grad_norms)) if grad_norms else 0.0, packed.explained_variance(), float(len(grad_norms)),
-            float(totals[0]), float(stopped_early), lr, clip_range)))
+        return dict(
+            zip(
+                UPDATE_METRICS,
+                (
+                    means["policy_loss"],
+                    means["value_loss"],
+                    means["entropy"],
+                    approx_kl,
+                    means["clip_fraction"],
+                    float(np.mean(grad_norms)) if grad_norms else 0.0,
+                    packed.explained_variance(),
+                    float(len(grad_norms)),
+                    float(totals[0]),
+                    float(stopped_early),
+                    lr,
+                    clip_range,
+                ),
+            )
+        )
 
     def _minibatches(self, packed: PackedBatch, part: tuple[int, int] | None) -> Any:
         """One epoch's minibatches in a fresh shuffle, each with its ``Sequences`` (recurrent) or None.
@@ -299,7 +374,7 @@ class PPOAlgo:
         if per >= units and part is None:  # one minibatch: the whole rollout, order irrelevant
             return [(packed.all_rows(), sequences)]
         order = torch.from_numpy(self.shuffle_rng.permutation(units)).to(packed.device)
-        chunks = (order[i:i + per] for i in range(0, units, per))
+        chunks = (order[i : i + per] for i in range(0, units, per))
         if part is not None:
             chunks = (torch.tensor_split(idx, part[1])[part[0]] for idx in chunks)
         if sequences is None:
@@ -320,15 +395,26 @@ class PPOAlgo:
             fwd = agent.forward_sequences(mb.obs, sequences.initial_state, sequences.starts)
         terms = agent.dist_terms(fwd, mb.actions)
         outputs = leaves(terms.log_prob, terms.entropy, fwd.values)
-        loss = ppo_loss(*outputs, mb.old_log_prob, mb.old_values, mb.advantages, mb.returns, mb.valid,
-                        clip_range, cfg.clip_range_vf, cfg.vf_coef, cfg.ent_coef)
+        loss = ppo_loss(
+            *outputs,
+            mb.old_log_prob,
+            mb.old_values,
+            mb.advantages,
+            mb.returns,
+            mb.valid,
+            clip_range,
+            cfg.clip_range_vf,
+            cfg.vf_coef,
+            cfg.ent_coef,
+        )
         agent.backward(fwd, terms, mb.actions, *output_grads(loss.loss, outputs))  # d loss / d outputs, onwards
         with torch.no_grad():
             ratio_minus_one = loss.ratio - 1.0
             approx_kl = ratio_minus_one - (outputs[0] - mb.old_log_prob)  # (http://joschu.net/blog/kl-approx.html)
             was_clipped = (ratio_minus_one.abs() > clip_range).float()
-            per_sample = torch.stack([mb.valid, approx_kl, was_clipped, loss.policy_loss, loss.value_loss,
-                                      terms.entropy.detach()])
+            per_sample = torch.stack(
+                [mb.valid, approx_kl, was_clipped, loss.policy_loss, loss.value_loss, terms.entropy.detach()]
+            )
             return (per_sample @ mb.valid).double()
 
     def state_dict(self) -> dict[str, torch.Tensor]:

@@ -25,8 +25,16 @@ def episode_returns_to_go(rewards: np.ndarray, starts: np.ndarray, gamma: float)
     return np.concatenate([discounted_returns(rewards[a:b], gamma) for a, b in zip(starts[:-1], starts[1:])])
 
 
-def reinforce_loss(log_prob: torch.Tensor, entropy: torch.Tensor, values: torch.Tensor, returns: torch.Tensor,
-                   advantages: torch.Tensor, baseline: bool, vf_coef: float, ent_coef: float) -> torch.Tensor:
+def reinforce_loss(
+    log_prob: torch.Tensor,
+    entropy: torch.Tensor,
+    values: torch.Tensor,
+    returns: torch.Tensor,
+    advantages: torch.Tensor,
+    baseline: bool,
+    vf_coef: float,
+    ent_coef: float,
+) -> torch.Tensor:
     """REINFORCE's objective on the network's outputs, summed over the batch's steps (all arguments [B])::
 
         loss = -log_prob * A + vf_coef * (v - G)^2 - ent_coef * entropy
@@ -72,15 +80,25 @@ class REINFORCEAlgo:
         agent.backward(fwd, terms, actions, *output_grads(loss, outputs))
         with torch.no_grad():
             value_loss = (fwd.values - returns).square() if cfg.baseline else torch.zeros_like(returns)
-            stats = torch.stack([torch.tensor(float(len(returns))), (-terms.log_prob * advantages).sum(),
-                                 value_loss.sum(), terms.entropy.sum()]).double()
+            stats = torch.stack(
+                [
+                    torch.tensor(float(len(returns))),
+                    (-terms.log_prob * advantages).sum(),
+                    value_loss.sum(),
+                    terms.entropy.sum(),
+                ]
+            ).double()
         sync.gradients(agent.params.grad, stats)
         count = float(stats[0])
         agent.params.grad.div_(count)
         grad_norm = self.optimizer.step()
         agent.refresh_acting_copy()
-        return {"losses/policy_loss": float(stats[1]) / count, "losses/value_loss": float(stats[2]) / count,
-                "losses/entropy": float(stats[3]) / count, "losses/grad_norm": grad_norm}
+        return {
+            "losses/policy_loss": float(stats[1]) / count,
+            "losses/value_loss": float(stats[2]) / count,
+            "losses/entropy": float(stats[3]) / count,
+            "losses/grad_norm": grad_norm,
+        }
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         return self.optimizer.state_dict()

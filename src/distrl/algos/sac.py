@@ -29,8 +29,15 @@ from distrl.nets.factory import SACNetworks
 from distrl.protocols import Sync
 
 
-def critic_target(rewards: torch.Tensor, terminated: torch.Tensor, next_q1: torch.Tensor, next_q2: torch.Tensor,
-                  next_log_prob: torch.Tensor, alpha: float, gamma: float) -> torch.Tensor:
+def critic_target(
+    rewards: torch.Tensor,
+    terminated: torch.Tensor,
+    next_q1: torch.Tensor,
+    next_q2: torch.Tensor,
+    next_log_prob: torch.Tensor,
+    alpha: float,
+    gamma: float,
+) -> torch.Tensor:
     """``r + gamma (1 - terminated) (min(Q'_1, Q'_2) - alpha log pi(a'|s'))`` per sample.
 
     Truncated episodes are not ``terminated``: they bootstrap from the stored true final
@@ -95,12 +102,15 @@ class SACAlgo:
     def alpha(self) -> float:
         return float(self.critic.params.view("log_alpha").exp())
 
-    def update(self, batch: Transitions, sync: Sync, eps_next: torch.Tensor | None = None,
-               eps_pi: torch.Tensor | None = None) -> dict[str, float]:
+    def update(
+        self, batch: Transitions, sync: Sync, eps_next: torch.Tensor | None = None, eps_pi: torch.Tensor | None = None
+    ) -> dict[str, float]:
         """One gradient step; ``eps_*`` fix the reparameterisation noise [B, A] (drawn if None)."""
         cfg = self.cfg
         n, shape = batch.size, (batch.size, self.action_dim)
-        eps_next = eps_next if eps_next is not None else torch.randn(shape, generator=self.generator, device=self.device)
+        eps_next = (
+            eps_next if eps_next is not None else torch.randn(shape, generator=self.generator, device=self.device)
+        )
         eps_pi = eps_pi if eps_pi is not None else torch.randn(shape, generator=self.generator, device=self.device)
         alpha = self.alpha
         ones = torch.ones(n, device=self.device)
@@ -157,8 +167,10 @@ class SACAlgo:
 
     def state_tensors(self) -> dict[str, torch.Tensor]:
         tensors = {}
-        for name, params, optim in (("actor", self.actor.params, self.actor_optimizer),
-                                    ("critic", self.critic.params, self.critic_optimizer)):
+        for name, params, optim in (
+            ("actor", self.actor.params, self.actor_optimizer),
+            ("critic", self.critic.params, self.critic_optimizer),
+        ):
             tensors.update({f"{name}/{k}": v for k, v in params.state_dict().items()})
             tensors.update({f"{name}_optim/{k}": v for k, v in optim.state_dict().items()})
         tensors.update({f"critic_target/{k}": v for k, v in self.critic_target.params.state_dict().items()})
@@ -167,7 +179,7 @@ class SACAlgo:
 
     def load_state_tensors(self, tensors: dict[str, torch.Tensor]) -> None:
         def part(prefix: str) -> dict[str, torch.Tensor]:
-            return {k[len(prefix) + 1:]: v for k, v in tensors.items() if k.startswith(prefix + "/")}
+            return {k[len(prefix) + 1 :]: v for k, v in tensors.items() if k.startswith(prefix + "/")}
 
         self.actor.params.load_state_dict(part("actor"))
         self.critic.params.load_state_dict(part("critic"))
@@ -179,12 +191,22 @@ class SACAlgo:
 
     def broadcast_tensors(self) -> list[torch.Tensor]:
         """Everything that must be equal on every worker, as tensors (counters packed in the last one)."""
-        counters = torch.tensor([self.actor_optimizer.steps, self.critic_optimizer.steps, self.gradient_steps],
-                                dtype=torch.float64)
-        return [self.actor.params.data, self.critic.params.data, self.critic_target.params.data,
-                self.actor_optimizer.exp_avg, self.actor_optimizer.exp_avg_sq,
-                self.critic_optimizer.exp_avg, self.critic_optimizer.exp_avg_sq, counters]
+        counters = torch.tensor(
+            [self.actor_optimizer.steps, self.critic_optimizer.steps, self.gradient_steps], dtype=torch.float64
+        )
+        return [
+            self.actor.params.data,
+            self.critic.params.data,
+            self.critic_target.params.data,
+            self.actor_optimizer.exp_avg,
+            self.actor_optimizer.exp_avg_sq,
+            self.critic_optimizer.exp_avg,
+            self.critic_optimizer.exp_avg_sq,
+            counters,
+        ]
 
     def after_broadcast(self, counters: torch.Tensor) -> None:
-        self.actor_optimizer.steps, self.critic_optimizer.steps, self.gradient_steps = (int(v) for v in counters.tolist())
+        self.actor_optimizer.steps, self.critic_optimizer.steps, self.gradient_steps = (
+            int(v) for v in counters.tolist()
+        )
         self.actor.refresh_acting_copy()

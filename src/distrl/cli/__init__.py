@@ -119,10 +119,11 @@ def _dispatch(argv: list[str]) -> int:
         return tune_command(rest)
     if command == "bench":
         if not rest or rest[0] != "scaling":
-            raise ConfigError(f"bench={rest[0] if rest else ''!r} is not known: must be scaling "
-                              "(distrl bench scaling ALGO ENV --workers 1,2)")
+            raise ConfigError(
+                f"bench={rest[0] if rest else ''!r} is not known: must be scaling "
+                "(distrl bench scaling ALGO ENV --workers 1,2)"
+            )
         from distrl.bench import scaling_command
 
         return scaling_command(rest[1:])
-    raise ConfigError(f"command={command!r} is not known: must be one of train, eval, plot, tune, bench, "
-                      "--version")
+    raise ConfigError(f"command={command!r} is not known: must be one of train, eval, plot, tune, bench, --version")

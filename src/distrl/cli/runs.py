@@ -104,14 +104,23 @@ def _record(model: Any, args: EvalArgs) -> int:
     seed = args.seed if args.seed is not None else 0
     try:
         run = model._trainer.run
-        make = partial(make_single_env, model._trainer.env_id, parse_env_kwargs(run.env_kwargs), run.wrappers,
-                       render_mode="rgb_array", atari_wrappers=run.atari_wrappers, evaluation=True)
+        make = partial(
+            make_single_env,
+            model._trainer.env_id,
+            parse_env_kwargs(run.env_kwargs),
+            run.wrappers,
+            render_mode="rgb_array",
+            atari_wrappers=run.atari_wrappers,
+            evaluation=True,
+        )
         recording = record(make, policies, Path(args.record), args.episodes, seed, labels=labels)
     finally:
         if untrained is not None:
             untrained.close()
-    panes = " | ".join(f"{label} (returns {', '.join(f'{r:,.1f}' for r in returns)})"
-                       for label, returns in zip(labels, recording.returns))
+    panes = " | ".join(
+        f"{label} (returns {', '.join(f'{r:,.1f}' for r in returns)})"
+        for label, returns in zip(labels, recording.returns)
+    )
     print(f"wrote {args.record}: {recording.frames} frames, {args.episodes} episode(s): {panes}")
     if args.track:
         _track_video(model, args)

@@ -15,8 +15,7 @@ import tyro
 from distrl import checkpoint
 from distrl.argv import flag_value, merge_repeated, parse_flags, set_flag
 from distrl.cli import ALGOS
-from distrl.config import (ConfigError, GRPOConfig, PPOConfig, REINFORCEConfig, RunConfig, SACConfig,
-                           StrategyConfig)
+from distrl.config import ConfigError, GRPOConfig, PPOConfig, REINFORCEConfig, RunConfig, SACConfig, StrategyConfig
 from distrl.env_names import portable_env_name, refuse_named_code, resolve_env_id
 from distrl.presets import algo_configs, preset_names
 from distrl.tasks import TEXT_TASK
@@ -86,8 +85,9 @@ def train_command(argv: list[str]) -> int:
     if resume_arg:
         resume_path = checkpoint.find_latest(Path(resume_arg))
         run_cfg, strategy, cfg, _ = configs_from_checkpoint(resume_path)
-        refuse_named_code(run_cfg, f"checkpoint={str(resume_path)!r}", "--trust-code" in rest, own=(env, *rest),
-                          cfg=cfg)
+        refuse_named_code(
+            run_cfg, f"checkpoint={str(resume_path)!r}", "--trust-code" in rest, own=(env, *rest), cfg=cfg
+        )
         if algo == "grpo" or run_cfg.algo == "grpo":  # group tasks are names, not Gymnasium ids
             if env != run_cfg.env:
                 raise ConfigError(f"env={env!r} differs from the resumed run's env {run_cfg.env!r}")
@@ -102,11 +102,18 @@ def train_command(argv: list[str]) -> int:
             raise ConfigError(f"algo={algo!r} differs from the resumed run's algorithm {run_cfg.algo!r}")
     else:
         run_cfg, cfg, _ = algo_configs(algo, env, flag_value(rest, "--preset") or "auto")
-    description = (f"Train {algo.upper()} on {run_cfg.env}. Defaults shown include the preset "
-                   f"(available: auto, none, {', '.join(preset_names(algo))}); flags override them.")
+    description = (
+        f"Train {algo.upper()} on {run_cfg.env}. Defaults shown include the preset "
+        f"(available: auto, none, {', '.join(preset_names(algo))}); flags override them."
+    )
     args_cls = TRAIN_ARGS[algo]
-    args = parse_flags(tyro.conf.OmitArgPrefixes[args_cls], rest, default=args_cls(run_cfg, strategy, cfg),
-                       prog=f"distrl train {algo} {env}", description=description)
+    args = parse_flags(
+        tyro.conf.OmitArgPrefixes[args_cls],
+        rest,
+        default=args_cls(run_cfg, strategy, cfg),
+        prog=f"distrl train {algo} {env}",
+        description=description,
+    )
     algo_cfg = getattr(args, algo)
     run = args.run
     if run.track:
@@ -116,16 +123,18 @@ def train_command(argv: list[str]) -> int:
     if algo == "grpo":
         return _train_grpo(run, args.strategy, algo_cfg, resume_path, ["train", algo, env, *rest])
     if args.strategy.strategy == "pipeline" and algo != "ppo":
-        raise ConfigError(f"strategy='pipeline' is not available for {algo}: it runs ppo on Gymnasium envs "
-                          "and grpo on group tasks (distrl train grpo bandit --strategy pipeline)")
+        raise ConfigError(
+            f"strategy='pipeline' is not available for {algo}: it runs ppo on Gymnasium envs "
+            "and grpo on group tasks (distrl train grpo bandit --strategy pipeline)"
+        )
     if not run.run_dir:  # every worker must agree on the run directory: fix it before launching
         run = run.replace(run_dir=str(default_run_dir(run, resolve_env_id(run.env))))
     if args.strategy.strategy == "single":
         run_training(run, algo_cfg, resume_path)
     elif args.strategy.strategy in ("actor-learner", "pipeline"):
         from distrl.strategies.actor_learner import WorkerError, run_actor_learner
-        from distrl.strategies.pool import GeneratorFailed, PipelineStalled
         from distrl.strategies.pipeline_ppo import run_async_ppo
+        from distrl.strategies.pool import GeneratorFailed, PipelineStalled
 
         checkpoint.check_new_run_dir(Path(run.run_dir), resume_path)
         runner = run_actor_learner if args.strategy.strategy == "actor-learner" else run_async_ppo
@@ -139,8 +148,9 @@ def train_command(argv: list[str]) -> int:
     return 0
 
 
-def _train_grpo(run: RunConfig, strategy: StrategyConfig, cfg: GRPOConfig, resume_path: Path | None,
-                argv: list[str]) -> int:
+def _train_grpo(
+    run: RunConfig, strategy: StrategyConfig, cfg: GRPOConfig, resume_path: Path | None, argv: list[str]
+) -> int:
     from distrl.rewards import RewardError
     from distrl.strategies.pool import GeneratorFailed, PipelineStalled
     from distrl.training.group import GroupTrainer, train_grpo
@@ -179,8 +189,9 @@ def run_training(run: RunConfig, cfg: Any, resume_path: Path | None = None) -> d
     return make_trainer(run.algo, run, cfg, run_dir=run_dir).run_to_end(resume_path, start)
 
 
-def run_ddp(run: RunConfig, strategy: StrategyConfig, cfg: Any, resume_path: Path | None,
-            argv: list[str]) -> dict | None:
+def run_ddp(
+    run: RunConfig, strategy: StrategyConfig, cfg: Any, resume_path: Path | None, argv: list[str]
+) -> dict | None:
     """``--strategy ddp`` or ``decoupled``: be one rank (under a launcher or torchrun), or launch the ranks."""
     from distrl.strategies import launch
     from distrl.strategies.ddp import in_distributed_env, run_worker
@@ -196,8 +207,15 @@ def run_ddp(run: RunConfig, strategy: StrategyConfig, cfg: Any, resume_path: Pat
             with spark_session(strategy.spark_master or f"local[{strategy.workers}]") as spark:
                 return launch_spark(spark, run, strategy, cfg, resume_path, local_mode=strategy.spark_local_mode)
         if strategy.uses_ray:
-            return launch.launch_ray(run_worker, (run, strategy, cfg, run_dir, resume_path), strategy.workers,
-                                     strategy.ray_address, run_dir, strategy.timeout_s, debug=run.debug)
+            return launch.launch_ray(
+                run_worker,
+                (run, strategy, cfg, run_dir, resume_path),
+                strategy.workers,
+                strategy.ray_address,
+                run_dir,
+                strategy.timeout_s,
+                debug=run.debug,
+            )
         launch.launch_local(argv, strategy.workers, strategy.timeout_s)
     except launch.WorkerFailed as exc:
         print(f"distrl: error: {exc}", file=sys.stderr)

@@ -4,8 +4,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from distrl.config.base import (Activation, Core, Encoder, GRPOLoss, RewardScaling, Schedule, nearest_divisor, require,
-                                require_fraction, require_positive)
+from distrl.config.base import (
+    Activation,
+    Core,
+    Encoder,
+    GRPOLoss,
+    RewardScaling,
+    Schedule,
+    nearest_divisor,
+    require,
+    require_fraction,
+    require_positive,
+)
+
 
 @dataclass(frozen=True)
 class ActorCriticNet:
@@ -33,8 +44,9 @@ class ActorCriticNet:
     """Orthogonal initialisation (gain sqrt(2) hidden, 0.01 policy output, 1 value output)."""
 
     def __post_init__(self) -> None:
-        require(all(h > 0 for h in self.net_arch),
-                "net_arch", self.net_arch, "positive layer sizes (none: linear heads)")
+        require(
+            all(h > 0 for h in self.net_arch), "net_arch", self.net_arch, "positive layer sizes (none: linear heads)"
+        )
         require_positive(self, "core_size")
 
 
@@ -100,16 +112,28 @@ class PPOConfig(ActorCriticNet):
         if self.target_kl is not None:
             require(self.target_kl > 0, "target_kl", self.target_kl, "> 0 or None")
         rollout = self.n_envs * self.n_steps
-        require(rollout % self.batch_size == 0, "batch_size", self.batch_size,
-                f"a divisor of n_envs * n_steps = {rollout}",
-                f"e.g. --batch-size {nearest_divisor(rollout, self.batch_size)}")
-        require(not (self.recompute_advantage and self.core != "none"), "recompute_advantage",
-                self.recompute_advantage, f"False with core={self.core!r} (feed-forward policies only)")
+        require(
+            rollout % self.batch_size == 0,
+            "batch_size",
+            self.batch_size,
+            f"a divisor of n_envs * n_steps = {rollout}",
+            f"e.g. --batch-size {nearest_divisor(rollout, self.batch_size)}",
+        )
+        require(
+            not (self.recompute_advantage and self.core != "none"),
+            "recompute_advantage",
+            self.recompute_advantage,
+            f"False with core={self.core!r} (feed-forward policies only)",
+        )
         if self.core != "none":  # a minibatch is a set of whole environment sequences
-            require(self.batch_size % self.n_steps == 0, "batch_size", self.batch_size,
-                    f"a multiple of n_steps = {self.n_steps} with core={self.core!r} (minibatches are whole "
-                    "environment sequences)",
-                    f"e.g. --batch-size {self.n_steps * nearest_divisor(self.n_envs, max(1, self.batch_size // self.n_steps))}")
+            require(
+                self.batch_size % self.n_steps == 0,
+                "batch_size",
+                self.batch_size,
+                f"a multiple of n_steps = {self.n_steps} with core={self.core!r} (minibatches are whole "
+                "environment sequences)",
+                f"e.g. --batch-size {self.n_steps * nearest_divisor(self.n_envs, max(1, self.batch_size // self.n_steps))}",
+            )
 
     @property
     def rollout_size(self) -> int:
@@ -164,17 +188,39 @@ class SACConfig:
     more than its steps, so the buffer holds slightly fewer transitions than buffer_size."""
 
     def __post_init__(self) -> None:
-        require_positive(self, "n_envs", "learning_rate", "buffer_size", "batch_size", "train_freq", "gradient_steps",
-                  "target_update_interval")
+        require_positive(
+            self,
+            "n_envs",
+            "learning_rate",
+            "buffer_size",
+            "batch_size",
+            "train_freq",
+            "gradient_steps",
+            "target_update_interval",
+        )
         require(self.learning_starts >= 0, "learning_starts", self.learning_starts, ">= 0")
         require_fraction(self, "tau", inclusive_zero=False)
         require_fraction(self, "gamma")
-        require(self.buffer_size >= self.batch_size, "buffer_size", self.buffer_size,
-                f">= batch_size ({self.batch_size})", "a buffer smaller than a batch cannot be sampled")
-        require(not self.optimize_memory_usage or self.buffer_size > 2 * self.n_envs, "buffer_size", self.buffer_size,
-                f"> 2 * n_envs ({2 * self.n_envs}) with optimize_memory_usage", "each env holds up to two rows at once")
-        require(len(self.net_arch) > 0 and all(h > 0 for h in self.net_arch),
-                "net_arch", self.net_arch, "one or more positive layer sizes")
+        require(
+            self.buffer_size >= self.batch_size,
+            "buffer_size",
+            self.buffer_size,
+            f">= batch_size ({self.batch_size})",
+            "a buffer smaller than a batch cannot be sampled",
+        )
+        require(
+            not self.optimize_memory_usage or self.buffer_size > 2 * self.n_envs,
+            "buffer_size",
+            self.buffer_size,
+            f"> 2 * n_envs ({2 * self.n_envs}) with optimize_memory_usage",
+            "each env holds up to two rows at once",
+        )
+        require(
+            len(self.net_arch) > 0 and all(h > 0 for h in self.net_arch),
+            "net_arch",
+            self.net_arch,
+            "one or more positive layer sizes",
+        )
         self.entropy_setting()  # validates ent_coef
 
     def entropy_setting(self) -> tuple[bool, float]:
@@ -291,9 +337,21 @@ class GRPOConfig:
     """Numeric group tasks: hidden layers of the policy MLP."""
 
     def __post_init__(self) -> None:
-        require_positive(self, "group_size", "prompts_per_slice", "slices_per_step", "learner_steps", "learning_rate",
-                         "clip_range", "max_grad_norm", "slices_per_call", "max_prompt_tokens", "max_new_tokens",
-                         "temperature", "reward_timeout_s")
+        require_positive(
+            self,
+            "group_size",
+            "prompts_per_slice",
+            "slices_per_step",
+            "learner_steps",
+            "learning_rate",
+            "clip_range",
+            "max_grad_norm",
+            "slices_per_call",
+            "max_prompt_tokens",
+            "max_new_tokens",
+            "temperature",
+            "reward_timeout_s",
+        )
         require(self.group_size >= 2, "group_size", self.group_size, ">= 2 (a group needs a mean to compare with)")
         require(self.beta >= 0, "beta", self.beta, ">= 0 (0 turns the KL penalty off)")
         require(0 < self.top_p <= 1, "top_p", self.top_p, "in (0, 1]")
@@ -301,11 +359,19 @@ class GRPOConfig:
         require(self.sample_every >= 0, "sample_every", self.sample_every, ">= 0 (0: never)")
         if self.clip_range_high is not None:
             require(self.clip_range_high > 0, "clip_range_high", self.clip_range_high, "> 0 or None")
-        require(not self.reward_weights or len(self.reward_weights) == len(self.rewards), "reward_weights",
-                self.reward_weights, f"one weight per reward ({len(self.rewards)}), or none for 1 each")
+        require(
+            not self.reward_weights or len(self.reward_weights) == len(self.rewards),
+            "reward_weights",
+            self.reward_weights,
+            f"one weight per reward ({len(self.rewards)}), or none for 1 each",
+        )
         require(all(s for s in self.stop), "stop", self.stop, "non-empty strings")
-        require(len(self.net_arch) > 0 and all(h > 0 for h in self.net_arch),
-                "net_arch", self.net_arch, "one or more positive layer sizes")
+        require(
+            len(self.net_arch) > 0 and all(h > 0 for h in self.net_arch),
+            "net_arch",
+            self.net_arch,
+            "one or more positive layer sizes",
+        )
 
     @property
     def clip_high(self) -> float:
@@ -318,5 +384,3 @@ class GRPOConfig:
 
 
 ALGO_CONFIGS: dict[str, type] = {"ppo": PPOConfig, "sac": SACConfig, "reinforce": REINFORCEConfig, "grpo": GRPOConfig}
-
-

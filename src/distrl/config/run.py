@@ -9,8 +9,22 @@ from typing import Annotated, Any
 import tyro
 
 from distrl.config.algos import GRPOConfig, REINFORCEConfig, SACConfig
-from distrl.config.base import (Device, Engine, Launcher, OnWorkerError, Precision, ReplaySampling, Scaling, Strategy,
-                                Tracker, VecMode, require_fraction, require_positive, require)
+from distrl.config.base import (
+    Device,
+    Engine,
+    Launcher,
+    OnWorkerError,
+    Precision,
+    ReplaySampling,
+    Scaling,
+    Strategy,
+    Tracker,
+    VecMode,
+    require,
+    require_fraction,
+    require_positive,
+)
+
 
 def parse_env_kwargs(items: tuple[str, ...] | list[str]) -> dict[str, Any]:
     """``("continuous=true", "max_episode_steps=500")`` as ``{"continuous": True, "max_episode_steps": 500}``.
@@ -21,8 +35,13 @@ def parse_env_kwargs(items: tuple[str, ...] | list[str]) -> dict[str, Any]:
     for item in items:
         key, sep, text = str(item).partition("=")
         key = key.strip()
-        require(bool(sep) and key.isidentifier(), "env_kwargs", item, "key=value items with a Python name as key",
-                "e.g. --env-kwargs continuous=true max_episode_steps=500")
+        require(
+            bool(sep) and key.isidentifier(),
+            "env_kwargs",
+            item,
+            "key=value items with a Python name as key",
+            "e.g. --env-kwargs continuous=true max_episode_steps=500",
+        )
         require(key not in kwargs, "env_kwargs", item, f"one value per key ({key!r} is given twice)")
         kwargs[key] = _typed(text.strip())
     return kwargs
@@ -220,21 +239,46 @@ class StrategyConfig:
         if self.strategy == "single":
             require(self.workers == 1, "workers", self.workers, "1 with --strategy single", "use --strategy ddp")
         if self.strategy == "decoupled":
-            require(self.workers >= 2, "workers", self.workers, ">= 2 with --strategy decoupled",
-                    "a player needs at least one trainer")
+            require(
+                self.workers >= 2,
+                "workers",
+                self.workers,
+                ">= 2 with --strategy decoupled",
+                "a player needs at least one trainer",
+            )
         if self.launcher == "spark":
-            require(self.strategy in ("ddp", "decoupled"), "launcher", self.launcher,
-                    "auto, local or ray with --strategy " + self.strategy, "Spark starts ddp or decoupled ranks")
+            require(
+                self.strategy in ("ddp", "decoupled"),
+                "launcher",
+                self.launcher,
+                "auto, local or ray with --strategy " + self.strategy,
+                "Spark starts ddp or decoupled ranks",
+            )
         if self.engine != "ray":
-            require(self.strategy == "pipeline", "engine", self.engine, "ray with --strategy " + self.strategy,
-                    "Monarch runs the pipeline's actors")
+            require(
+                self.strategy == "pipeline",
+                "engine",
+                self.engine,
+                "ray with --strategy " + self.strategy,
+                "Monarch runs the pipeline's actors",
+            )
             require(not self.ray_address, "ray_address", self.ray_address, "empty with --engine monarch")
         if self.strategy in ("decoupled", "pipeline"):
-            require(self.scaling == "per-worker", "scaling", self.scaling, f"per-worker with --strategy {self.strategy}",
-                    "its learner already trains on single's batch whatever the worker count")
+            require(
+                self.scaling == "per-worker",
+                "scaling",
+                self.scaling,
+                f"per-worker with --strategy {self.strategy}",
+                "its learner already trains on single's batch whatever the worker count",
+            )
         if self.strategy != "ddp":
-            require(self.sync_frac == 1.0, "sync_frac", self.sync_frac, f"1.0 with --strategy {self.strategy}",
-                    "straggler preemption needs --strategy ddp")
+            require(
+                self.sync_frac == 1.0,
+                "sync_frac",
+                self.sync_frac,
+                f"1.0 with --strategy {self.strategy}",
+                "straggler preemption needs --strategy ddp",
+            )
 
     @property
     def uses_ray(self) -> bool:
@@ -258,23 +302,40 @@ def scaled(cfg: Any, strategy: StrategyConfig, world_size: int) -> Any:
     if strategy.strategy == "actor-learner":
         if isinstance(cfg, REINFORCEConfig):
             return cfg
-        require(cfg.n_steps % world_size == 0, "n_steps", cfg.n_steps,
-                f"divisible by the {world_size} workers with --scaling equivalent")
+        require(
+            cfg.n_steps % world_size == 0,
+            "n_steps",
+            cfg.n_steps,
+            f"divisible by the {world_size} workers with --scaling equivalent",
+        )
         return dataclasses.replace(cfg, n_steps=cfg.n_steps // world_size)
     if isinstance(cfg, GRPOConfig):
-        require(cfg.slices_per_step % world_size == 0, "slices_per_step", cfg.slices_per_step,
-                f"divisible by the {world_size} workers with --scaling equivalent")
+        require(
+            cfg.slices_per_step % world_size == 0,
+            "slices_per_step",
+            cfg.slices_per_step,
+            f"divisible by the {world_size} workers with --scaling equivalent",
+        )
         return dataclasses.replace(cfg, slices_per_step=cfg.slices_per_step // world_size)
     if isinstance(cfg, REINFORCEConfig):
-        require(cfg.episodes_per_iter % world_size == 0, "episodes_per_iter", cfg.episodes_per_iter,
-                f"divisible by the {world_size} workers with --scaling equivalent")
+        require(
+            cfg.episodes_per_iter % world_size == 0,
+            "episodes_per_iter",
+            cfg.episodes_per_iter,
+            f"divisible by the {world_size} workers with --scaling equivalent",
+        )
         return dataclasses.replace(cfg, episodes_per_iter=cfg.episodes_per_iter // world_size)
     if isinstance(cfg, SACConfig):
-        return dataclasses.replace(cfg, buffer_size=max(cfg.batch_size, cfg.buffer_size // world_size),
-                                   learning_starts=cfg.learning_starts // world_size,
-                                   learning_rate=cfg.learning_rate * world_size)
-    require(cfg.n_steps % world_size == 0, "n_steps", cfg.n_steps,
-            f"divisible by the {world_size} workers with --scaling equivalent")
+        return dataclasses.replace(
+            cfg,
+            buffer_size=max(cfg.batch_size, cfg.buffer_size // world_size),
+            learning_starts=cfg.learning_starts // world_size,
+            learning_rate=cfg.learning_rate * world_size,
+        )
+    require(
+        cfg.n_steps % world_size == 0,
+        "n_steps",
+        cfg.n_steps,
+        f"divisible by the {world_size} workers with --scaling equivalent",
+    )
     return dataclasses.replace(cfg, n_steps=cfg.n_steps // world_size, learning_rate=cfg.learning_rate * world_size)
-
-

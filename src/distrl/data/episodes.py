@@ -20,10 +20,10 @@ NOISE_BLOCK = 256  # steps of sampling noise drawn per environment at a time
 class EpisodeBatch:
     """Complete episodes, concatenated; ``starts[k]:starts[k + 1]`` are episode k's steps."""
 
-    obs: np.ndarray          # [M, *obs_shape] observations the policy acted on, in the stored dtype
-    actions: np.ndarray      # [M] (Discrete), [M, parts] (MultiDiscrete) or [M, A] unclipped Gaussian samples
-    rewards: np.ndarray      # [M]
-    starts: np.ndarray       # [E + 1] episode offsets
+    obs: np.ndarray  # [M, *obs_shape] observations the policy acted on, in the stored dtype
+    actions: np.ndarray  # [M] (Discrete), [M, parts] (MultiDiscrete) or [M, A] unclipped Gaussian samples
+    rewards: np.ndarray  # [M]
+    starts: np.ndarray  # [E + 1] episode offsets
     policy_version: int
     steps: int = 0
     """Environment steps taken to collect them (including reset steps and unfinished episodes)."""
@@ -40,20 +40,22 @@ def merge_episode_batches(parts: list[EpisodeBatch]) -> EpisodeBatch:
     """Concatenate batches from several collectors (in the given order)."""
     offsets = np.cumsum([0] + [len(p.rewards) for p in parts])
     return EpisodeBatch(
-        obs=np.concatenate([p.obs for p in parts]), actions=np.concatenate([p.actions for p in parts]),
+        obs=np.concatenate([p.obs for p in parts]),
+        actions=np.concatenate([p.actions for p in parts]),
         rewards=np.concatenate([p.rewards for p in parts]),
         starts=np.concatenate([[0]] + [p.starts[1:] + off for p, off in zip(parts, offsets)]),
-        policy_version=parts[0].policy_version, steps=sum(p.steps for p in parts),
+        policy_version=parts[0].policy_version,
+        steps=sum(p.steps for p in parts),
         episode_returns=[r for p in parts for r in p.episode_returns],
         episode_lengths=[n for p in parts for n in p.episode_lengths],
-        collect_s=max(p.collect_s for p in parts))
+        collect_s=max(p.collect_s for p in parts),
+    )
 
 
 class EpisodeSource(Collector, Protocol):
     """A collector of whole episodes (REINFORCE's): this process's environments or remote workers."""
 
-    def collect(self, n_episodes: int, policy_version: int) -> EpisodeBatch:
-        ...
+    def collect(self, n_episodes: int, policy_version: int) -> EpisodeBatch: ...
 
 
 class EpisodeCollector(LocalCollection):
@@ -78,8 +80,7 @@ class EpisodeCollector(LocalCollection):
     def reset(self, seed: int, segment: int = 0) -> None:
         """Restart the noise streams from ``(seed, env index, segment)``."""
         self.seed, self.segment, self.calls = seed, segment, 0
-        self.noise_rngs = [np.random.default_rng([seed, self.env_offset + i, segment])
-                           for i in range(self.env.n_envs)]
+        self.noise_rngs = [np.random.default_rng([seed, self.env_offset + i, segment]) for i in range(self.env.n_envs)]
 
     def _noise(self) -> np.ndarray:
         return np.stack([self.agent.spec.draw_noise(rng, (NOISE_BLOCK,)) for rng in self.noise_rngs], axis=1)
@@ -135,6 +136,13 @@ class EpisodeCollector(LocalCollection):
         starts = np.cumsum([0] + [len(e) for e in done])
         flat = [x for episode in done for x in episode]
         return EpisodeBatch(
-            obs=np.stack([x[0] for x in flat]), actions=np.stack([x[1] for x in flat]),
-            rewards=np.array([x[2] for x in flat], dtype=np.float32), starts=starts, policy_version=policy_version,
-            steps=steps, episode_returns=returns, episode_lengths=lengths, collect_s=time.perf_counter() - start)
+            obs=np.stack([x[0] for x in flat]),
+            actions=np.stack([x[1] for x in flat]),
+            rewards=np.array([x[2] for x in flat], dtype=np.float32),
+            starts=starts,
+            policy_version=policy_version,
+            steps=steps,
+            episode_returns=returns,
+            episode_lengths=lengths,
+            collect_s=time.perf_counter() - start,
+        )

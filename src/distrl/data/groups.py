@@ -89,11 +89,18 @@ class GroupSamples:
             prompt_mask = np.concatenate([_pad_left(p.prompt_mask, p_width, False) for p in parts])  # type: ignore[arg-type]
         scored = all(p.rewards is not None for p in parts)
         return GroupSamples(
-            positions=np.concatenate([p.positions for p in parts]), group_size=first.group_size,
-            prompt=prompt, prompt_mask=prompt_mask, tokens=tokens, mask=mask, log_probs=log_probs,
-            version=np.concatenate([p.version for p in parts]), texts=tuple(t for p in parts for t in p.texts),
+            positions=np.concatenate([p.positions for p in parts]),
+            group_size=first.group_size,
+            prompt=prompt,
+            prompt_mask=prompt_mask,
+            tokens=tokens,
+            mask=mask,
+            log_probs=log_probs,
+            version=np.concatenate([p.version for p in parts]),
+            texts=tuple(t for p in parts for t in p.texts),
             rewards=np.concatenate([p.rewards for p in parts]) if scored else None,  # type: ignore[misc]
-            reward=np.concatenate([p.reward for p in parts]) if scored else None)  # type: ignore[misc]
+            reward=np.concatenate([p.reward for p in parts]) if scored else None,
+        )  # type: ignore[misc]
 
     def split(self, prompts_per_part: int) -> list[GroupSamples]:
         """Consecutive parts of ``prompts_per_part`` prompts each (whole groups)."""
@@ -109,12 +116,17 @@ class GroupSamples:
         width = max(1, int(self.mask[rows].sum(axis=1).max(initial=0)))
         return GroupSamples(
             positions=self.positions[prompts] if prompts is not None else self.positions[:0],
-            group_size=self.group_size, prompt=self.prompt[rows],
+            group_size=self.group_size,
+            prompt=self.prompt[rows],
             prompt_mask=None if self.prompt_mask is None else self.prompt_mask[rows],
-            tokens=self.tokens[rows, :width], mask=self.mask[rows, :width], log_probs=self.log_probs[rows, :width],
-            version=self.version[rows], texts=self.texts[rows] if self.texts else (),
+            tokens=self.tokens[rows, :width],
+            mask=self.mask[rows, :width],
+            log_probs=self.log_probs[rows, :width],
+            version=self.version[rows],
+            texts=self.texts[rows] if self.texts else (),
             rewards=None if self.rewards is None else self.rewards[rows],
-            reward=None if self.reward is None else self.reward[rows])
+            reward=None if self.reward is None else self.reward[rows],
+        )
 
     def to_torch(self, device: torch.device) -> dict[str, Any]:
         """The arrays a forward pass reads, as tensors on ``device``."""
@@ -162,12 +174,19 @@ def sampling_uniforms(seed: int, positions: np.ndarray, group_size: int, max_new
     streams = KeyedStreams(seed, UNIFORMS_TAG)
     out = np.empty((len(positions) * group_size, max_new_tokens), dtype=np.float64)
     for i, position in enumerate(positions):
-        out[i * group_size:(i + 1) * group_size] = streams.at(int(position)).random((group_size, max_new_tokens))
+        out[i * group_size : (i + 1) * group_size] = streams.at(int(position)).random((group_size, max_new_tokens))
     return out
 
 
-def draw_groups(task: GroupTask, policy: GroupPolicy, positions: np.ndarray, group_size: int, seed: int,
-                version: int, greedy: bool = False) -> GroupSamples:
+def draw_groups(
+    task: GroupTask,
+    policy: GroupPolicy,
+    positions: np.ndarray,
+    group_size: int,
+    seed: int,
+    version: int,
+    greedy: bool = False,
+) -> GroupSamples:
     """``group_size`` completions of ``policy`` (at ``version``) for the task's prompts at ``positions``."""
     prompt, prompt_mask = policy.encode(task.prompts(positions))
     uniforms = None
@@ -177,11 +196,16 @@ def draw_groups(task: GroupTask, policy: GroupPolicy, positions: np.ndarray, gro
     tokens, mask, log_probs = policy.sample(prompt, prompt_mask, group_size, uniforms)
     n = len(tokens)
     return GroupSamples(
-        positions=np.asarray(positions, dtype=np.int64), group_size=group_size,
+        positions=np.asarray(positions, dtype=np.int64),
+        group_size=group_size,
         prompt=prompt.repeat_interleave(group_size, 0).cpu().numpy(),
         prompt_mask=None if prompt_mask is None else prompt_mask.repeat_interleave(group_size, 0).cpu().numpy(),
-        tokens=tokens.cpu().numpy(), mask=mask.cpu().numpy(), log_probs=log_probs.cpu().numpy(),
-        version=np.full(n, version, dtype=np.int64), texts=policy.decode(tokens, mask))
+        tokens=tokens.cpu().numpy(),
+        mask=mask.cpu().numpy(),
+        log_probs=log_probs.cpu().numpy(),
+        version=np.full(n, version, dtype=np.int64),
+        texts=policy.decode(tokens, mask),
+    )
 
 
 def score_groups(task: GroupTask, samples: GroupSamples) -> GroupSamples:

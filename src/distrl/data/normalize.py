@@ -36,8 +36,8 @@ class RunningMeanStd:
         if count == 0:
             return
         size = (len(m) - 1) // 2
-        mean = (m[1:1 + size] / count).reshape(self.shape)
-        var = np.maximum(m[1 + size:] / count - np.square(m[1:1 + size] / count), 0.0).reshape(self.shape)
+        mean = (m[1 : 1 + size] / count).reshape(self.shape)
+        var = np.maximum(m[1 + size :] / count - np.square(m[1 : 1 + size] / count), 0.0).reshape(self.shape)
         total = self.count + count
         delta = mean - self.mean
         m2 = self.var * self.count + var * count + np.square(delta) * self.count * count / total
@@ -62,8 +62,15 @@ class ObsNormalizer:
     Box parts are normalised, never images: the statistics cover those parts side by side.
     """
 
-    def __init__(self, shape: tuple[int, ...], enabled: bool, clip: float = 10.0, eps: float = 1e-8,
-                 dtype: np.dtype | type = np.float32, layout: DictLayout | None = None):
+    def __init__(
+        self,
+        shape: tuple[int, ...],
+        enabled: bool,
+        clip: float = 10.0,
+        eps: float = 1e-8,
+        dtype: np.dtype | type = np.float32,
+        layout: DictLayout | None = None,
+    ):
         self.enabled = enabled
         self.dtype = np.dtype(dtype)
         self.layout = layout
@@ -79,7 +86,9 @@ class ObsNormalizer:
     def for_space(cls, space: spaces.Space, enabled: bool, clip: float = 10.0) -> ObsNormalizer:
         """The normaliser of observations from ``space``, as distrl stores them."""
         shape, dtype = stored_layout(space)
-        return cls(shape, enabled, clip, dtype=dtype, layout=DictLayout(space) if isinstance(space, spaces.Dict) else None)
+        return cls(
+            shape, enabled, clip, dtype=dtype, layout=DictLayout(space) if isinstance(space, spaces.Dict) else None
+        )
 
     def refresh(self) -> None:
         """Recompute the cached float32 mean and 1/std from the statistics."""
@@ -96,10 +105,10 @@ class ObsNormalizer:
         offset = 0
         for part in self.parts:
             size = math.prod(part.shape)
-            values = rows[:, part.start:part.end].copy().view(part.dtype)
-            mean, inv_std = self._mean[offset:offset + size], self._inv_std[offset:offset + size]
+            values = rows[:, part.start : part.end].copy().view(part.dtype)
+            mean, inv_std = self._mean[offset : offset + size], self._inv_std[offset : offset + size]
             normalised = np.clip((values - mean) * inv_std, -self.clip, self.clip).astype(part.dtype)
-            rows[:, part.start:part.end] = normalised.view(np.uint8)
+            rows[:, part.start : part.end] = normalised.view(np.uint8)
             offset += size
         return rows.reshape(obs.shape)
 

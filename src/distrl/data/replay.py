@@ -15,10 +15,10 @@ from distrl.config import ConfigError, require
 class Transitions:
     """A batch of transitions; ``next_obs`` is the true successor (the final obs at an episode end)."""
 
-    obs: torch.Tensor         # [B, *obs_shape] in the stored dtype
-    actions: torch.Tensor     # [B, action_dim], in [-1, 1]
-    rewards: torch.Tensor     # [B]
-    next_obs: torch.Tensor    # [B, *obs_shape]
+    obs: torch.Tensor  # [B, *obs_shape] in the stored dtype
+    actions: torch.Tensor  # [B, action_dim], in [-1, 1]
+    rewards: torch.Tensor  # [B]
+    next_obs: torch.Tensor  # [B, *obs_shape]
     terminated: torch.Tensor  # [B] 1.0 where the episode terminated (no bootstrap); truncation bootstraps
 
     @property
@@ -31,8 +31,9 @@ class ReplayBuffer:
 
     FIELDS = ("obs", "actions", "rewards", "next_obs", "terminated")
 
-    def __init__(self, capacity: int, obs_dim: int | tuple[int, ...], action_dim: int,
-                 obs_dtype: np.dtype | type = np.float32):
+    def __init__(
+        self, capacity: int, obs_dim: int | tuple[int, ...], action_dim: int, obs_dtype: np.dtype | type = np.float32
+    ):
         """Observations are kept in their stored shape and dtype: a uint8 image takes a quarter of the
         memory it would as float32 (see ``spaces.stored_layout``)."""
         self.capacity = capacity
@@ -45,11 +46,20 @@ class ReplayBuffer:
         self.pos = 0
         self.size = 0
 
-    def add(self, obs: np.ndarray, actions: np.ndarray, rewards: np.ndarray, next_obs: np.ndarray,
-            terminated: np.ndarray, valid: np.ndarray) -> None:
+    def add(
+        self,
+        obs: np.ndarray,
+        actions: np.ndarray,
+        rewards: np.ndarray,
+        next_obs: np.ndarray,
+        terminated: np.ndarray,
+        valid: np.ndarray,
+    ) -> None:
         """Add one vector step [n_envs, ...]; rows with ``valid == False`` (reset steps) are skipped."""
         if not valid.all():
-            obs, actions, rewards, next_obs, terminated = (a[valid] for a in (obs, actions, rewards, next_obs, terminated))
+            obs, actions, rewards, next_obs, terminated = (
+                a[valid] for a in (obs, actions, rewards, next_obs, terminated)
+            )
         n = len(rewards)
         if n == 0:
             return
@@ -70,10 +80,15 @@ class ReplayBuffer:
         """Write the filled part with safetensors (no pickle), atomically."""
         from safetensors.numpy import save_file
 
-        order = np.arange(self.size) if self.size < self.capacity else (self.pos + np.arange(self.capacity)) % self.capacity
+        order = (
+            np.arange(self.size) if self.size < self.capacity else (self.pos + np.arange(self.capacity)) % self.capacity
+        )
         tmp = path.with_suffix(".tmp")
-        save_file({f: np.ascontiguousarray(getattr(self, f)[order]) for f in self.FIELDS}, str(tmp),
-                  metadata={"capacity": str(self.capacity)})
+        save_file(
+            {f: np.ascontiguousarray(getattr(self, f)[order]) for f in self.FIELDS},
+            str(tmp),
+            metadata={"capacity": str(self.capacity)},
+        )
         tmp.replace(path)
 
     def load(self, path: Path) -> None:
@@ -81,7 +96,7 @@ class ReplayBuffer:
         n = len(data["rewards"])
         keep = min(n, self.capacity)
         for f in self.FIELDS:
-            getattr(self, f)[:keep] = data[f][n - keep:]
+            getattr(self, f)[:keep] = data[f][n - keep :]
         self.size = keep
         self.pos = keep % self.capacity
 
@@ -100,8 +115,9 @@ class CompactReplayBuffer:
 
     FIELDS = ("obs", "actions", "rewards", "terminated", "next_row", "starts")
 
-    def __init__(self, capacity: int, obs_dim: int | tuple[int, ...], action_dim: int,
-                 obs_dtype: np.dtype | type = np.float32):
+    def __init__(
+        self, capacity: int, obs_dim: int | tuple[int, ...], action_dim: int, obs_dtype: np.dtype | type = np.float32
+    ):
         self.capacity = capacity
         obs_shape = (obs_dim,) if isinstance(obs_dim, int) else tuple(obs_dim)
         self.obs = np.zeros((capacity, *obs_shape), dtype=obs_dtype)
@@ -127,8 +143,15 @@ class CompactReplayBuffer:
         self.filled = max(self.filled, row + 1)
         return row
 
-    def add(self, obs: np.ndarray, actions: np.ndarray, rewards: np.ndarray, next_obs: np.ndarray,
-            terminated: np.ndarray, valid: np.ndarray) -> None:
+    def add(
+        self,
+        obs: np.ndarray,
+        actions: np.ndarray,
+        rewards: np.ndarray,
+        next_obs: np.ndarray,
+        terminated: np.ndarray,
+        valid: np.ndarray,
+    ) -> None:
         """Add one vector step [n_envs, ...]; rows with ``valid == False`` (reset steps) are skipped."""
         if len(self.last) != len(valid):
             self.last = np.full(len(valid), -1, dtype=np.int64)
@@ -153,7 +176,13 @@ class CompactReplayBuffer:
         while redraw.any():  # rows that hold only an observation: draw again
             idx[redraw] = rng.integers(0, self.filled, size=int(redraw.sum()))
             redraw = ~self.starts[idx]
-        fields = (self.obs[idx], self.actions[idx], self.rewards[idx], self.obs[self.next_row[idx]], self.terminated[idx])
+        fields = (
+            self.obs[idx],
+            self.actions[idx],
+            self.rewards[idx],
+            self.obs[self.next_row[idx]],
+            self.terminated[idx],
+        )
         return Transitions(*(torch.from_numpy(f).to(device) for f in fields))
 
     def save(self, path: Path) -> None:
@@ -170,8 +199,10 @@ class CompactReplayBuffer:
     def load(self, path: Path) -> None:
         data, capacity = _load_replay(path, "compact")
         if capacity != self.capacity:
-            raise ConfigError(f"replay buffer {str(path)!r} holds {capacity:,} rows; this run's buffer_size is "
-                              f"{self.capacity:,}: resume with the same buffer_size")
+            raise ConfigError(
+                f"replay buffer {str(path)!r} holds {capacity:,} rows; this run's buffer_size is "
+                f"{self.capacity:,}: resume with the same buffer_size"
+            )
         n = len(data["rewards"])
         for f in self.FIELDS:
             getattr(self, f)[:n] = data[f]
@@ -192,8 +223,10 @@ def _load_replay(path: Path, layout: str) -> tuple[dict[str, np.ndarray], int]:
         raise ConfigError(f"replay buffer {str(path)!r} is missing, truncated or corrupt ({exc})") from None
     saved = metadata.get("layout", "full")
     if saved != layout:
-        raise ConfigError(f"replay buffer {str(path)!r} was saved with optimize_memory_usage={saved == 'compact'}: "
-                          f"resume with the same setting")
+        raise ConfigError(
+            f"replay buffer {str(path)!r} was saved with optimize_memory_usage={saved == 'compact'}: "
+            f"resume with the same setting"
+        )
     return data, int(metadata.get("capacity", len(data["rewards"])))
 
 
@@ -208,8 +241,9 @@ class VersionedReplay:
     added slices ``trained`` were in at least one sample.
     """
 
-    def __init__(self, capacity: int, max_policy_lag: int, sampling: str = "uniform", seed: int = 0,
-                 max_reuse: int = 1):
+    def __init__(
+        self, capacity: int, max_policy_lag: int, sampling: str = "uniform", seed: int = 0, max_reuse: int = 1
+    ):
         if sampling not in ("uniform", "version"):
             raise ConfigError(f"sampling={sampling!r} is not allowed: must be uniform or version")
         self.capacity = capacity
@@ -267,10 +301,16 @@ class VersionedReplay:
         return [(entry[0], entry[1]) for entry in taken]
 
     def counters(self) -> dict[str, int]:
-        return {"slices_added": self.added, "slices_trained": self.trained, "slice_uses": self.uses,
-                "slices_never_trained": self.added - self.trained, "slices_retired": self.retired,
-                "slices_evicted": self.evicted, "slices_dropped_for_lag": self.dropped_for_lag,
-                "slices_left_in_buffer": len(self._slices)}
+        return {
+            "slices_added": self.added,
+            "slices_trained": self.trained,
+            "slice_uses": self.uses,
+            "slices_never_trained": self.added - self.trained,
+            "slices_retired": self.retired,
+            "slices_evicted": self.evicted,
+            "slices_dropped_for_lag": self.dropped_for_lag,
+            "slices_left_in_buffer": len(self._slices),
+        }
 
 
 def available_memory_bytes() -> int | None:
@@ -291,8 +331,14 @@ def available_memory_bytes() -> int | None:
     return None
 
 
-def check_replay_memory(buffer_size: int, obs_shape: tuple[int, ...], obs_dtype: np.dtype | type, action_dim: int,
-                        compact: bool = False, fraction: float = 0.8) -> None:
+def check_replay_memory(
+    buffer_size: int,
+    obs_shape: tuple[int, ...],
+    obs_dtype: np.dtype | type,
+    action_dim: int,
+    compact: bool = False,
+    fraction: float = 0.8,
+) -> None:
     """Refuse a replay buffer larger than ``fraction`` of the available memory, before allocating it.
 
     numpy's zero-filled arrays are allocated lazily, so an oversized buffer either fails at once
@@ -310,7 +356,11 @@ def check_replay_memory(buffer_size: int, obs_shape: tuple[int, ...], obs_dtype:
     budget = int(fraction * available)
     fits = budget // per_transition
     gib = 2**30
-    require(buffer_size <= fits, "buffer_size", buffer_size,
-            f"at most {fits:,} here: {buffer_size:,} transitions of {per_transition:,} bytes would take "
-            f"{buffer_size * per_transition / gib:.1f} GiB and this machine has {available / gib:.1f} GiB available",
-            f"e.g. --buffer-size {fits}")
+    require(
+        buffer_size <= fits,
+        "buffer_size",
+        buffer_size,
+        f"at most {fits:,} here: {buffer_size:,} transitions of {per_transition:,} bytes would take "
+        f"{buffer_size * per_transition / gib:.1f} GiB and this machine has {available / gib:.1f} GiB available",
+        f"e.g. --buffer-size {fits}",
+    )

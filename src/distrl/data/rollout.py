@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -17,8 +18,15 @@ from distrl.nets.recurrent import state_to_numpy
 from distrl.spaces import stored_layout
 
 
-def gae(rewards: np.ndarray, values: np.ndarray, terminated: np.ndarray, truncated: np.ndarray,
-        valid: np.ndarray, gamma: float, lam: float) -> tuple[np.ndarray, np.ndarray]:
+def gae(
+    rewards: np.ndarray,
+    values: np.ndarray,
+    terminated: np.ndarray,
+    truncated: np.ndarray,
+    valid: np.ndarray,
+    gamma: float,
+    lam: float,
+) -> tuple[np.ndarray, np.ndarray]:
     """Generalised advantage estimation (Schulman et al. 2015, arXiv:1506.02438).
 
     Args:
@@ -102,7 +110,7 @@ class Rollout:
 class Sequences:
     """How a flat batch of B = T * N rows (row t * N + n) is N environment sequences of T steps."""
 
-    starts: torch.Tensor         # [T, N] 1.0 where a step begins an episode
+    starts: torch.Tensor  # [T, N] 1.0 where a step begins an episode
     initial_state: tuple[torch.Tensor, ...]  # each [layers, N, hidden]: the state before step 0
 
     @property
@@ -121,13 +129,13 @@ class Sequences:
 class RolloutBatch:
     """A flat on-policy training batch; B = T * N, invalid steps carry ``valid == 0``."""
 
-    obs: torch.Tensor            # [B, *obs_shape] in the stored dtype (uint8 images, float32 vectors)
-    actions: torch.Tensor        # [B] (discrete) or [B, A]
-    log_probs: torch.Tensor      # [B] behaviour log-probabilities
-    values: torch.Tensor         # [B] critic values at collection time
-    advantages: torch.Tensor     # [B]
-    returns: torch.Tensor        # [B] value targets
-    valid: torch.Tensor          # [B] 1.0 for trainable steps, 0.0 for reset steps
+    obs: torch.Tensor  # [B, *obs_shape] in the stored dtype (uint8 images, float32 vectors)
+    actions: torch.Tensor  # [B] (discrete) or [B, A]
+    log_probs: torch.Tensor  # [B] behaviour log-probabilities
+    values: torch.Tensor  # [B] critic values at collection time
+    advantages: torch.Tensor  # [B]
+    returns: torch.Tensor  # [B] value targets
+    valid: torch.Tensor  # [B] 1.0 for trainable steps, 0.0 for reset steps
     policy_version: int
     sequences: Sequences | None = None
     """Recurrent policies: the batch is N sequences of T steps, row t * N + n."""
@@ -143,8 +151,9 @@ class RolloutBatch:
 class RolloutSource(Collector, Protocol):
     """A collector of fixed-length rollouts (PPO's): this process's environments, remote workers or a pipeline."""
 
-    def collect(self, policy_version: int, preempt: Callable[[], bool] | None = None, min_steps: int = 0) -> Rollout:
-        ...
+    def collect(
+        self, policy_version: int, preempt: Callable[[], bool] | None = None, min_steps: int = 0
+    ) -> Rollout: ...
 
 
 class RolloutCollector(LocalCollection):
@@ -156,8 +165,16 @@ class RolloutCollector(LocalCollection):
     workers: ``env_offset`` is just the global index of its first environment.
     """
 
-    def __init__(self, env: VecEnv, agent: Agent, obs_normalizer: ObsNormalizer,
-                 reward_scaler: RewardScaler, n_steps: int, seed: int, env_offset: int = 0):
+    def __init__(
+        self,
+        env: VecEnv,
+        agent: Agent,
+        obs_normalizer: ObsNormalizer,
+        reward_scaler: RewardScaler,
+        n_steps: int,
+        seed: int,
+        env_offset: int = 0,
+    ):
         self.env = env
         self.agent = agent
         self.obs_normalizer = obs_normalizer
@@ -183,8 +200,10 @@ class RolloutCollector(LocalCollection):
             self._state = self.agent.initial_state(self.env.n_envs)
             self._starts[:] = True
         self.reward_scaler.reset()
-        self.noise_rngs = [np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, self.env_offset + i, segment])))
-                           for i in range(self.env.n_envs)]
+        self.noise_rngs = [
+            np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, self.env_offset + i, segment])))
+            for i in range(self.env.n_envs)
+        ]
 
     def _noise(self) -> np.ndarray:
         return np.stack([self.agent.spec.draw_noise(rng, (self.n_steps,)) for rng in self.noise_rngs], axis=1)
@@ -256,7 +275,7 @@ class RolloutCollector(LocalCollection):
         elif self.agent.records_while_acting:  # the value of the last observation, repeated over any padding
             rollout.values[T:] = self.agent.values(torch.from_numpy(obs[T])).cpu().numpy()
         if normalize:
-            rollout.obs_moments = self.obs_normalizer.moments(raw_obs[1:T + 1].reshape(T * N, *self.obs_shape))
+            rollout.obs_moments = self.obs_normalizer.moments(raw_obs[1 : T + 1].reshape(T * N, *self.obs_shape))
         if self.reward_scaler.enabled:
             rollout.reward_moments = self.reward_scaler.take_moments()
         rollout.collected_steps = T
@@ -265,8 +284,8 @@ class RolloutCollector(LocalCollection):
 
     @staticmethod
     def _pad(rollout: Rollout, raw_obs: np.ndarray, steps: int) -> None:
-        rollout.obs[steps + 1:] = rollout.obs[steps]
-        raw_obs[steps + 1:] = raw_obs[steps]
+        rollout.obs[steps + 1 :] = rollout.obs[steps]
+        raw_obs[steps + 1 :] = raw_obs[steps]
         rollout.actions[steps:] = 0
         rollout.rewards[steps:] = 0.0
         rollout.terminated[steps:] = False

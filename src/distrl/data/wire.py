@@ -41,8 +41,8 @@ def pack(fields: dict[str, Any]) -> bytes:
 def unpack(message: bytes) -> dict[str, Any]:
     """The fields of a :func:`pack` message; its arrays are writable and share one copy of the message."""
     size = int.from_bytes(message[:8], "little")
-    header = json.loads(message[8:8 + size])
-    body = bytearray(message[8 + size:])
+    header = json.loads(message[8 : 8 + size])
+    body = bytearray(message[8 + size :])
 
     def decode(value: Any) -> Any:
         if isinstance(value, dict):

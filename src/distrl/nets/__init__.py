@@ -2,11 +2,36 @@
 
 from distrl.nets.actor_critic import ActorCritic, TrainForward
 from distrl.nets.core import MLP, NumpyMLP, ParamBuffer, mlp_shapes
-from distrl.nets.distributions import (CategoricalTerms, GaussianTerms, categorical_grad, categorical_terms,
-                                       gaussian_grad, gaussian_terms, multi_categorical_terms, sample_actions)
+from distrl.nets.distributions import (
+    CategoricalTerms,
+    GaussianTerms,
+    categorical_grad,
+    categorical_terms,
+    gaussian_grad,
+    gaussian_terms,
+    multi_categorical_terms,
+    sample_actions,
+)
 from distrl.nets.factory import Agent, make_agent
 from distrl.nets.module import ModuleAgent, ModuleForward
 
-__all__ = ["ActorCritic", "Agent", "CategoricalTerms", "GaussianTerms", "MLP", "ModuleAgent", "ModuleForward",
-           "NumpyMLP", "ParamBuffer", "TrainForward", "categorical_grad", "categorical_terms", "gaussian_grad",
-           "gaussian_terms", "make_agent", "mlp_shapes", "multi_categorical_terms", "sample_actions"]
+__all__ = [
+    "ActorCritic",
+    "Agent",
+    "CategoricalTerms",
+    "GaussianTerms",
+    "MLP",
+    "ModuleAgent",
+    "ModuleForward",
+    "NumpyMLP",
+    "ParamBuffer",
+    "TrainForward",
+    "categorical_grad",
+    "categorical_terms",
+    "gaussian_grad",
+    "gaussian_terms",
+    "make_agent",
+    "mlp_shapes",
+    "multi_categorical_terms",
+    "sample_actions",
+]

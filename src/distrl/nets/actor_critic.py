@@ -11,8 +11,16 @@ from gymnasium import spaces
 
 from distrl.nets.agent import ActStep, State
 from distrl.nets.core import MLP, ParamBuffer, mlp_shapes
-from distrl.nets.distributions import (CategoricalTerms, GaussianTerms, categorical_grad, categorical_terms,
-                                       gaussian_grad, gaussian_terms, inverse_cdf_sample, sample_actions)
+from distrl.nets.distributions import (
+    CategoricalTerms,
+    GaussianTerms,
+    categorical_grad,
+    categorical_terms,
+    gaussian_grad,
+    gaussian_terms,
+    inverse_cdf_sample,
+    sample_actions,
+)
 from distrl.spaces import action_spec
 
 
@@ -26,6 +34,8 @@ class TrainForward:
     """Critic values [B]."""
     policy_inputs: list[torch.Tensor]
     critic_inputs: list[torch.Tensor]
+
+
 class ActorCritic:
     """Separate policy and critic MLPs; a categorical or state-independent-std Gaussian policy."""
 
@@ -34,9 +44,17 @@ class ActorCritic:
     """Acting runs the policy alone, as numpy; a rollout's values and log-probs come afterwards in one batched
     pass, which is cheaper for these small networks than one per step."""
 
-    def __init__(self, obs_dim: int, action_space: spaces.Space, net_arch: tuple[int, ...] = (64, 64),
-                 activation: str = "tanh", log_std_init: float = 0.0, ortho_init: bool = True,
-                 device: torch.device | str = "cpu", seed: int = 0):
+    def __init__(
+        self,
+        obs_dim: int,
+        action_space: spaces.Space,
+        net_arch: tuple[int, ...] = (64, 64),
+        activation: str = "tanh",
+        log_std_init: float = 0.0,
+        ortho_init: bool = True,
+        device: torch.device | str = "cpu",
+        seed: int = 0,
+    ):
         self.spec = action_spec(action_space)
         if self.spec.kind == "multi_categorical":
             raise ValueError("ActorCritic takes Discrete or Box actions; the module path takes MultiDiscrete")
@@ -90,8 +108,9 @@ class ActorCritic:
             return inverse_cdf_sample(out, noise)
         return sample_actions("gaussian", out, np.exp(self._acting_log_std), noise)
 
-    def act_step(self, obs: np.ndarray, noise: np.ndarray | None, state: State | None = None,
-                 starts: np.ndarray | None = None) -> ActStep:
+    def act_step(
+        self, obs: np.ndarray, noise: np.ndarray | None, state: State | None = None, starts: np.ndarray | None = None
+    ) -> ActStep:
         return ActStep(self.act(obs, noise), None, None, None)
 
     def env_action(self, action: np.ndarray) -> np.ndarray:
@@ -132,8 +151,15 @@ class ActorCritic:
         values, critic_inputs = self.critic.forward_cached(obs)
         return TrainForward(head, values.squeeze(-1), policy_inputs, critic_inputs)
 
-    def backward(self, fwd: TrainForward, terms: CategoricalTerms | GaussianTerms, actions: torch.Tensor,
-                 d_log_prob: torch.Tensor, d_entropy: torch.Tensor | None, d_values: torch.Tensor | None) -> None:
+    def backward(
+        self,
+        fwd: TrainForward,
+        terms: CategoricalTerms | GaussianTerms,
+        actions: torch.Tensor,
+        d_log_prob: torch.Tensor,
+        d_entropy: torch.Tensor | None,
+        d_values: torch.Tensor | None,
+    ) -> None:
         """Write the parameter gradients given d(loss)/d(log_prob, entropy, value) per sample (None: the loss
         does not use that output).
 

@@ -48,8 +48,9 @@ class Agent(Protocol):
     """Whether :meth:`act_step` gives log-probs and values with the actions (else the rollout's are computed
     afterwards, in one batched pass)."""
 
-    def act_step(self, obs: np.ndarray, noise: np.ndarray | None, state: State | None = None,
-                 starts: np.ndarray | None = None) -> ActStep:
+    def act_step(
+        self, obs: np.ndarray, noise: np.ndarray | None, state: State | None = None, starts: np.ndarray | None = None
+    ) -> ActStep:
         """Act on a batch of observations with the caller's noise (None: deterministically). A recurrent agent
         takes its state and ``starts`` [B] (observations that begin an episode restart the state first)."""
         ...
@@ -82,8 +83,15 @@ class Agent(Protocol):
         """Log-probs and entropies of ``actions`` under a training forward pass."""
         ...
 
-    def backward(self, fwd: Any, terms: CategoricalTerms | GaussianTerms, actions: torch.Tensor,
-                 d_log_prob: torch.Tensor, d_entropy: torch.Tensor | None, d_values: torch.Tensor | None) -> None:
+    def backward(
+        self,
+        fwd: Any,
+        terms: CategoricalTerms | GaussianTerms,
+        actions: torch.Tensor,
+        d_log_prob: torch.Tensor,
+        d_entropy: torch.Tensor | None,
+        d_values: torch.Tensor | None,
+    ) -> None:
         """Write the parameter gradients, given d(loss)/d(log_prob, entropy, value) per sample (None where the
         loss does not use that output: its part of the buffer's gradient is zero)."""
         ...

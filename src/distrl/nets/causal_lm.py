@@ -43,12 +43,16 @@ def _transformers(where: str) -> Any:
 
 def _model_dir(path: str) -> Path:
     if not path:
-        raise ConfigError("model='' is not allowed: must be a directory holding a transformers causal LM "
-                          "(saved with save_pretrained), e.g. --model ./my-model")
+        raise ConfigError(
+            "model='' is not allowed: must be a directory holding a transformers causal LM "
+            "(saved with save_pretrained), e.g. --model ./my-model"
+        )
     folder = Path(path)
     if not folder.is_dir():
-        raise ConfigError(f"model={path!r} is not a directory: must be a local directory holding a transformers "
-                          "causal LM (nothing is downloaded)")
+        raise ConfigError(
+            f"model={path!r} is not a directory: must be a local directory holding a transformers "
+            "causal LM (nothing is downloaded)"
+        )
     if not (folder / "config.json").is_file():
         raise ConfigError(f"model={path!r} has no config.json: must be a directory written by save_pretrained")
     return folder
@@ -70,7 +74,8 @@ def load_causal_lm(path: str, device: torch.device) -> Any:
     folder = _model_dir(path)
     try:
         model = _transformers(f"model={path!r}").AutoModelForCausalLM.from_pretrained(
-            str(folder), local_files_only=True, dtype=torch.float32)
+            str(folder), local_files_only=True, dtype=torch.float32
+        )
     except ConfigError:
         raise
     except Exception as exc:  # noqa: BLE001
@@ -97,8 +102,9 @@ class PromptEncoder:
         if isinstance(prompt, str) and not self.chat_template:
             return prompt, False
         if not getattr(self.tokenizer, "chat_template", None):
-            raise ConfigError(f"model={self.path!r}: its tokenizer has no chat template, which chat prompts and "
-                              "--chat-template need")
+            raise ConfigError(
+                f"model={self.path!r}: its tokenizer has no chat template, which chat prompts and --chat-template need"
+            )
         messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
         return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False), True
 
@@ -125,36 +131,51 @@ class PromptEncoder:
         ids = self.ids(prompts)
         longest = max(len(i) for i in ids)
         if longest > self.max_prompt_tokens:
-            raise ConfigError(f"max_prompt_tokens={self.max_prompt_tokens} is not allowed: a prompt has {longest} "
-                              "tokens, and prompts are never cut")
+            raise ConfigError(
+                f"max_prompt_tokens={self.max_prompt_tokens} is not allowed: a prompt has {longest} "
+                "tokens, and prompts are never cut"
+            )
         tokens = torch.full((len(ids), longest), pad_id, dtype=torch.long)
         mask = torch.zeros((len(ids), longest), dtype=torch.bool)
         for row, seq in enumerate(ids):
             if seq:
-                tokens[row, longest - len(seq):] = torch.tensor(seq)
-                mask[row, longest - len(seq):] = True
+                tokens[row, longest - len(seq) :] = torch.tensor(seq)
+                mask[row, longest - len(seq) :] = True
         return tokens.to(device), mask.to(device)
 
 
 class CausalLMPolicy:
     """A causal LM that answers prompts with sampled completions; see the module's docstring."""
 
-    def __init__(self, path: str, device: torch.device | str = "cpu", *, role: Role = "learner", bf16: bool = False,
-                 chat_template: bool = False, max_prompt_tokens: int = 512, temperature: float = 1.0,
-                 top_p: float = 1.0, max_new_tokens: int = 256, stop: Sequence[str] = ()):
+    def __init__(
+        self,
+        path: str,
+        device: torch.device | str = "cpu",
+        *,
+        role: Role = "learner",
+        bf16: bool = False,
+        chat_template: bool = False,
+        max_prompt_tokens: int = 512,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        max_new_tokens: int = 256,
+        stop: Sequence[str] = (),
+    ):
         """``role``: a learner's weights live on a parameter buffer with a gradient, a generator's on one
         without (it only receives weights), a reference model's stay where they are, frozen."""
         self.path = path
         self.device = torch.device(device)
         if bf16 and self.device.type == "cuda" and not torch.cuda.is_bf16_supported():
-            raise ConfigError("precision='bf16' is not allowed on this GPU: it has no bfloat16 arithmetic; use "
-                              "--precision fp32")
+            raise ConfigError(
+                "precision='bf16' is not allowed on this GPU: it has no bfloat16 arithmetic; use --precision fp32"
+            )
         self.tokenizer = load_tokenizer(path)
         self.model = load_causal_lm(path, self.device)
         if role == "reference":
             self.model.requires_grad_(False)
-        self.params: ParamBuffer = (bind_module(self.model, self.device, with_grad=role == "learner")
-                                    if role != "reference" else None)  # type: ignore[assignment]
+        self.params: ParamBuffer = (
+            bind_module(self.model, self.device, with_grad=role == "learner") if role != "reference" else None
+        )  # type: ignore[assignment]
         self.prompts = PromptEncoder(path, self.tokenizer, chat_template, max_prompt_tokens)
         self.bf16 = bf16
         self.temperature, self.top_p, self.max_new_tokens = temperature, top_p, max_new_tokens
@@ -175,14 +196,16 @@ class CausalLMPolicy:
     # ---- sampling ----
 
     @torch.no_grad()
-    def sample(self, prompt: torch.Tensor, prompt_mask: torch.Tensor | None, group_size: int,
-               uniforms: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def sample(
+        self, prompt: torch.Tensor, prompt_mask: torch.Tensor | None, group_size: int, uniforms: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         assert prompt_mask is not None
         attention = prompt_mask.long()
         positions = (attention.cumsum(1) - 1).clamp(min=0)
         with self._autocast():
-            out = self.model(input_ids=prompt, attention_mask=attention, position_ids=positions, use_cache=True,
-                             logits_to_keep=1)
+            out = self.model(
+                input_ids=prompt, attention_mask=attention, position_ids=positions, use_cache=True, logits_to_keep=1
+            )
         cache = out.past_key_values
         if group_size > 1:  # each prompt was read once; its keys and values serve all of its completions
             cache.batch_repeat_interleave(group_size)
@@ -197,8 +220,9 @@ class CausalLMPolicy:
         ones = torch.ones((n, 1), dtype=attention.dtype, device=self.device)
         width = T
         for t in range(T):
-            token, log_prob = sample_tokens(logits, None if uniforms is None else uniforms[:, t], self.temperature,
-                                            self.top_p)
+            token, log_prob = sample_tokens(
+                logits, None if uniforms is None else uniforms[:, t], self.temperature, self.top_p
+            )
             token = token.masked_fill(done, self.pad_id)
             tokens[:, t] = token
             log_probs[:, t] = log_prob.masked_fill(done, 0.0)
@@ -211,8 +235,13 @@ class CausalLMPolicy:
                 break
             attention = torch.cat([attention, ones], 1)
             with self._autocast():
-                out = self.model(input_ids=token.unsqueeze(1), attention_mask=attention, position_ids=next_position,
-                                 past_key_values=cache, use_cache=True)
+                out = self.model(
+                    input_ids=token.unsqueeze(1),
+                    attention_mask=attention,
+                    position_ids=next_position,
+                    past_key_values=cache,
+                    use_cache=True,
+                )
             next_position = next_position + 1
             logits = out.logits[:, -1]
         return tokens[:, :width], mask[:, :width], log_probs[:, :width]
@@ -225,7 +254,7 @@ class CausalLMPolicy:
             return hit
         window = max(len(s) for s in self.stop) + 2  # a token holds at least a character
         start = max(0, t + 1 - window)
-        tails = self.tokenizer.batch_decode(tokens[rows, start:t + 1].tolist(), skip_special_tokens=True)
+        tails = self.tokenizer.batch_decode(tokens[rows, start : t + 1].tolist(), skip_special_tokens=True)
         for row, text in zip(rows, tails):
             if any(s in text for s in self.stop):
                 hit[row] = True
@@ -237,16 +266,18 @@ class CausalLMPolicy:
 
     # ---- learning ----
 
-    def token_log_probs(self, prompt: torch.Tensor, prompt_mask: torch.Tensor | None, tokens: torch.Tensor,
-                        mask: torch.Tensor) -> torch.Tensor:
+    def token_log_probs(
+        self, prompt: torch.Tensor, prompt_mask: torch.Tensor | None, tokens: torch.Tensor, mask: torch.Tensor
+    ) -> torch.Tensor:
         assert prompt_mask is not None
         ids = torch.cat([prompt, tokens], 1)
         attention = torch.cat([prompt_mask, mask], 1).long()
         positions = (attention.cumsum(1) - 1).clamp(min=0)
         T = tokens.shape[1]
         with self._autocast():  # logits of the last prompt position and of every completion position but the last
-            logits = self.model(input_ids=ids, attention_mask=attention, position_ids=positions, use_cache=False,
-                                logits_to_keep=T + 1).logits
+            logits = self.model(
+                input_ids=ids, attention_mask=attention, position_ids=positions, use_cache=False, logits_to_keep=T + 1
+            ).logits
         logits = logits[:, :-1].float() / self.temperature
         return logits.gather(-1, tokens.unsqueeze(-1)).squeeze(-1) - logits.logsumexp(-1)
 

@@ -146,8 +146,14 @@ class MLP:
     Polyak update, a broadcast) is seen at once.
     """
 
-    def __init__(self, params: ParamBuffer, prefix: str, sizes: tuple[int, ...], activation: str,
-                 matmul_dtype: torch.dtype | None = None):
+    def __init__(
+        self,
+        params: ParamBuffer,
+        prefix: str,
+        sizes: tuple[int, ...],
+        activation: str,
+        matmul_dtype: torch.dtype | None = None,
+    ):
         self.params = params
         self.sizes = sizes
         self.activation = activation
@@ -200,8 +206,14 @@ class MLP:
                 x = self._act(x)
         return x, inputs
 
-    def backward(self, inputs: list[torch.Tensor], grad_out: torch.Tensor, accumulate: bool = True,
-                 input_grad: bool = False, param_grads: bool = True) -> torch.Tensor | None:
+    def backward(
+        self,
+        inputs: list[torch.Tensor],
+        grad_out: torch.Tensor,
+        accumulate: bool = True,
+        input_grad: bool = False,
+        param_grads: bool = True,
+    ) -> torch.Tensor | None:
         """Add (or, with ``accumulate=False``, write) d(loss)/d(parameters) into the buffer.
 
         Returns d(loss)/d(input) when ``input_grad`` is set, else None. With

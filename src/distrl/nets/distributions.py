@@ -18,10 +18,10 @@ LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
 
 @dataclass
 class CategoricalTerms:
-    log_prob: torch.Tensor   # [B]
-    entropy: torch.Tensor    # [B]
-    log_p: torch.Tensor      # [B, K] log-softmax of the logits
-    p: torch.Tensor          # [B, K]
+    log_prob: torch.Tensor  # [B]
+    entropy: torch.Tensor  # [B]
+    log_p: torch.Tensor  # [B, K] log-softmax of the logits
+    p: torch.Tensor  # [B, K]
 
 
 def categorical_terms(logits: torch.Tensor, actions: torch.Tensor) -> CategoricalTerms:
@@ -33,8 +33,9 @@ def categorical_terms(logits: torch.Tensor, actions: torch.Tensor) -> Categorica
     return CategoricalTerms(log_prob, entropy, log_p, p)
 
 
-def categorical_grad(terms: CategoricalTerms, actions: torch.Tensor, d_log_prob: torch.Tensor,
-                     d_entropy: torch.Tensor | None) -> torch.Tensor:
+def categorical_grad(
+    terms: CategoricalTerms, actions: torch.Tensor, d_log_prob: torch.Tensor, d_entropy: torch.Tensor | None
+) -> torch.Tensor:
     """d(loss)/d(logits) [B, K] from d(loss)/d(log_prob) [B] and d(loss)/d(entropy) [B].
 
     d log p_a / d z_j = [a = j] - p_j, and d H / d z_j = -p_j (log p_j + H).
@@ -48,10 +49,10 @@ def categorical_grad(terms: CategoricalTerms, actions: torch.Tensor, d_log_prob:
 
 @dataclass
 class GaussianTerms:
-    log_prob: torch.Tensor   # [B]
-    entropy: torch.Tensor    # [B]
-    z: torch.Tensor          # [B, A] standardised actions (a - mean) / std
-    std: torch.Tensor        # [A]
+    log_prob: torch.Tensor  # [B]
+    entropy: torch.Tensor  # [B]
+    z: torch.Tensor  # [B, A] standardised actions (a - mean) / std
+    std: torch.Tensor  # [A]
 
 
 def gaussian_terms(mean: torch.Tensor, log_std: torch.Tensor, actions: torch.Tensor) -> GaussianTerms:
@@ -63,8 +64,9 @@ def gaussian_terms(mean: torch.Tensor, log_std: torch.Tensor, actions: torch.Ten
     return GaussianTerms(log_prob, entropy, z, std)
 
 
-def gaussian_grad(terms: GaussianTerms, d_log_prob: torch.Tensor,
-                  d_entropy: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+def gaussian_grad(
+    terms: GaussianTerms, d_log_prob: torch.Tensor, d_entropy: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """d(loss)/d(mean) [B, A] and d(loss)/d(log_std) [A].
 
     d log N / d mean = z / std, d log N / d log_std = z^2 - 1, d H / d log_std = 1.
@@ -88,8 +90,9 @@ def multi_categorical_terms(logits: torch.Tensor, actions: torch.Tensor, nvec: t
     return CategoricalTerms(log_prob, entropy, log_p, p)
 
 
-def sample_actions(kind: str, out: np.ndarray, std: np.ndarray | None, noise: np.ndarray | None,
-                   nvec: tuple[int, ...] = ()) -> np.ndarray:
+def sample_actions(
+    kind: str, out: np.ndarray, std: np.ndarray | None, noise: np.ndarray | None, nvec: tuple[int, ...] = ()
+) -> np.ndarray:
     """Actions from head outputs ``out`` [B, head] (numpy), with the caller's noise.
 
     Choices are drawn by inverse-CDF sampling from uniforms (one per choice), Gaussian actions
@@ -102,7 +105,9 @@ def sample_actions(kind: str, out: np.ndarray, std: np.ndarray | None, noise: np
     if kind == "categorical":
         return inverse_cdf_sample(out, None if noise is None else noise)
     parts = np.split(out, np.cumsum(nvec)[:-1], axis=-1)
-    return np.stack([inverse_cdf_sample(part, None if noise is None else noise[:, j]) for j, part in enumerate(parts)], 1)
+    return np.stack(
+        [inverse_cdf_sample(part, None if noise is None else noise[:, j]) for j, part in enumerate(parts)], 1
+    )
 
 
 def inverse_cdf_sample(logits: np.ndarray, uniform: np.ndarray | None) -> np.ndarray:
@@ -114,8 +119,9 @@ def inverse_cdf_sample(logits: np.ndarray, uniform: np.ndarray | None) -> np.nda
     return np.minimum((uniform[:, None] * cdf[:, -1:] > cdf).sum(-1), logits.shape[-1] - 1)
 
 
-def sample_tokens(logits: torch.Tensor, uniforms: torch.Tensor | None, temperature: float = 1.0,
-                  top_p: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+def sample_tokens(
+    logits: torch.Tensor, uniforms: torch.Tensor | None, temperature: float = 1.0, top_p: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor]:
     """One token per row of ``logits [n, V]`` and its log-probability under ``softmax(logits / temperature)``.
 
     Drawn by inverse CDF with ``uniforms [n]`` (the caller's randomness, so that a draw does not depend
@@ -141,4 +147,3 @@ def sample_tokens(logits: torch.Tensor, uniforms: torch.Tensor | None, temperatu
         cdf = probs.cumsum(-1)
         tokens = (cdf < uniforms.unsqueeze(1) * cdf[:, -1:]).sum(-1).clamp(max=probs.shape[1] - 1)
     return tokens, log_p.gather(1, tokens.unsqueeze(1)).squeeze(1)
-

@@ -77,9 +77,14 @@ class NatureCNN(_Image):
         super().__init__(shape)
         self.features_dim = features_dim
         self.convs = nn.Sequential(
-            nn.Conv2d(self.channels, 32, 8, stride=4), nn.ReLU(),
-            nn.Conv2d(32, 64, 4, stride=2), nn.ReLU(),
-            nn.Conv2d(64, 64, 3, stride=1), nn.ReLU(), nn.Flatten())
+            nn.Conv2d(self.channels, 32, 8, stride=4),
+            nn.ReLU(),
+            nn.Conv2d(32, 64, 4, stride=2),
+            nn.ReLU(),
+            nn.Conv2d(64, 64, 3, stride=1),
+            nn.ReLU(),
+            nn.Flatten(),
+        )
         with torch.no_grad():
             flat = self.convs(torch.zeros(1, self.channels, self.height, self.width)).shape[1]
         self.linear = nn.Linear(flat, features_dim)
@@ -96,8 +101,12 @@ class SmallCNN(_Image):
         super().__init__(shape)
         self.features_dim = features_dim
         self.convs = nn.Sequential(
-            nn.Conv2d(self.channels, 32, 3, padding=1), nn.ReLU(),
-            nn.Conv2d(32, 64, 3, stride=2, padding=1), nn.ReLU(), nn.Flatten())
+            nn.Conv2d(self.channels, 32, 3, padding=1),
+            nn.ReLU(),
+            nn.Conv2d(32, 64, 3, stride=2, padding=1),
+            nn.ReLU(),
+            nn.Flatten(),
+        )
         flat = 64 * ((self.height + 1) // 2) * ((self.width + 1) // 2)
         self.linear = nn.Linear(flat, features_dim)
 
@@ -125,8 +134,12 @@ class ImpalaCNN(_Image):
         stages: list[nn.Module] = []
         channels, height, width = self.channels, self.height, self.width
         for depth in depths:
-            stages += [nn.Conv2d(channels, depth, 3, padding=1), nn.MaxPool2d(3, stride=2, padding=1),
-                       _Residual(depth), _Residual(depth)]
+            stages += [
+                nn.Conv2d(channels, depth, 3, padding=1),
+                nn.MaxPool2d(3, stride=2, padding=1),
+                _Residual(depth),
+                _Residual(depth),
+            ]
             channels, height, width = depth, (height + 1) // 2, (width + 1) // 2
         self.stages = nn.Sequential(*stages)
         self.linear = nn.Linear(channels * height * width, features_dim)
@@ -173,8 +186,10 @@ def make_encoder(space: spaces.Space, encoder: EncoderName = "auto") -> nn.Modul
     if encoder == "small" or (encoder == "auto" and min(height, width) < NATURE_MIN_SIZE):
         return SmallCNN(shape)
     if min(height, width) < NATURE_MIN_SIZE:
-        raise ConfigError(f"encoder='nature' does not fit a {height}x{width} image: the Nature CNN needs at least "
-                          f"{NATURE_MIN_SIZE}x{NATURE_MIN_SIZE}; use --encoder auto, small or impala")
+        raise ConfigError(
+            f"encoder='nature' does not fit a {height}x{width} image: the Nature CNN needs at least "
+            f"{NATURE_MIN_SIZE}x{NATURE_MIN_SIZE}; use --encoder auto, small or impala"
+        )
     return NatureCNN(shape)
 
 
@@ -202,8 +217,14 @@ class ActorCriticModule(nn.Module):
     the heads are separate policy and critic networks).
     """
 
-    def __init__(self, encoder: nn.Module, head_size: int, net_arch: tuple[int, ...], activation: str,
-                 features_dim: int | None = None):
+    def __init__(
+        self,
+        encoder: nn.Module,
+        head_size: int,
+        net_arch: tuple[int, ...],
+        activation: str,
+        features_dim: int | None = None,
+    ):
         """``features_dim``: the heads' input size when something stands between them and the encoder
         (a recurrent core); else the encoder's ``features_dim``."""
         super().__init__()

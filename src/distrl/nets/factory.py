@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import copy
 import importlib
-from contextlib import contextmanager
 from collections.abc import Callable
-from typing import Any, NamedTuple, Union
+from contextlib import contextmanager
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -34,7 +34,7 @@ from distrl.nets.sac import SquashedGaussianActor, TwinQ
 from distrl.nets.sac_module import ModuleSquashedActor, ModuleTwinQ, SACActorModule, TwinQModule
 from distrl.spaces import action_spec, check_observation_space, is_image, is_vector
 
-PolicySource = Union[str, nn.Module, Callable[..., nn.Module], None]
+PolicySource = str | nn.Module | Callable[..., nn.Module] | None
 """What a user passes as the network: 'package.module:function', a module, a module class or a factory."""
 
 
@@ -47,8 +47,10 @@ def resolve_policy(policy: PolicySource) -> nn.Module | Callable[..., nn.Module]
     if policy.startswith(MEMORY):
         found = remembered(policy)
         if found is None:
-            raise ConfigError(f"policy={policy!r} names a network given to the Python API in another process: "
-                              "pass it again, e.g. PPO.load(path, policy=MyNet)")
+            raise ConfigError(
+                f"policy={policy!r} names a network given to the Python API in another process: "
+                "pass it again, e.g. PPO.load(path, policy=MyNet)"
+            )
         return found
     module_name, _, attr = policy.partition(":")
     if not module_name or not attr:
@@ -59,18 +61,30 @@ def resolve_policy(policy: PolicySource) -> nn.Module | Callable[..., nn.Module]
         raise ConfigError(f"policy={policy!r}: cannot import module {module_name!r} ({exc})") from None
     factory = getattr(module, attr, None)
     if not callable(factory):
-        raise ConfigError(f"policy={policy!r}: module {module_name!r} has no callable {attr!r}; a policy factory is "
-                          "called with (observation_space, action_space, config) and returns a torch.nn.Module")
+        raise ConfigError(
+            f"policy={policy!r}: module {module_name!r} has no callable {attr!r}; a policy factory is "
+            "called with (observation_space, action_space, config) and returns a torch.nn.Module"
+        )
     return factory
 
 
-def uses_closed_form(observation_space: spaces.Space, action_space: spaces.Space, encoder: str,
-                     policy: PolicySource = None, core: str = "none") -> bool:
+def uses_closed_form(
+    observation_space: spaces.Space,
+    action_space: spaces.Space,
+    encoder: str,
+    policy: PolicySource = None,
+    core: str = "none",
+) -> bool:
     """Whether the closed-form MLPs serve this run: flat float vectors, Discrete or Box actions,
     the built-in network, no encoder and no recurrent core asked for."""
-    return (policy in (None, "") and isinstance(observation_space, spaces.Box) and not is_image(observation_space)
-            and isinstance(action_space, (spaces.Discrete, spaces.Box))
-            and encoder in ("auto", "mlp") and core == "none")
+    return (
+        policy in (None, "")
+        and isinstance(observation_space, spaces.Box)
+        and not is_image(observation_space)
+        and isinstance(action_space, (spaces.Discrete, spaces.Box))
+        and encoder in ("auto", "mlp")
+        and core == "none"
+    )
 
 
 @contextmanager
@@ -83,8 +97,9 @@ def seeded_layers(seed: int):
         yield
 
 
-def build_module(observation_space: spaces.Space, action_space: spaces.Space, cfg: ActorCriticNet,
-                 policy: PolicySource, seed: int) -> nn.Module:
+def build_module(
+    observation_space: spaces.Space, action_space: spaces.Space, cfg: ActorCriticNet, policy: PolicySource, seed: int
+) -> nn.Module:
     """The network of the module path: the user's (seeded with ``seed``), or the built-in encoder and heads.
 
     A user's module either returns ``(head, value)`` itself, or has an integer ``features_dim``
@@ -105,9 +120,11 @@ def build_module(observation_space: spaces.Space, action_space: spaces.Space, cf
         if isinstance(getattr(module, "features_dim", None), (int, np.integer)) and not is_recurrent(module):
             return _with_heads(module, spec.head_size, cfg)
     if core != "none" and not is_recurrent(module):
-        raise ConfigError(f"core={core!r} is not allowed with policy={_name(policy)}: it returns (head, value) itself; "
-                          "give it an integer features_dim (distrl adds the core and heads), or make it recurrent "
-                          "(forward(obs, state, episode_starts) and initial_state(batch_size), see distrl.nets.recurrent)")
+        raise ConfigError(
+            f"core={core!r} is not allowed with policy={_name(policy)}: it returns (head, value) itself; "
+            "give it an integer features_dim (distrl adds the core and heads), or make it recurrent "
+            "(forward(obs, state, episode_starts) and initial_state(batch_size), see distrl.nets.recurrent)"
+        )
     return module
 
 
@@ -116,12 +133,24 @@ def _with_heads(encoder: nn.Module, head_size: int, cfg: ActorCriticNet) -> nn.M
     core = cfg.core
     if core == "none":
         return ActorCriticModule(encoder, head_size, tuple(cfg.net_arch), cfg.activation)
-    return RecurrentActorCritic(encoder, RecurrentCore(core, int(encoder.features_dim), cfg.core_size), head_size,
-                                tuple(cfg.net_arch), cfg.activation)
+    return RecurrentActorCritic(
+        encoder,
+        RecurrentCore(core, int(encoder.features_dim), cfg.core_size),
+        head_size,
+        tuple(cfg.net_arch),
+        cfg.activation,
+    )
 
 
-def make_agent(observation_space: spaces.Space, action_space: spaces.Space, cfg: ActorCriticNet, device: torch.device | str,
-               seed: int, policy: PolicySource = None, precision: str = "fp32") -> Agent:
+def make_agent(
+    observation_space: spaces.Space,
+    action_space: spaces.Space,
+    cfg: ActorCriticNet,
+    device: torch.device | str,
+    seed: int,
+    policy: PolicySource = None,
+    precision: str = "fp32",
+) -> Agent:
     """The agent for a PPO or REINFORCE run (``cfg`` is its config); see the module docstring.
 
     ``precision='bf16'`` runs a module's forward and backward under bfloat16 autocast; the closed-form
@@ -130,20 +159,33 @@ def make_agent(observation_space: spaces.Space, action_space: spaces.Space, cfg:
     action_spec(action_space)  # a one-line error for an action space no head fits
     if uses_closed_form(observation_space, action_space, cfg.encoder, policy, cfg.core):
         obs_dim = int(np.prod(observation_space.shape))
-        return ActorCritic(obs_dim, action_space, tuple(cfg.net_arch), cfg.activation, cfg.log_std_init,
-                           cfg.ortho_init, device, seed)
+        return ActorCritic(
+            obs_dim, action_space, tuple(cfg.net_arch), cfg.activation, cfg.log_std_init, cfg.ortho_init, device, seed
+        )
     module = build_module(observation_space, action_space, cfg, policy, seed)
     agent_cls = RecurrentAgent if is_recurrent(module) else ModuleAgent
-    return agent_cls(module, observation_space, action_space, cfg.log_std_init, device,
-                     autocast=torch.bfloat16 if precision == "bf16" else None)
+    return agent_cls(
+        module,
+        observation_space,
+        action_space,
+        cfg.log_std_init,
+        device,
+        autocast=torch.bfloat16 if precision == "bf16" else None,
+    )
 
 
 def _name(policy: PolicySource) -> str:
     return repr(policy) if isinstance(policy, str) else getattr(policy, "__qualname__", type(policy).__name__)
 
 
-def check_agent_spaces(env_id: str, algo: str, observation_space: spaces.Space, action_space: spaces.Space,
-                       cfg: ActorCriticNet, normalize_obs: bool = False) -> None:
+def check_agent_spaces(
+    env_id: str,
+    algo: str,
+    observation_space: spaces.Space,
+    action_space: spaces.Space,
+    cfg: ActorCriticNet,
+    normalize_obs: bool = False,
+) -> None:
     """Fail before any process starts when a PPO or REINFORCE agent cannot be built for these spaces."""
     try:
         check_observation_space(observation_space)
@@ -151,9 +193,11 @@ def check_agent_spaces(env_id: str, algo: str, observation_space: spaces.Space, 
     except ConfigError as exc:
         raise ConfigError(f"env={shown_name(env_id)!r}: {exc}") from None
     if normalize_obs and not (is_vector(observation_space) or isinstance(observation_space, spaces.Dict)):
-        raise ConfigError(f"normalize_obs=True is not allowed for env={shown_name(env_id)!r}: its {type(observation_space).__name__} "
-                          "observations are not a vector or a Dict (images are scaled to [0, 1] by the encoder); "
-                          "use --no-normalize-obs")
+        raise ConfigError(
+            f"normalize_obs=True is not allowed for env={shown_name(env_id)!r}: its {type(observation_space).__name__} "
+            "observations are not a vector or a Dict (images are scaled to [0, 1] by the encoder); "
+            "use --no-normalize-obs"
+        )
     if cfg.encoder not in ("auto", "mlp") and not uses_closed_form(observation_space, action_space, cfg.encoder):
         make_encoder(observation_space, cfg.encoder)  # e.g. the Nature CNN on an image too small for it
 
@@ -166,9 +210,15 @@ class SACNetworks(NamedTuple):
     critic_target: TwinQ | ModuleTwinQ
 
 
-def make_sac_networks(observation_space: spaces.Space, action_space: spaces.Space, cfg: Any,
-                      device: torch.device | str, seed: int, policy: PolicySource = None,
-                      precision: str = "fp32") -> SACNetworks:
+def make_sac_networks(
+    observation_space: spaces.Space,
+    action_space: spaces.Space,
+    cfg: Any,
+    device: torch.device | str,
+    seed: int,
+    policy: PolicySource = None,
+    precision: str = "fp32",
+) -> SACNetworks:
     """SAC's networks: closed-form MLPs for flat vectors, modules otherwise (see ``nets/sac_module.py``).
 
     A user's ``policy`` factory returns either ``(actor, critic)`` modules with the contracts stated
@@ -182,9 +232,11 @@ def make_sac_networks(observation_space: spaces.Space, action_space: spaces.Spac
     if uses_closed_form(observation_space, spaces.Box(-1, 1, (action_dim,)), cfg.encoder, policy):
         obs_dim = int(np.prod(observation_space.shape))
         low = torch.bfloat16 if precision == "bf16" else None
-        return SACNetworks(SquashedGaussianActor(obs_dim, action_dim, cfg.net_arch, cfg.activation, device, seed, low),
-                           TwinQ(obs_dim, action_dim, cfg.net_arch, cfg.activation, device, seed, extra, low),
-                           TwinQ(obs_dim, action_dim, cfg.net_arch, cfg.activation, device, seed, extra, low))
+        return SACNetworks(
+            SquashedGaussianActor(obs_dim, action_dim, cfg.net_arch, cfg.activation, device, seed, low),
+            TwinQ(obs_dim, action_dim, cfg.net_arch, cfg.activation, device, seed, extra, low),
+            TwinQ(obs_dim, action_dim, cfg.net_arch, cfg.activation, device, seed, extra, low),
+        )
     source = resolve_policy(policy)
     with seeded_layers(seed):
         if source is None:
@@ -197,11 +249,16 @@ def make_sac_networks(observation_space: spaces.Space, action_space: spaces.Spac
             actor_module = SACActorModule(made, action_dim, tuple(cfg.net_arch), cfg.activation)
             critic_module = TwinQModule(copy.deepcopy(made), action_dim, tuple(cfg.net_arch), cfg.activation)
         else:
-            raise ConfigError(f"policy={_name(policy)} returned {type(made).__name__}: for sac a policy factory returns "
-                              "(actor, critic) modules or an encoder module with an integer features_dim")
+            raise ConfigError(
+                f"policy={_name(policy)} returned {type(made).__name__}: for sac a policy factory returns "
+                "(actor, critic) modules or an encoder module with an integer features_dim"
+            )
     autocast = torch.bfloat16 if precision == "bf16" else None
-    return SACNetworks(ModuleSquashedActor(actor_module, action_dim, device, autocast),
-                       ModuleTwinQ(critic_module, device, extra, autocast), ModuleTwinQ(critic_module, device, extra, autocast))
+    return SACNetworks(
+        ModuleSquashedActor(actor_module, action_dim, device, autocast),
+        ModuleTwinQ(critic_module, device, extra, autocast),
+        ModuleTwinQ(critic_module, device, extra, autocast),
+    )
 
 
 def make_group_policy(task: Any, run: Any, cfg: Any, device: torch.device, role: str = "learner") -> Any:
@@ -211,9 +268,16 @@ def make_group_policy(task: Any, run: Any, cfg: Any, device: torch.device, role:
     weights: reloaded from the model directory, or rebuilt from the seed).
     """
     if cfg.model:
-        return CausalLMPolicy(cfg.model, device, role=role, bf16=run.precision == "bf16",  # type: ignore[arg-type]
-                              chat_template=cfg.chat_template, max_prompt_tokens=cfg.max_prompt_tokens,
-                              temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens,
-                              stop=cfg.stop)
+        return CausalLMPolicy(
+            cfg.model,
+            device,
+            role=role,
+            bf16=run.precision == "bf16",  # type: ignore[arg-type]
+            chat_template=cfg.chat_template,
+            max_prompt_tokens=cfg.max_prompt_tokens,
+            temperature=cfg.temperature,
+            top_p=cfg.top_p,
+            max_new_tokens=cfg.max_new_tokens,
+            stop=cfg.stop,
+        )
     return CategoricalPolicy(task.obs_dim, task.n_actions, cfg.net_arch, run.seed, device)
-

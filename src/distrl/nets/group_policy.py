@@ -31,8 +31,9 @@ class GroupPolicy(Protocol):
         """The policy's input for a list of prompts: token ids ``[B, P]`` left-padded with their mask, or states."""
         ...
 
-    def sample(self, prompt: torch.Tensor, prompt_mask: torch.Tensor | None, group_size: int,
-               uniforms: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def sample(
+        self, prompt: torch.Tensor, prompt_mask: torch.Tensor | None, group_size: int, uniforms: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``group_size`` completions per prompt, rows grouped by prompt: tokens ``[B * G, T]``, their mask
         (generated tokens, the ending EOS included) and behaviour log-probabilities. ``uniforms [B * G, T_max]``
         draw every token; None answers greedily."""
@@ -42,8 +43,9 @@ class GroupPolicy(Protocol):
         """The completions as text (empty for numeric tasks)."""
         ...
 
-    def token_log_probs(self, prompt: torch.Tensor, prompt_mask: torch.Tensor | None, tokens: torch.Tensor,
-                        mask: torch.Tensor) -> torch.Tensor:
+    def token_log_probs(
+        self, prompt: torch.Tensor, prompt_mask: torch.Tensor | None, tokens: torch.Tensor, mask: torch.Tensor
+    ) -> torch.Tensor:
         """``[n, T]`` log-probabilities of the completion tokens, attached to the autograd graph when
         gradients are enabled (its backward pass accumulates into ``params.grad``)."""
         ...
@@ -54,8 +56,9 @@ class CategoricalPolicy:
 
     max_new_tokens = 1
 
-    def __init__(self, obs_dim: int, n_actions: int, hidden: tuple[int, ...], seed: int,
-                 device: torch.device | str = "cpu"):
+    def __init__(
+        self, obs_dim: int, n_actions: int, hidden: tuple[int, ...], seed: int, device: torch.device | str = "cpu"
+    ):
         generator = torch.Generator().manual_seed(seed)
         layers: list[nn.Module] = []
         sizes = (obs_dim, *hidden)
@@ -79,8 +82,9 @@ class CategoricalPolicy:
         return self.module(states)
 
     @torch.no_grad()
-    def sample(self, prompt: torch.Tensor, prompt_mask: torch.Tensor | None, group_size: int,
-               uniforms: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def sample(
+        self, prompt: torch.Tensor, prompt_mask: torch.Tensor | None, group_size: int, uniforms: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         logits = self.module(prompt).repeat_interleave(group_size, 0)
         tokens, log_probs = sample_tokens(logits, None if uniforms is None else uniforms[:, 0])
         mask = torch.ones(len(tokens), 1, dtype=torch.bool, device=self.device)
@@ -89,6 +93,7 @@ class CategoricalPolicy:
     def decode(self, tokens: torch.Tensor, mask: torch.Tensor) -> tuple[str, ...]:
         return ()
 
-    def token_log_probs(self, prompt: torch.Tensor, prompt_mask: torch.Tensor | None, tokens: torch.Tensor,
-                        mask: torch.Tensor) -> torch.Tensor:
+    def token_log_probs(
+        self, prompt: torch.Tensor, prompt_mask: torch.Tensor | None, tokens: torch.Tensor, mask: torch.Tensor
+    ) -> torch.Tensor:
         return torch.log_softmax(self.module(prompt), -1).gather(1, tokens[:, :1])

@@ -28,8 +28,14 @@ from torch.func import functional_call
 from distrl.config import ConfigError
 from distrl.nets.agent import ActStep, State
 from distrl.nets.core import ParamBuffer, write_grad
-from distrl.nets.distributions import (CategoricalTerms, GaussianTerms, categorical_terms, gaussian_terms,
-                                       multi_categorical_terms, sample_actions)
+from distrl.nets.distributions import (
+    CategoricalTerms,
+    GaussianTerms,
+    categorical_terms,
+    gaussian_terms,
+    multi_categorical_terms,
+    sample_actions,
+)
 from distrl.spaces import action_spec
 
 LOG_STD = "log_std"
@@ -54,8 +60,15 @@ class ModuleAgent:
     records_while_acting = True
     """Collectors keep the value and log-prob that :meth:`act_step` gives (see ``RolloutCollector``)."""
 
-    def __init__(self, module: nn.Module, observation_space: spaces.Space, action_space: spaces.Space,
-                 log_std_init: float = 0.0, device: torch.device | str = "cpu", autocast: torch.dtype | None = None):
+    def __init__(
+        self,
+        module: nn.Module,
+        observation_space: spaces.Space,
+        action_space: spaces.Space,
+        log_std_init: float = 0.0,
+        device: torch.device | str = "cpu",
+        autocast: torch.dtype | None = None,
+    ):
         """``autocast``: run the module under autocast to this dtype (bfloat16); its outputs, the losses and
         every parameter and gradient stay float32."""
         self.spec = action_spec(action_space)
@@ -66,8 +79,9 @@ class ModuleAgent:
         self.module = module.to(self.device)
         named = dict(module.named_parameters())
         if LOG_STD in named and not self.discrete:
-            raise ConfigError(f"the policy module has a parameter named {LOG_STD!r}, which distrl adds for Box "
-                              "actions: rename it")
+            raise ConfigError(
+                f"the policy module has a parameter named {LOG_STD!r}, which distrl adds for Box actions: rename it"
+            )
         shapes = {name: tuple(p.shape) for name, p in named.items()}
         if not self.discrete:
             shapes[LOG_STD] = (self.action_dim,)
@@ -97,8 +111,10 @@ class ModuleAgent:
         if not self._checked:
             expected = (obs.shape[0], self.spec.head_size)
             if tuple(head.shape) != expected or values.shape[0] != obs.shape[0]:
-                raise ConfigError(f"the policy module returned head {tuple(head.shape)} and value {tuple(values.shape)}; "
-                                  f"this action space needs head {expected} and value ({obs.shape[0]},)")
+                raise ConfigError(
+                    f"the policy module returned head {tuple(head.shape)} and value {tuple(values.shape)}; "
+                    f"this action space needs head {expected} and value ({obs.shape[0]},)"
+                )
             self._checked = True
         return head, values
 
@@ -108,8 +124,9 @@ class ModuleAgent:
     def refresh_acting_copy(self) -> None:
         """Acting reads the parameter buffer itself: nothing to refresh."""
 
-    def act_step(self, obs: np.ndarray, noise: np.ndarray | None, state: State | None = None,
-                 starts: np.ndarray | None = None) -> ActStep:
+    def act_step(
+        self, obs: np.ndarray, noise: np.ndarray | None, state: State | None = None, starts: np.ndarray | None = None
+    ) -> ActStep:
         return ActStep(*self.act_recording(obs, noise), None)
 
     @torch.no_grad()
@@ -124,7 +141,9 @@ class ModuleAgent:
         head, values = self._call(views, self._obs(obs))
         std = None if self.discrete else views[LOG_STD].exp().cpu().numpy()
         actions = sample_actions(self.spec.kind, head.cpu().numpy(), std, noise, self.spec.nvec)
-        terms = self.dist_terms(ModuleForward(head, values, views.get(LOG_STD)), torch.from_numpy(actions).to(self.device))
+        terms = self.dist_terms(
+            ModuleForward(head, values, views.get(LOG_STD)), torch.from_numpy(actions).to(self.device)
+        )
         return actions, terms.log_prob.cpu().numpy(), values.cpu().numpy()
 
     def env_action(self, action: np.ndarray) -> np.ndarray:
@@ -162,8 +181,15 @@ class ModuleAgent:
         assert fwd.log_std is not None
         return gaussian_terms(fwd.head, fwd.log_std, actions)
 
-    def backward(self, fwd: ModuleForward, terms: CategoricalTerms | GaussianTerms, actions: torch.Tensor,
-                 d_log_prob: torch.Tensor, d_entropy: torch.Tensor | None, d_values: torch.Tensor | None) -> None:
+    def backward(
+        self,
+        fwd: ModuleForward,
+        terms: CategoricalTerms | GaussianTerms,
+        actions: torch.Tensor,
+        d_log_prob: torch.Tensor,
+        d_entropy: torch.Tensor | None,
+        d_values: torch.Tensor | None,
+    ) -> None:
         """Write the parameter gradients given d(loss)/d(log_prob, entropy, value) per sample (None: the loss
         does not use that output): one vector-Jacobian product through the module, overwriting the buffer's
         gradient."""

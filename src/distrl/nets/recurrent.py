@@ -25,12 +25,10 @@ import torch
 from torch import nn
 
 from distrl.config import ConfigError
+from distrl.nets.agent import ActStep, State
 from distrl.nets.distributions import sample_actions
 from distrl.nets.encoders import ActorCriticModule
-from distrl.nets.agent import ActStep, State
 from distrl.nets.module import LOG_STD, ModuleAgent, ModuleForward
-
-
 
 
 def _cpu_has_bf16() -> bool:
@@ -43,6 +41,7 @@ def _cpu_has_bf16() -> bool:
 CPU_BF16 = _cpu_has_bf16()
 """Whether oneDNN runs bfloat16 on this CPU (AVX-512 BF16 or AMX): without it, --precision bf16 runs the
 recurrent core in float32 (a bfloat16 LSTM cannot be built; an AMD EPYC without them raised)."""
+
 
 class RecurrentCore(nn.Module):
     """An LSTM or GRU over [T, B, features] that restarts from zeros where an episode starts.
@@ -99,16 +98,21 @@ class RecurrentCore(nn.Module):
 class RecurrentActorCritic(ActorCriticModule):
     """encoder → recurrent core → policy and value heads, under the recurrent module contract."""
 
-    def __init__(self, encoder: nn.Module, core: RecurrentCore, head_size: int, net_arch: tuple[int, ...],
-                 activation: str):
+    def __init__(
+        self, encoder: nn.Module, core: RecurrentCore, head_size: int, net_arch: tuple[int, ...], activation: str
+    ):
         super().__init__(encoder, head_size, net_arch, activation, features_dim=core.features_dim)
         self.core = core
 
     def initial_state(self, batch_size: int) -> State:
         return self.core.initial_state(batch_size)
 
-    def forward(self, obs: torch.Tensor, state: State, episode_starts: torch.Tensor  # type: ignore[override]
-                ) -> tuple[tuple[torch.Tensor, torch.Tensor], State]:
+    def forward(
+        self,
+        obs: torch.Tensor,
+        state: State,
+        episode_starts: torch.Tensor,  # type: ignore[override]
+    ) -> tuple[tuple[torch.Tensor, torch.Tensor], State]:
         T, B = obs.shape[:2]
         features = self.encoder(obs.reshape(T * B, *obs.shape[2:])).reshape(T, B, -1)
         out, state = self.core(features, state, episode_starts)
@@ -135,18 +139,22 @@ class RecurrentAgent(ModuleAgent):
         with torch.no_grad():
             return tuple(s.to(self.device) for s in self.module.initial_state(batch_size))
 
-    def _call_seq(self, views: dict[str, torch.Tensor], obs: torch.Tensor, state: State, starts: torch.Tensor
-                  ) -> tuple[torch.Tensor, torch.Tensor, State]:
+    def _call_seq(
+        self, views: dict[str, torch.Tensor], obs: torch.Tensor, state: State, starts: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, State]:
         """head [T, B, H] and values [T, B] (float32) and the state after the last step."""
         T, B = obs.shape[:2]
         with torch.autocast(self.device.type, dtype=self.autocast or torch.bfloat16, enabled=self.autocast is not None):
-            (head, values), state = torch.func.functional_call(self.module, {n: views[n] for n in self.names},
-                                                               (obs, state, starts))
+            (head, values), state = torch.func.functional_call(
+                self.module, {n: views[n] for n in self.names}, (obs, state, starts)
+            )
         head, values = head.float(), values.reshape(T, B).float()
         if not self._checked:
             if tuple(head.shape) != (T, B, self.spec.head_size):
-                raise ConfigError(f"the recurrent policy module returned head {tuple(head.shape)}; this action space "
-                                 f"needs ({T}, {B}, {self.spec.head_size}) for observations [{T}, {B}, ...]")
+                raise ConfigError(
+                    f"the recurrent policy module returned head {tuple(head.shape)}; this action space "
+                    f"needs ({T}, {B}, {self.spec.head_size}) for observations [{T}, {B}, ...]"
+                )
             self._checked = True
         return head, values, tuple(s.float() for s in state)  # float32 whatever autocast ran in (rollouts keep it)
 
@@ -154,8 +162,9 @@ class RecurrentAgent(ModuleAgent):
         return torch.as_tensor(starts, dtype=torch.float32).to(self.device).reshape(shape)
 
     @torch.no_grad()
-    def act_state(self, obs: np.ndarray, noise: np.ndarray | None, state: State, starts: np.ndarray
-                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, State]:
+    def act_state(
+        self, obs: np.ndarray, noise: np.ndarray | None, state: State, starts: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, State]:
         """One step for a batch of environments: actions, their log-probs, the values, and the next state.
         ``starts`` [B] marks observations that begin an episode (their state restarts first)."""
         views = self._views(self.params.data)
@@ -164,7 +173,9 @@ class RecurrentAgent(ModuleAgent):
         head, values = head[0], values[0]
         std = None if self.discrete else views[LOG_STD].exp().cpu().numpy()
         actions = sample_actions(self.spec.kind, head.cpu().numpy(), std, noise, self.spec.nvec)
-        terms = self.dist_terms(ModuleForward(head, values, views.get(LOG_STD)), torch.from_numpy(actions).to(self.device))
+        terms = self.dist_terms(
+            ModuleForward(head, values, views.get(LOG_STD)), torch.from_numpy(actions).to(self.device)
+        )
         return actions, terms.log_prob.cpu().numpy(), values.cpu().numpy(), state
 
     @torch.no_grad()
@@ -204,8 +215,9 @@ class RecurrentAgent(ModuleAgent):
         rows = torch.from_numpy(step * count + episode).to(self.device)
         return ModuleForward(fwd.head[rows], fwd.values[rows], fwd.log_std)
 
-    def act_step(self, obs: np.ndarray, noise: np.ndarray | None, state: State | None = None,
-                 starts: np.ndarray | None = None) -> ActStep:
+    def act_step(
+        self, obs: np.ndarray, noise: np.ndarray | None, state: State | None = None, starts: np.ndarray | None = None
+    ) -> ActStep:
         assert state is not None and starts is not None, "a recurrent agent acts with its state and the episode starts"
         return ActStep(*self.act_state(obs, noise, state, starts))
 

@@ -25,11 +25,11 @@ _LOG2 = math.log(2.0)
 class SquashedSample:
     """Reparameterised samples ``a = tanh(mean + std * eps)`` with what the backward pass needs."""
 
-    action: torch.Tensor     # [B, A] in (-1, 1)
-    log_prob: torch.Tensor   # [B]
-    eps: torch.Tensor        # [B, A]
-    std: torch.Tensor        # [B, A]
-    in_range: torch.Tensor   # [B, A] whether the raw log-std was inside [LOG_STD_MIN, LOG_STD_MAX]
+    action: torch.Tensor  # [B, A] in (-1, 1)
+    log_prob: torch.Tensor  # [B]
+    eps: torch.Tensor  # [B, A]
+    std: torch.Tensor  # [B, A]
+    in_range: torch.Tensor  # [B, A] whether the raw log-std was inside [LOG_STD_MIN, LOG_STD_MAX]
     inputs: list[torch.Tensor]
 
 
@@ -47,8 +47,16 @@ def squashed_log_prob(u: torch.Tensor, eps: torch.Tensor, log_std: torch.Tensor)
 class SquashedGaussianActor:
     """MLP obs -> [mean, log_std] (state dependent), squashed by tanh."""
 
-    def __init__(self, obs_dim: int, action_dim: int, net_arch: tuple[int, ...], activation: str,
-                 device: torch.device, seed: int, matmul_dtype: torch.dtype | None = None):
+    def __init__(
+        self,
+        obs_dim: int,
+        action_dim: int,
+        net_arch: tuple[int, ...],
+        activation: str,
+        device: torch.device,
+        seed: int,
+        matmul_dtype: torch.dtype | None = None,
+    ):
         """``matmul_dtype``: see :class:`MLP` (acting, one observation at a time in numpy, stays float32)."""
         self.obs_dim, self.action_dim = obs_dim, action_dim
         sizes = (obs_dim, *net_arch, 2 * action_dim)
@@ -67,15 +75,15 @@ class SquashedGaussianActor:
     def act(self, obs: np.ndarray, noise: np.ndarray | None) -> np.ndarray:
         """Actions in [-1, 1] for a batch of observations; ``noise=None`` gives tanh(mean)."""
         out = self._numpy(obs)
-        mean = out[:, :self.action_dim]
+        mean = out[:, : self.action_dim]
         if noise is None:
             return np.tanh(mean)
-        log_std = np.clip(out[:, self.action_dim:], LOG_STD_MIN, LOG_STD_MAX)
+        log_std = np.clip(out[:, self.action_dim :], LOG_STD_MIN, LOG_STD_MAX)
         return np.tanh(mean + np.exp(log_std) * noise)
 
     def sample(self, obs: torch.Tensor, eps: torch.Tensor) -> SquashedSample:
         out, inputs = self.net.forward_cached(obs)
-        mean, raw_log_std = out[:, :self.action_dim], out[:, self.action_dim:]
+        mean, raw_log_std = out[:, : self.action_dim], out[:, self.action_dim :]
         log_std = raw_log_std.clamp(LOG_STD_MIN, LOG_STD_MAX)
         std = log_std.exp()
         u = mean + std * eps
@@ -98,8 +106,8 @@ class SquashedGaussianActor:
 
 @dataclass
 class TwinQForward:
-    q1: torch.Tensor   # [B]
-    q2: torch.Tensor   # [B]
+    q1: torch.Tensor  # [B]
+    q2: torch.Tensor  # [B]
     inputs1: list[torch.Tensor]
     inputs2: list[torch.Tensor]
 
@@ -111,9 +119,17 @@ class TwinQ:
     critic and the entropy coefficient share one gradient sync and one Adam step).
     """
 
-    def __init__(self, obs_dim: int, action_dim: int, net_arch: tuple[int, ...], activation: str,
-                 device: torch.device, seed: int, extra: dict[str, tuple[int, ...]] | None = None,
-                 matmul_dtype: torch.dtype | None = None):
+    def __init__(
+        self,
+        obs_dim: int,
+        action_dim: int,
+        net_arch: tuple[int, ...],
+        activation: str,
+        device: torch.device,
+        seed: int,
+        extra: dict[str, tuple[int, ...]] | None = None,
+        matmul_dtype: torch.dtype | None = None,
+    ):
         self.obs_dim = obs_dim
         sizes = (obs_dim + action_dim, *net_arch, 1)
         shapes = {**mlp_shapes("q1", sizes), **mlp_shapes("q2", sizes), **(extra or {})}
@@ -146,4 +162,4 @@ class TwinQ:
         g1 = self.q1.backward(fwd.inputs1, d_q1.unsqueeze(1), input_grad=True, param_grads=False)
         g2 = self.q2.backward(fwd.inputs2, d_q2.unsqueeze(1), input_grad=True, param_grads=False)
         assert g1 is not None and g2 is not None
-        return (g1 + g2)[:, self.obs_dim:]
+        return (g1 + g2)[:, self.obs_dim :]

@@ -50,7 +50,7 @@ def _buffer(module: nn.Module, device: torch.device, extra: dict[str, tuple[int,
 
 
 def _views(params: ParamBuffer, tensor: torch.Tensor, names: list[str]) -> dict[str, torch.Tensor]:
-    return {n: tensor[params.offsets[n][0]:params.offsets[n][1]].view(params.shapes[n]) for n in names}
+    return {n: tensor[params.offsets[n][0] : params.offsets[n][1]].view(params.shapes[n]) for n in names}
 
 
 def _autocast(device: torch.device, dtype: torch.dtype | None) -> AbstractContextManager[Any]:
@@ -61,8 +61,8 @@ def _autocast(device: torch.device, dtype: torch.dtype | None) -> AbstractContex
 class ModuleSample:
     """Reparameterised actions ``tanh(mean + std * eps)`` still attached to the actor's graph."""
 
-    action: torch.Tensor     # [B, A]
-    log_prob: torch.Tensor   # [B]
+    action: torch.Tensor  # [B, A]
+    log_prob: torch.Tensor  # [B]
 
 
 class ModuleSquashedActor:
@@ -84,9 +84,11 @@ class ModuleSquashedActor:
             out = functional_call(self.module, _views(self.params, source, self.names), (obs.to(self.device),))
         out = out.float()
         if out.shape[-1] != 2 * self.action_dim:
-            raise ConfigError(f"the SAC actor module returned {tuple(out.shape)}; it must return "
-                              f"[batch, {2 * self.action_dim}] (means, then log-stds)")
-        return out[:, :self.action_dim], out[:, self.action_dim:]
+            raise ConfigError(
+                f"the SAC actor module returned {tuple(out.shape)}; it must return "
+                f"[batch, {2 * self.action_dim}] (means, then log-stds)"
+            )
+        return out[:, : self.action_dim], out[:, self.action_dim :]
 
     @torch.no_grad()
     def act(self, obs: np.ndarray, noise: np.ndarray | None) -> np.ndarray:
@@ -104,15 +106,19 @@ class ModuleSquashedActor:
 
     def backward(self, sample: ModuleSample, d_action: torch.Tensor, d_log_prob: torch.Tensor) -> None:
         """Write the actor's parameter gradient from d(loss)/d(action) [B, A] and d(loss)/d(log_prob) [B]."""
-        (grad,) = torch.autograd.grad([sample.action, sample.log_prob], [self.params.param],
-                                      [d_action.detach(), d_log_prob.detach()], allow_unused=True)
+        (grad,) = torch.autograd.grad(
+            [sample.action, sample.log_prob],
+            [self.params.param],
+            [d_action.detach(), d_log_prob.detach()],
+            allow_unused=True,
+        )
         write_grad(self.params, grad)
 
 
 @dataclass
 class ModuleQForward:
-    q1: torch.Tensor      # [B]
-    q2: torch.Tensor      # [B]
+    q1: torch.Tensor  # [B]
+    q2: torch.Tensor  # [B]
     action: torch.Tensor  # [B, A] the leaf the Q values were computed from
 
 
@@ -122,8 +128,13 @@ class ModuleTwinQ:
     The target critic is a second instance over the same module: the module is only structure.
     """
 
-    def __init__(self, module: nn.Module, device: torch.device, extra: dict[str, tuple[int, ...]] | None = None,
-                 autocast: torch.dtype | None = None):
+    def __init__(
+        self,
+        module: nn.Module,
+        device: torch.device,
+        extra: dict[str, tuple[int, ...]] | None = None,
+        autocast: torch.dtype | None = None,
+    ):
         self.module = module.to(device)
         self.device = device
         self.autocast = autocast
@@ -132,7 +143,9 @@ class ModuleTwinQ:
 
     def _q(self, obs: torch.Tensor, action: torch.Tensor, source: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         with _autocast(self.device, self.autocast):
-            q1, q2 = functional_call(self.module, _views(self.params, source, self.names), (obs.to(self.device), action))
+            q1, q2 = functional_call(
+                self.module, _views(self.params, source, self.names), (obs.to(self.device), action)
+            )
         return q1.reshape(-1).float(), q2.reshape(-1).float()
 
     def forward(self, obs: torch.Tensor, action: torch.Tensor) -> ModuleQForward:
@@ -146,8 +159,9 @@ class ModuleTwinQ:
 
     def backward(self, fwd: ModuleQForward, d_q1: torch.Tensor, d_q2: torch.Tensor) -> None:
         """Write the Q functions' parameter gradients (the ``extra`` entries are left to the caller)."""
-        (grad,) = torch.autograd.grad([fwd.q1, fwd.q2], [self.params.param], [d_q1.detach(), d_q2.detach()],
-                                      allow_unused=True)
+        (grad,) = torch.autograd.grad(
+            [fwd.q1, fwd.q2], [self.params.param], [d_q1.detach(), d_q2.detach()], allow_unused=True
+        )
         write_grad(self.params, grad)
 
     def action_grad(self, fwd: ModuleQForward, d_q1: torch.Tensor, d_q2: torch.Tensor) -> torch.Tensor:
@@ -176,8 +190,10 @@ class TwinQModule(nn.Module):
     def __init__(self, encoder: nn.Module, action_dim: int, net_arch: tuple[int, ...], activation: str):
         super().__init__()
         self.encoder = encoder
-        self.heads = nn.ModuleList(MLPHead((int(encoder.features_dim) + action_dim, *net_arch, 1), activation)  # type: ignore[arg-type]
-                                   for _ in range(2))
+        self.heads = nn.ModuleList(
+            MLPHead((int(encoder.features_dim) + action_dim, *net_arch, 1), activation)  # type: ignore[arg-type]
+            for _ in range(2)
+        )
 
     def forward(self, obs: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         inputs = torch.cat([self.encoder(obs), action], -1)

@@ -28,8 +28,18 @@ from distrl.config import RunConfig, StrategyConfig
 from distrl.data.episodes import EpisodeBatch, merge_episode_batches
 from distrl.data.rollout import Rollout
 from distrl.data.wire import pack, unpack
-from distrl.strategies.actors import (ActorDied, ActorEngine, ActorRaised, RayActors, as_array, failure_note,
-                                     overhead_summary, replace_actor, resolve_placements, spend_restart)
+from distrl.strategies.actors import (
+    ActorDied,
+    ActorEngine,
+    ActorRaised,
+    RayActors,
+    as_array,
+    failure_note,
+    overhead_summary,
+    replace_actor,
+    resolve_placements,
+    spend_restart,
+)
 
 INLINE_BYTES = 100_000
 """Weights smaller than this travel inside each worker's call (Ray's inline limit for arguments);
@@ -89,12 +99,15 @@ class RolloutWorker:
         cfg, run = spec.cfg, spec.run
         self.env = make_run_env(run, cfg.n_envs)
         obs_space = self.env.single_observation_space
-        self.agent = make_agent(obs_space, self.env.single_action_space, cfg, torch.device("cpu"), run.seed, run.policy,
-                                run.precision)
+        self.agent = make_agent(
+            obs_space, self.env.single_action_space, cfg, torch.device("cpu"), run.seed, run.policy, run.precision
+        )
         if spec.algo == "reinforce":
             from distrl.data.episodes import EpisodeCollector
 
-            self.collector: Any = EpisodeCollector(self.env, self.agent, run.seed, spec.env_offset, cfg.max_episode_steps)
+            self.collector: Any = EpisodeCollector(
+                self.env, self.agent, run.seed, spec.env_offset, cfg.max_episode_steps
+            )
             self.obs_normalizer = self.reward_scaler = None
         else:
             from distrl.data.normalize import ObsNormalizer, RewardScaler
@@ -102,8 +115,9 @@ class RolloutWorker:
 
             self.obs_normalizer = ObsNormalizer.for_space(obs_space, cfg.normalize_obs, cfg.clip_obs)
             self.reward_scaler = RewardScaler(cfg.n_envs, cfg.gamma, cfg.normalize_reward)
-            self.collector = RolloutCollector(self.env, self.agent, self.obs_normalizer, self.reward_scaler,
-                                              cfg.n_steps, run.seed, spec.env_offset)
+            self.collector = RolloutCollector(
+                self.env, self.agent, self.obs_normalizer, self.reward_scaler, cfg.n_steps, run.seed, spec.env_offset
+            )
 
     def pid(self) -> int:
         return os.getpid()
@@ -128,7 +142,9 @@ class RolloutWorker:
             self.obs_normalizer.refresh()
             self.reward_scaler.stats.load(payload["reward_stats"])
 
-    def collect(self, payload: dict[str, Any], episodes: int, behaviour_log_probs: bool = False) -> Rollout | EpisodeBatch:
+    def collect(
+        self, payload: dict[str, Any], episodes: int, behaviour_log_probs: bool = False
+    ) -> Rollout | EpisodeBatch:
         """Load the weights in ``payload`` (if any) and collect; ``behaviour_log_probs`` records the
         log-probabilities of the actions taken, for a learner that may have moved on (pipeline)."""
         self._load(payload)
@@ -144,8 +160,10 @@ class RolloutWorker:
                         batch.log_probs = self._log_probs(batch)
         except Exception as exc:  # noqa: BLE001 - reported with worker id, env id and traceback
             first, last = self.spec.env_offset, self.spec.env_offset + self.spec.cfg.n_envs - 1
-            raise WorkerError(f"worker {self.spec.worker_id}, env {self.spec.run.env} (global env indices {first}-{last}): "
-                              f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}") from None
+            raise WorkerError(
+                f"worker {self.spec.worker_id}, env {self.spec.run.env} (global env indices {first}-{last}): "
+                f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"
+            ) from None
         # the worker's whole collection, with the collector freeing its per-step lists (0.4 ms for
         # 1,000 CartPole steps): what the learner waits for beyond this is transport overhead
         batch.collect_s = time.perf_counter() - start
@@ -179,14 +197,22 @@ def unpack_batch(result: bytes | Rollout | EpisodeBatch) -> Rollout | EpisodeBat
 def merge_rollouts(parts: list[Rollout]) -> Rollout:
     """Concatenate fragments from several workers along the env axis (in the given order)."""
     cat = lambda name: np.concatenate([getattr(p, name) for p in parts], axis=1)  # noqa: E731
-    merged = Rollout(cat("obs"), cat("actions"), cat("rewards"), cat("terminated"), cat("truncated"), cat("valid"),
-                     parts[0].policy_version)
+    merged = Rollout(
+        cat("obs"),
+        cat("actions"),
+        cat("rewards"),
+        cat("terminated"),
+        cat("truncated"),
+        cat("valid"),
+        parts[0].policy_version,
+    )
     if parts[0].values is not None:
         merged.values, merged.log_probs = cat("values"), cat("log_probs")
     if parts[0].starts is not None:  # recurrent: each fragment's starts and initial state, env axis 1 alike
         merged.starts = cat("starts")
-        merged.initial_state = {key: np.concatenate([p.initial_state[key] for p in parts], axis=1)
-                                for key in parts[0].initial_state}
+        merged.initial_state = {
+            key: np.concatenate([p.initial_state[key] for p in parts], axis=1) for key in parts[0].initial_state
+        }
     for p in parts:
         merged.episode_returns.extend(p.episode_returns)
         merged.episode_lengths.extend(p.episode_lengths)
@@ -230,8 +256,9 @@ class RemoteCollector:
         spec = WorkerSpec(self.algo, self.trainer.run, self.trainer.cfg, worker)
         actor = self.engine.spawn(RolloutWorker, spec, cpus=self.strategy.worker_cpus, gpus=self.strategy.worker_gpus)
         if restarts:  # a replacement starts new episodes: seeds depend on the restart count, not on chance
-            self._wait_all([self.engine.call(actor, "reset", self.seed, self.segment + 1_000_003 * restarts)], "reset",
-                           [worker])
+            self._wait_all(
+                [self.engine.call(actor, "reset", self.seed, self.segment + 1_000_003 * restarts)], "reset", [worker]
+            )
         return actor
 
     def worker_pids(self) -> list[int]:
@@ -259,15 +286,18 @@ class RemoteCollector:
         payload: Any = pack(self.trainer.weights())
         if len(payload) >= INLINE_BYTES:
             payload = self.engine.shared(payload)  # one object for every worker
-        pending = {self.engine.call(self.actors[i], "collect_packed", payload, shares[i]): i
-                   for i in range(self.n_workers)}
+        pending = {
+            self.engine.call(self.actors[i], "collect_packed", payload, shares[i]): i for i in range(self.n_workers)
+        }
         results: dict[int, Any] = {}
         while pending:
             # a failed or dead worker's result is ready at once (as an error): only a hung worker is late
             done = self.engine.wait(list(pending), self.strategy.timeout_s)
             late = sorted(worker for call, worker in pending.items() if call not in done)
             if late:
-                raise WorkerError(f"rollout worker(s) {late} did not return a batch within {self.strategy.timeout_s:g}s")
+                raise WorkerError(
+                    f"rollout worker(s) {late} did not return a batch within {self.strategy.timeout_s:g}s"
+                )
             for call in done:
                 worker = pending.pop(call)
                 try:
@@ -290,8 +320,10 @@ class RemoteCollector:
         if env_error and self.strategy.on_worker_error == "abort":
             raise WorkerError(reason) from None
         spend_restart(self.restarts, worker, self.strategy.max_worker_restarts, "worker", first_line, WorkerError)
-        self.trainer.report(f"worker {worker}{where} failed at iteration {self.trainer.iteration}: {first_line}; "
-                            f"restarting it ({self.restarts[worker]}/{self.strategy.max_worker_restarts})")
+        self.trainer.report(
+            f"worker {worker}{where} failed at iteration {self.trainer.iteration}: {first_line}; "
+            f"restarting it ({self.restarts[worker]}/{self.strategy.max_worker_restarts})"
+        )
         replace_actor(self.engine, self.actors, self.places, worker, self._spawn, self.restarts)
 
     def iteration_metrics(self) -> dict[str, float]:
@@ -310,8 +342,9 @@ class RemoteCollector:
             self.engine.kill(actor)
 
 
-def run_actor_learner(run: RunConfig, strategy: StrategyConfig, cfg: Any, run_dir: Any,
-                      resume_path: Any = None) -> dict[str, Any]:
+def run_actor_learner(
+    run: RunConfig, strategy: StrategyConfig, cfg: Any, run_dir: Any, resume_path: Any = None
+) -> dict[str, Any]:
     """Train with ``strategy.workers`` Ray rollout workers and this process as the learner."""
     from distrl.config import ConfigError, scaled
     from distrl.strategies.ray_engine import ray_session
@@ -324,8 +357,15 @@ def run_actor_learner(run: RunConfig, strategy: StrategyConfig, cfg: Any, run_di
     cpus = max(os.cpu_count() or 1, int(np.ceil(strategy.workers * strategy.worker_cpus)))
     with ray_session(strategy.ray_address, run_dir, num_cpus=cpus, debug=run.debug) as ray:
         _check_resources(ray, strategy)
-        trainer = make_trainer(run.algo, run, effective, run_dir=run_dir, strategy=strategy, requested=cfg,
-                               collector_factory=lambda t: RemoteCollector(t, strategy, RayActors(ray)))
+        trainer = make_trainer(
+            run.algo,
+            run,
+            effective,
+            run_dir=run_dir,
+            strategy=strategy,
+            requested=cfg,
+            collector_factory=lambda t: RemoteCollector(t, strategy, RayActors(ray)),
+        )
         return trainer.run_to_end(resume_path, start)
 
 
@@ -338,5 +378,7 @@ def _check_resources(ray: Any, strategy: StrategyConfig) -> None:
         need = per_worker * strategy.workers
         if need > free.get(name, 0.0) + 1e-9:
             flag = "--worker-cpus" if name == "CPU" else "--worker-gpus"
-            raise ConfigError(f"workers={strategy.workers} x {flag} {per_worker} needs {need:g} {name}s; "
-                              f"the Ray cluster has {free.get(name, 0.0):g} free")
+            raise ConfigError(
+                f"workers={strategy.workers} x {flag} {per_worker} needs {need:g} {name}s; "
+                f"the Ray cluster has {free.get(name, 0.0):g} free"
+            )

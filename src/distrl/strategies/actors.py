@@ -103,8 +103,7 @@ class ActorEngine(Protocol):
         """``payload`` as an argument that many calls take without each carrying a copy (Ray's object store)."""
         ...
 
-    def kill(self, actor: Any) -> None:
-        ...
+    def kill(self, actor: Any) -> None: ...
 
 
 def as_array(weights: Any) -> np.ndarray:
@@ -119,8 +118,14 @@ def spend_restart(restarts: list[int], i: int, limit: int, who: str, last: str, 
         raise error(f"{who} {i} failed {restarts[i]} times (max_worker_restarts={limit}); last: {last}")
 
 
-def replace_actor(engine: ActorEngine, actors: list[Any], places: list[list[Any]], i: int,
-                  spawn: Callable[[int, int], Any], restarts: list[int]) -> None:
+def replace_actor(
+    engine: ActorEngine,
+    actors: list[Any],
+    places: list[list[Any]],
+    i: int,
+    spawn: Callable[[int, int], Any],
+    restarts: list[int],
+) -> None:
     """The one restart policy of every actor pool (rollout workers, generators): kill actor ``i``, start its
     replacement with ``spawn(i, restarts[i])`` (which seeds it by its restart count), and ask where it runs."""
     engine.kill(actors[i])
@@ -208,4 +213,7 @@ def overhead_summary(overheads: list[float]) -> dict[str, float]:
     """Median and largest per-iteration overhead of remote collection, in milliseconds (nothing before the first)."""
     if not overheads:
         return {}
-    return {"overhead_ms_median": 1000 * float(np.median(overheads)), "overhead_ms_max": 1000 * float(np.max(overheads))}
+    return {
+        "overhead_ms_median": 1000 * float(np.median(overheads)),
+        "overhead_ms_max": 1000 * float(np.max(overheads)),
+    }

@@ -41,8 +41,9 @@ def init_process_group(run: RunConfig, strategy: StrategyConfig) -> torch.device
     if device.type == "cuda":
         device = torch.device("cuda", local_rank % torch.cuda.device_count())
         torch.cuda.set_device(device)
-    join_group("nccl" if device.type == "cuda" else "gloo", strategy.timeout_s,
-               device if device.type == "cuda" else None)
+    join_group(
+        "nccl" if device.type == "cuda" else "gloo", strategy.timeout_s, device if device.type == "cuda" else None
+    )
     return device
 
 
@@ -62,18 +63,25 @@ def join_group(backend: str, timeout_s: float, device: torch.device | None = Non
     env = os.environ
     if env.get("TORCHELASTIC_USE_AGENT_STORE") == "True" and int(env.get("TORCHELASTIC_MAX_RESTARTS", "0")) > 0:
         if int(env.get("GROUP_WORLD_SIZE", "1")) > 1:
-            raise ConfigError(f"max_restarts={env['TORCHELASTIC_MAX_RESTARTS']} on {env['GROUP_WORLD_SIZE']} torchrun "
-                              "nodes needs TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 in every agent's environment: "
-                              "restarted ranks would otherwise meet on the failed attempt's addresses")
-        store = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), is_master=False,
-                              timeout=timedelta(seconds=timeout_s))
-        kwargs.update(store=dist.PrefixStore(f"distrl/attempt-{env.get('TORCHELASTIC_RESTART_COUNT', '0')}", store),
-                      rank=int(env["RANK"]), world_size=int(env["WORLD_SIZE"]))
+            raise ConfigError(
+                f"max_restarts={env['TORCHELASTIC_MAX_RESTARTS']} on {env['GROUP_WORLD_SIZE']} torchrun "
+                "nodes needs TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 in every agent's environment: "
+                "restarted ranks would otherwise meet on the failed attempt's addresses"
+            )
+        store = dist.TCPStore(
+            env["MASTER_ADDR"], int(env["MASTER_PORT"]), is_master=False, timeout=timedelta(seconds=timeout_s)
+        )
+        kwargs.update(
+            store=dist.PrefixStore(f"distrl/attempt-{env.get('TORCHELASTIC_RESTART_COUNT', '0')}", store),
+            rank=int(env["RANK"]),
+            world_size=int(env["WORLD_SIZE"]),
+        )
     dist.init_process_group(**kwargs)
 
 
-def run_worker(run: RunConfig, strategy: StrategyConfig, cfg: Any, run_dir: Path,
-               resume_path: Path | None = None) -> dict[str, Any] | None:
+def run_worker(
+    run: RunConfig, strategy: StrategyConfig, cfg: Any, run_dir: Path, resume_path: Path | None = None
+) -> dict[str, Any] | None:
     """Train as one rank of an already described group; rank 0 returns the run's summary."""
     start = time.perf_counter()
     if strategy.strategy == "decoupled":
@@ -86,9 +94,16 @@ def run_worker(run: RunConfig, strategy: StrategyConfig, cfg: Any, run_dir: Path
             raise ConfigError(f"workers={strategy.workers} differs from the process group's world size {world}")
         strategy = dataclasses.replace(strategy, workers=world)
         effective = scaled(cfg, strategy, world)
-        trainer = make_trainer(run.algo, run.replace(device=str(device.type)), effective, sync=sync,
-                               run_dir=run_dir, strategy=strategy,
-                               requested=cfg, device=device)
+        trainer = make_trainer(
+            run.algo,
+            run.replace(device=str(device.type)),
+            effective,
+            sync=sync,
+            run_dir=run_dir,
+            strategy=strategy,
+            requested=cfg,
+            device=device,
+        )
         try:
             places: list[dict[str, Any] | None] = [None] * world
             dist.all_gather_object(places, placement())
@@ -113,8 +128,9 @@ def run_worker(run: RunConfig, strategy: StrategyConfig, cfg: Any, run_dir: Path
         dist.destroy_process_group()
 
 
-def _run_decoupled(run: RunConfig, strategy: StrategyConfig, cfg: Any, run_dir: Path, resume_path: Path | None,
-                   start: float) -> dict[str, Any] | None:
+def _run_decoupled(
+    run: RunConfig, strategy: StrategyConfig, cfg: Any, run_dir: Path, resume_path: Path | None, start: float
+) -> dict[str, Any] | None:
     from distrl.strategies.decoupled import run_decoupled_rank
 
     # the world group carries batches and weights between player and trainers on the CPU

@@ -42,22 +42,30 @@ TRAINER_ROOT = 1  # the trainer that broadcasts weights and hands over optimizer
 def check_layout(cfg: PPOConfig, strategy: StrategyConfig, world: int) -> None:
     """Fail before training when the rollout cannot be split over the trainers."""
     if world < 2:
-        raise ConfigError(f"workers={world} is not allowed with --strategy decoupled: must be >= 2 "
-                          "(a player needs at least one trainer)")
+        raise ConfigError(
+            f"workers={world} is not allowed with --strategy decoupled: must be >= 2 "
+            "(a player needs at least one trainer)"
+        )
     if cfg.recompute_advantage:
-        raise ConfigError("recompute_advantage=True is not available with --strategy decoupled: its player "
-                          "computes the advantages once per rollout; use single, ddp or actor-learner")
+        raise ConfigError(
+            "recompute_advantage=True is not available with --strategy decoupled: its player "
+            "computes the advantages once per rollout; use single, ddp or actor-learner"
+        )
     trainers = world - 1
     if not strategy.share_data and cfg.core != "none":  # shards of whole environment sequences
         if cfg.n_envs % trainers or (cfg.batch_size // trainers) % cfg.n_steps:
-            raise ConfigError(f"n_envs={cfg.n_envs} and batch_size={cfg.batch_size} do not split over the {trainers} "
-                              f"trainers in whole sequences with core={cfg.core!r} (--strategy decoupled scatters "
-                              "equal shards of environments): n_envs and batch_size / n_steps must be divisible by "
-                              "the trainers; use --share-data or change them")
+            raise ConfigError(
+                f"n_envs={cfg.n_envs} and batch_size={cfg.batch_size} do not split over the {trainers} "
+                f"trainers in whole sequences with core={cfg.core!r} (--strategy decoupled scatters "
+                "equal shards of environments): n_envs and batch_size / n_steps must be divisible by "
+                "the trainers; use --share-data or change them"
+            )
     elif not strategy.share_data:
         if cfg.rollout_size % trainers:
-            raise ConfigError(f"n_envs * n_steps = {cfg.rollout_size} is not divisible by the {trainers} trainers "
-                              "(--strategy decoupled scatters equal shards); use --share-data or change n_envs/n_steps")
+            raise ConfigError(
+                f"n_envs * n_steps = {cfg.rollout_size} is not divisible by the {trainers} trainers "
+                "(--strategy decoupled scatters equal shards); use --share-data or change n_envs/n_steps"
+            )
         if cfg.batch_size % trainers:
             raise ConfigError(f"batch_size={cfg.batch_size} is not divisible by the {trainers} trainers")
 
@@ -67,11 +75,13 @@ def trainer_config(cfg: PPOConfig, strategy: StrategyConfig, trainers: int) -> P
     if strategy.share_data:
         return dataclasses.replace(cfg, normalize_advantage=False)
     if cfg.core != "none":  # each trainer holds whole sequences of its share of the environments
-        return dataclasses.replace(cfg, n_envs=cfg.n_envs // trainers, batch_size=cfg.batch_size // trainers,
-                                   normalize_advantage=False)
+        return dataclasses.replace(
+            cfg, n_envs=cfg.n_envs // trainers, batch_size=cfg.batch_size // trainers, normalize_advantage=False
+        )
     shard = cfg.rollout_size // trainers
-    return dataclasses.replace(cfg, n_envs=1, n_steps=shard, batch_size=cfg.batch_size // trainers,
-                               normalize_advantage=False)
+    return dataclasses.replace(
+        cfg, n_envs=1, n_steps=shard, batch_size=cfg.batch_size // trainers, normalize_advantage=False
+    )
 
 
 def _send(tensor: torch.Tensor, share: bool, trainers: int, dim: int = 0) -> None:
@@ -106,9 +116,15 @@ def _send_batch(packed: PackedBatch, share: bool, trainers: int) -> None:
             _send(tensor, share, trainers, dim=1)
 
 
-def _receive_batch(rows: int, obs_shape: tuple[int, ...], obs_dtype: torch.dtype, columns: int, share: bool,
-                   trainers: int, sequences: tuple[int, tuple[torch.Tensor, ...]] | None = None
-                   ) -> tuple[torch.Tensor, torch.Tensor, Sequences | None]:
+def _receive_batch(
+    rows: int,
+    obs_shape: tuple[int, ...],
+    obs_dtype: torch.dtype,
+    columns: int,
+    share: bool,
+    trainers: int,
+    sequences: tuple[int, tuple[torch.Tensor, ...]] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, Sequences | None]:
     """``sequences``: (T, the initial state of this trainer's environments, for its shapes) when recurrent."""
     n = rows if share else rows // trainers
     obs = _receive(torch.empty(n, *obs_shape, dtype=obs_dtype), share)
@@ -152,8 +168,13 @@ class PlayerAlgo:
     def _header(self, command: int, progress: float = 0.0) -> None:
         dist.broadcast(torch.tensor([command, progress, self.segment], dtype=torch.float64), 0)
 
-    def update(self, batch: RolloutBatch, sync: Sync, progress_remaining: float = 1.0,
-               advantage_moments: np.ndarray | None = None) -> dict[str, float]:
+    def update(
+        self,
+        batch: RolloutBatch,
+        sync: Sync,
+        progress_remaining: float = 1.0,
+        advantage_moments: np.ndarray | None = None,
+    ) -> dict[str, float]:
         packed = PackedBatch.pack(batch, self.algo.normalized_advantages(batch, sync, advantage_moments))
         self._header(UPDATE, progress_remaining)
         _send_batch(packed, self.share, self.trainers)
@@ -185,16 +206,17 @@ class PlayerAlgo:
         self._header(STOP)
 
 
-def run_trainer(run: RunConfig, strategy: StrategyConfig, cfg: PPOConfig, device: torch.device,
-                trainers_group: Any) -> list[str]:
+def run_trainer(
+    run: RunConfig, strategy: StrategyConfig, cfg: PPOConfig, device: torch.device, trainers_group: Any
+) -> list[str]:
     """The loop of ranks 1..N-1: receive a batch, update together, hand the weights back.
 
     Returns a checksum of the weights after every update (tests compare them with the player's).
     """
     from distrl.envs import make_run_env
     from distrl.nets import make_agent
-    from distrl.spaces import stored_layout
     from distrl.nets.core import checksum
+    from distrl.spaces import stored_layout
 
     world, rank = dist.get_world_size(), dist.get_rank()
     trainers = world - 1
@@ -205,9 +227,13 @@ def run_trainer(run: RunConfig, strategy: StrategyConfig, cfg: PPOConfig, device
     agent = make_agent(obs_space, action_space, cfg, device, run.seed, run.policy, run.precision)
     algo = PPOAlgo(trainer_config(cfg, strategy, trainers), agent, run.seed)
     sync = DistributedSync(device, strategy.timeout_s, group=trainers_group)
-    _receive_start_state(agent, algo, ObsNormalizer.for_space(obs_space, cfg.normalize_obs, cfg.clip_obs),
-                         RewardScaler(cfg.n_envs, cfg.gamma, cfg.normalize_reward),
-                         DistributedSync(torch.device("cpu"), strategy.timeout_s))
+    _receive_start_state(
+        agent,
+        algo,
+        ObsNormalizer.for_space(obs_space, cfg.normalize_obs, cfg.clip_obs),
+        RewardScaler(cfg.n_envs, cfg.gamma, cfg.normalize_reward),
+        DistributedSync(torch.device("cpu"), strategy.timeout_s),
+    )
     action_shape = agent.spec.action_shape
     torch_dtype = torch.from_numpy(np.zeros(0, obs_dtype)).dtype
     segment = -1
@@ -228,8 +254,15 @@ def run_trainer(run: RunConfig, strategy: StrategyConfig, cfg: PPOConfig, device
             segment = new_segment
             algo.reseed(run.seed, 0 if strategy.share_data else rank, segment)
         recurrent = (cfg.n_steps, agent.initial_state(1)) if agent.recurrent else None
-        obs, data, sequences = _receive_batch(cfg.rollout_size, obs_shape, torch_dtype, PackedBatch.columns(action_shape),
-                                              strategy.share_data, trainers, recurrent)
+        obs, data, sequences = _receive_batch(
+            cfg.rollout_size,
+            obs_shape,
+            torch_dtype,
+            PackedBatch.columns(action_shape),
+            strategy.share_data,
+            trainers,
+            recurrent,
+        )
         if sequences is not None:
             sequences = Sequences(sequences.starts.to(device), tuple(s.to(device) for s in sequences.initial_state))
         packed = PackedBatch(obs.to(device), data.to(device), action_shape, agent.discrete, sequences)
@@ -244,8 +277,9 @@ def run_trainer(run: RunConfig, strategy: StrategyConfig, cfg: PPOConfig, device
         history.append(checksum(agent.params.data))
 
 
-def _receive_start_state(agent: Any, algo: PPOAlgo, obs_normalizer: ObsNormalizer, reward_scaler: RewardScaler,
-                         world_sync: Sync) -> None:
+def _receive_start_state(
+    agent: Any, algo: PPOAlgo, obs_normalizer: ObsNormalizer, reward_scaler: RewardScaler, world_sync: Sync
+) -> None:
     """A trainer's side of the player's ``broadcast_state``: the same tensors, by the same code, received in place
     (the counters only the player keeps)."""
     from distrl.training import OnPolicyTrainer
@@ -257,8 +291,9 @@ def _receive_start_state(agent: Any, algo: PPOAlgo, obs_normalizer: ObsNormalize
     agent.refresh_acting_copy()
 
 
-def run_decoupled_rank(run: RunConfig, strategy: StrategyConfig, cfg: PPOConfig, run_dir: Path,
-                       resume_path: Path | None, start: float) -> dict[str, Any] | None:
+def run_decoupled_rank(
+    run: RunConfig, strategy: StrategyConfig, cfg: PPOConfig, run_dir: Path, resume_path: Path | None, start: float
+) -> dict[str, Any] | None:
     """Rank 0 plays, ranks 1..N-1 train. Called with the world process group initialised."""
     from distrl.training import OnPolicyTrainer, resolve_device
     from distrl.training.common import set_cpu_options
@@ -276,8 +311,13 @@ def run_decoupled_rank(run: RunConfig, strategy: StrategyConfig, cfg: PPOConfig,
         set_cpu_options(run)
         run_trainer(run, strategy, cfg, device, trainers_group)
         return None
-    player = OnPolicyTrainer(run.replace(device=strategy.player_device), cfg, run_dir=run_dir, strategy=strategy,
-                             update_factory=lambda algo: PlayerAlgo(algo, strategy, world))
+    player = OnPolicyTrainer(
+        run.replace(device=strategy.player_device),
+        cfg,
+        run_dir=run_dir,
+        strategy=strategy,
+        update_factory=lambda algo: PlayerAlgo(algo, strategy, world),
+    )
     player_algo = player.algo
     assert isinstance(player_algo, PlayerAlgo)
     try:

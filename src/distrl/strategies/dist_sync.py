@@ -46,8 +46,15 @@ class SharedSum:
         import platform
 
         local = int(os.environ.get("LOCAL_WORLD_SIZE", "0"))
-        return (device.type == "cpu" and group is None and world > 1 and local == world and SHM_DIR.is_dir()
-                and platform.machine() in ("x86_64", "AMD64") and os.environ.get(TRANSPORT_VAR, "shm") != "gloo")
+        return (
+            device.type == "cpu"
+            and group is None
+            and world > 1
+            and local == world
+            and SHM_DIR.is_dir()
+            and platform.machine() in ("x86_64", "AMD64")
+            and os.environ.get(TRANSPORT_VAR, "shm") != "gloo"
+        )
 
     def sum_(self, tensor: torch.Tensor) -> None:
         """Sum the float tensor ``tensor`` (``n`` elements) over the ranks, in place."""
@@ -166,7 +173,7 @@ class DistributedSync:
             counts = [int(c) for c in sizes.tolist()]
         longest = max(counts)
         padded = torch.zeros((max(longest, 1), *row_shape), dtype=torch.float64, device=self.device)
-        padded[:len(values)] = torch.from_numpy(values).to(self.device)
+        padded[: len(values)] = torch.from_numpy(values).to(self.device)
         parts = [torch.empty_like(padded) for _ in range(self.world_size)]
         dist.all_gather(parts, padded, group=self.group)
         return [part[:c].cpu().numpy() for part, c in zip(parts, counts)]

@@ -30,8 +30,9 @@ STOP_GRACE_S = 5.0
 PEERS_GRACE_S = 2.0
 """After the first rank fails, how long to wait for the others' own errors before choosing whom to name."""
 
-PEER_FAILURE = re.compile(r"gloo|nccl|connection (closed|reset) by peer|timed out|remote worker crashing",
-                          re.IGNORECASE)
+PEER_FAILURE = re.compile(
+    r"gloo|nccl|connection (closed|reset) by peer|timed out|remote worker crashing", re.IGNORECASE
+)
 """An error that a rank reports because a peer died; the rank that died first is the news."""
 
 
@@ -106,15 +107,22 @@ def error_line(tail: Iterable[str]) -> str:
 def launch_local(argv: list[str], workers: int, timeout_s: float) -> None:
     """Run ``python -m distrl *argv`` as ``workers`` ranks on this machine; raise WorkerFailed on failure."""
     port = free_port()
-    base = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(workers),
-                LOCAL_WORLD_SIZE=str(workers), PYTHONUNBUFFERED="1")
+    base = dict(
+        os.environ,
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        WORLD_SIZE=str(workers),
+        LOCAL_WORLD_SIZE=str(workers),
+        PYTHONUNBUFFERED="1",
+    )
     procs: list[_Worker] = []
     preexec = _die_with_parent if sys.platform.startswith("linux") else None
     try:
         for rank in range(workers):
             env = dict(base, RANK=str(rank), LOCAL_RANK=str(rank))
-            process = subprocess.Popen([sys.executable, "-m", "distrl", *argv], env=env, stderr=subprocess.PIPE,
-                                       text=True, preexec_fn=preexec)
+            process = subprocess.Popen(
+                [sys.executable, "-m", "distrl", *argv], env=env, stderr=subprocess.PIPE, text=True, preexec_fn=preexec
+            )
             procs.append(_Worker(rank, process))
         _wait_all(procs)
     finally:
@@ -173,15 +181,26 @@ def _stop_all(procs: list[_Worker]) -> None:
             worker.process.wait()
 
 
-def launch_ray(worker_fn: Any, args: tuple, workers: int, ray_address: str, run_dir: Path,
-               timeout_s: float, worker_cpus: float = 1.0, worker_gpus: float = 0.0, debug: bool = False) -> Any:
+def launch_ray(
+    worker_fn: Any,
+    args: tuple,
+    workers: int,
+    ray_address: str,
+    run_dir: Path,
+    timeout_s: float,
+    worker_cpus: float = 1.0,
+    worker_gpus: float = 0.0,
+    debug: bool = False,
+) -> Any:
     """Run ``worker_fn(*args)`` as ``workers`` Ray actors forming one process group; returns rank 0's result."""
     from distrl.strategies.ray_engine import RankActor, ray_session
 
     with ray_session(ray_address, run_dir, debug=debug) as ray:
         actor_cls = ray.remote(RankActor)
-        actors = [actor_cls.options(num_cpus=worker_cpus, num_gpus=worker_gpus).remote(rank, workers)
-                  for rank in range(workers)]
+        actors = [
+            actor_cls.options(num_cpus=worker_cpus, num_gpus=worker_gpus).remote(rank, workers)
+            for rank in range(workers)
+        ]
         places = [actor.where.remote() for actor in actors]
         try:
             host, port = ray.get(actors[0].rendezvous_address.remote(), timeout=timeout_s)
@@ -217,7 +236,9 @@ def _ray_root_cause(ray: Any, refs: list, places: list | None) -> str:
         except Exception as exc:  # noqa: BLE001 - any actor failure is reported
             rank = refs.index(ref)
             cause = getattr(exc, "cause", None) or exc
-            where = where_note(resolve_placements(RayActors(ray), [places[rank:rank + 1]], 0.5)[0][0]) if places else ""
+            where = (
+                where_note(resolve_placements(RayActors(ray), [places[rank : rank + 1]], 0.5)[0][0]) if places else ""
+            )
             detail = str(cause).strip().splitlines()[:1]
             errors[rank] = f"failed{where}: " + ": ".join([type(cause).__name__, *detail])
     return blame(errors)

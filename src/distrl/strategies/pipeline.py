@@ -104,8 +104,9 @@ class Generator:
         if self.version != version:
             raise RuntimeError(f"generator {self.id} holds version {self.version}, asked for {version} without weights")
         loaded = time.perf_counter()
-        samples = draw_groups(self.task, self.policy, request_positions(request, self.cfg), self.cfg.group_size,
-                              self.run.seed, version)
+        samples = draw_groups(
+            self.task, self.policy, request_positions(request, self.cfg), self.cfg.group_size, self.run.seed, version
+        )
         return samples, time.perf_counter() - loaded, loaded - start
 
     def generate_scored(self, version: int, weights: Any, request: int) -> Generation | ScoringFailed:
@@ -115,8 +116,10 @@ class Generator:
         try:
             scored = self.scorer.score(samples)
         except Exception as exc:  # noqa: BLE001 - the scorer's process died or stopped answering
-            return ScoringFailed(f"the scorer failed while scoring (rewards {', '.join(self.task.reward_names)}): "
-                                 f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}")
+            return ScoringFailed(
+                f"the scorer failed while scoring (rewards {', '.join(self.task.reward_names)}): "
+                f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+            )
         if isinstance(scored, ScoringFailed):
             return scored
         return Generation(scored, self.id, generate_s, time.perf_counter() - start, load_s)
@@ -179,20 +182,30 @@ class PipelineStats:
         self.lag_min = min(self.lag_min, lag)
         self.lag_max = max(self.lag_max, lag)
 
-    def summary(self, wall: float, steps: int, generators: int, replay: VersionedReplay, restarts: int,
-                unit: str) -> dict[str, Any]:
+    def summary(
+        self, wall: float, steps: int, generators: int, replay: VersionedReplay, restarts: int, unit: str
+    ) -> dict[str, Any]:
         busy = self.learner_busy_s / max(wall, 1e-9)
         counters = {k.replace("slice", unit): v for k, v in replay.counters().items()}
-        return {"learner_steps": steps, "pipeline_wall_s": wall, "learner_steps_per_s": steps / max(wall, 1e-9),
-                "learner_busy_fraction": busy, "learner_idle_fraction": 1 - busy,
-                "generator_utilisation": self.generate_s / max(wall * max(generators, 1), 1e-9),
-                f"{unit}s_generated": self.generated, f"{unit}s_per_s": self.generated / max(wall, 1e-9),
-                "queue_depth_mean": self.queue_depth_total / max(self.queue_depth_count, 1),
-                "queue_depth_max": self.queue_depth_max, "buffer_max": replay.max_size,
-                "policy_lag_min": self.lag_min if self.lag_count else 0.0,
-                "policy_lag_mean": self.lag_total / max(self.lag_count, 1),
-                "policy_lag_max": self.lag_max, "generator_restarts": restarts, "events": self.events,
-                **counters}
+        return {
+            "learner_steps": steps,
+            "pipeline_wall_s": wall,
+            "learner_steps_per_s": steps / max(wall, 1e-9),
+            "learner_busy_fraction": busy,
+            "learner_idle_fraction": 1 - busy,
+            "generator_utilisation": self.generate_s / max(wall * max(generators, 1), 1e-9),
+            f"{unit}s_generated": self.generated,
+            f"{unit}s_per_s": self.generated / max(wall, 1e-9),
+            "queue_depth_mean": self.queue_depth_total / max(self.queue_depth_count, 1),
+            "queue_depth_max": self.queue_depth_max,
+            "buffer_max": replay.max_size,
+            "policy_lag_min": self.lag_min if self.lag_count else 0.0,
+            "policy_lag_mean": self.lag_total / max(self.lag_count, 1),
+            "policy_lag_max": self.lag_max,
+            "generator_restarts": restarts,
+            "events": self.events,
+            **counters,
+        }
 
 
 DEFAULT_QUEUE_SLICES = 16
@@ -202,11 +215,15 @@ DEFAULT_QUEUE_SLICES = 16
 def check_pipeline(cfg: GRPOConfig, strategy: StrategyConfig) -> None:
     """Settings that only make sense together; checked before any actor starts."""
     if strategy.buffer_capacity < cfg.slices_per_step:
-        raise ConfigError(f"buffer_capacity={strategy.buffer_capacity} is not allowed: must be >= slices_per_step "
-                          f"({cfg.slices_per_step})")
+        raise ConfigError(
+            f"buffer_capacity={strategy.buffer_capacity} is not allowed: must be >= slices_per_step "
+            f"({cfg.slices_per_step})"
+        )
     if 0 < strategy.queue_size < cfg.slices_per_call:
-        raise ConfigError(f"queue_size={strategy.queue_size} is not allowed: must be >= slices_per_call "
-                          f"({cfg.slices_per_call}), or no generation would ever be queued")
+        raise ConfigError(
+            f"queue_size={strategy.queue_size} is not allowed: must be >= slices_per_call "
+            f"({cfg.slices_per_call}), or no generation would ever be queued"
+        )
 
 
 class RewardFailed(RuntimeError):
@@ -224,8 +241,13 @@ class PipelineGroups:
         run, cfg = trainer.run, trainer.cfg
         check_pipeline(cfg, strategy)
         self.trainer, self.cfg, self.strategy, self.engine = trainer, cfg, strategy, engine
-        self.replay = VersionedReplay(strategy.buffer_capacity, strategy.max_policy_lag, strategy.replay_sampling,
-                                      seed=run.seed, max_reuse=strategy.max_reuse)
+        self.replay = VersionedReplay(
+            strategy.buffer_capacity,
+            strategy.max_policy_lag,
+            strategy.replay_sampling,
+            seed=run.seed,
+            max_reuse=strategy.max_reuse,
+        )
         self.stats = PipelineStats()
         self.events = self.stats.events
         self.scorer = engine.spawn(Scorer, run, cfg)
@@ -241,9 +263,15 @@ class PipelineGroups:
             self.requests += 1
             return engine.call(actor, "generate_scored", version, weights, self.requests - 1)
 
-        self.pool = GeneratorPool(engine, strategy.workers,
-                                  lambda i, restarts: engine.spawn(Generator, run, cfg, i, scorer),
-                                  request, strategy, self.events, depth=2)
+        self.pool = GeneratorPool(
+            engine,
+            strategy.workers,
+            lambda i, restarts: engine.spawn(Generator, run, cfg, i, scorer),
+            request,
+            strategy,
+            self.events,
+            depth=2,
+        )
         self.startup_s = self.pool.ready(self.scorer)
 
     def resume(self, version: int) -> None:
@@ -287,15 +315,21 @@ class PipelineGroups:
         lags = version - batch.version
         self.stats.record_lag(float(lags.mean()))
         self.wait_s += time.perf_counter() - start
-        self.last_metrics = {"pipeline/policy_lag_max": float(lags.max()),
-                             "pipeline/queue_depth": float(self.stats.queue_depth),
-                             "pipeline/buffer_size": float(len(self.replay)),
-                             "pipeline/generator_restarts": float(self.pool.restarted())}
+        self.last_metrics = {
+            "pipeline/policy_lag_max": float(lags.max()),
+            "pipeline/queue_depth": float(self.stats.queue_depth),
+            "pipeline/buffer_size": float(len(self.replay)),
+            "pipeline/generator_restarts": float(self.pool.restarted()),
+        }
         return batch
 
     def timing(self) -> dict[str, float]:
-        return {"generate_s": self.stats.generate_s, "score_s": self.score_s, "learner_wait_s": self.wait_s,
-                "weight_sync_s": self.weights_s + self.load_s}
+        return {
+            "generate_s": self.stats.generate_s,
+            "score_s": self.score_s,
+            "learner_wait_s": self.wait_s,
+            "weight_sync_s": self.weights_s + self.load_s,
+        }
 
     def finish(self) -> dict[str, Any]:
         """Drain the generations under way into the buffer; the pipeline's counters for summary.json."""
@@ -305,9 +339,18 @@ class PipelineGroups:
                 for piece in result.samples.split(self.cfg.prompts_per_slice):
                     self.replay.add(int(piece.version[0]), piece)
         self.stats.learner_busy_s = self.trainer.update_s
-        summary = self.stats.summary(self.trainer.train_s, self.trainer.version, len(self.pool.actors), self.replay,
-                                     self.pool.restarted(), "slice")
-        where = {"generators": self.pool.placement(), "scorer": resolve_placements(self.engine, [[self.scorer_place]])[0]}
+        summary = self.stats.summary(
+            self.trainer.train_s,
+            self.trainer.version,
+            len(self.pool.actors),
+            self.replay,
+            self.pool.restarted(),
+            "slice",
+        )
+        where = {
+            "generators": self.pool.placement(),
+            "scorer": resolve_placements(self.engine, [[self.scorer_place]])[0],
+        }
         return {**summary, "startup_s": self.startup_s, "placement": where}
 
     def close(self) -> None:
@@ -315,18 +358,26 @@ class PipelineGroups:
         self.engine.kill(self.scorer)
 
 
-def run_pipeline(run: RunConfig, strategy: StrategyConfig, cfg: GRPOConfig, run_dir: Path,
-                 resume_path: Path | None = None) -> dict[str, Any]:
+def run_pipeline(
+    run: RunConfig, strategy: StrategyConfig, cfg: GRPOConfig, run_dir: Path, resume_path: Path | None = None
+) -> dict[str, Any]:
     """Train GRPO with ``strategy.workers`` generators and a scorer feeding this process's learner."""
     check_pipeline(cfg, strategy)
     with actor_engine(strategy, run_dir, debug=run.debug) as engine:
-        return train_grpo(run, cfg, run_dir, resume_path, strategy=strategy,
-                          source_factory=lambda trainer: PipelineGroups(trainer, strategy, engine))
+        return train_grpo(
+            run,
+            cfg,
+            run_dir,
+            resume_path,
+            strategy=strategy,
+            source_factory=lambda trainer: PipelineGroups(trainer, strategy, engine),
+        )
 
 
 @contextmanager
-def actor_engine(strategy: StrategyConfig, run_dir: Path | None = None, num_cpus: int | None = None,
-                 debug: bool = False) -> Iterator[Any]:
+def actor_engine(
+    strategy: StrategyConfig, run_dir: Path | None = None, num_cpus: int | None = None, debug: bool = False
+) -> Iterator[Any]:
     """The engine ``strategy.engine`` names, started for the run and stopped after it."""
     if strategy.engine == "monarch":
         from distrl.strategies.monarch_engine import monarch_session

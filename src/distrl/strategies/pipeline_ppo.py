@@ -38,15 +38,24 @@ class AsyncCollector:
 
         self.trainer, self.strategy, self.engine = trainer, strategy, engine
         self.n_workers = 1  # fragments per learner step
-        self.replay = VersionedReplay(strategy.buffer_capacity, strategy.max_policy_lag, strategy.replay_sampling,
-                                      seed=trainer.run.seed, max_reuse=strategy.max_reuse)
+        self.replay = VersionedReplay(
+            strategy.buffer_capacity,
+            strategy.max_policy_lag,
+            strategy.replay_sampling,
+            seed=trainer.run.seed,
+            max_reuse=strategy.max_reuse,
+        )
         self.stats = PipelineStats()
         self.events = self.stats.events
         self.seed, self.segment = trainer.run.seed, 0
 
         def spawn(i: int, restarts: int) -> Any:
-            actor = engine.spawn(RolloutWorker, WorkerSpec("ppo", trainer.run, trainer.cfg, i),
-                                 cpus=strategy.worker_cpus, gpus=strategy.worker_gpus)
+            actor = engine.spawn(
+                RolloutWorker,
+                WorkerSpec("ppo", trainer.run, trainer.cfg, i),
+                cpus=strategy.worker_cpus,
+                gpus=strategy.worker_gpus,
+            )
             if restarts:  # a replacement starts new episodes, seeded by its restart count
                 engine.call(actor, "reset", self.seed, self.segment + 1_000_003 * restarts)
             return actor
@@ -108,16 +117,22 @@ class AsyncCollector:
             self._submit(policy_version)
         version, fragment = taken[0]
         self.stats.record_lag(float(policy_version - version))
-        rollout = dataclasses.replace(fragment, collected_steps=self.pending_steps,
-                                      episode_returns=self.pending_returns, episode_lengths=self.pending_lengths,
-                                      collect_s=time.perf_counter() - start)
+        rollout = dataclasses.replace(
+            fragment,
+            collected_steps=self.pending_steps,
+            episode_returns=self.pending_returns,
+            episode_lengths=self.pending_lengths,
+            collect_s=time.perf_counter() - start,
+        )
         self.pending_steps, self.pending_returns, self.pending_lengths = 0, [], []
         self.last_overhead_s = rollout.collect_s  # the learner's wait for data
         self.overheads.append(self.last_overhead_s)
-        self.last_metrics = {"pipeline/policy_lag": float(policy_version - version),
-                             "pipeline/queue_depth": float(self.stats.queue_depth),
-                             "pipeline/buffer_size": float(len(self.replay)),
-                             "pipeline/generator_restarts": float(self.pool.restarted())}
+        self.last_metrics = {
+            "pipeline/policy_lag": float(policy_version - version),
+            "pipeline/queue_depth": float(self.stats.queue_depth),
+            "pipeline/buffer_size": float(len(self.replay)),
+            "pipeline/generator_restarts": float(self.pool.restarted()),
+        }
         return rollout
 
     def iteration_metrics(self) -> dict[str, float]:
@@ -137,31 +152,48 @@ class AsyncCollector:
         for _, fragment in self.pool.drain():
             self._add(fragment)
         self.stats.learner_busy_s = self.trainer.update_s
-        summary = self.stats.summary(self.trainer.train_s, self.trainer.policy_version, len(self.pool.actors),
-                                     self.replay, self.pool.restarted(), "fragment")
-        return {**summary, "drained_steps": self.pending_steps * self.trainer.cfg.n_envs, "startup_s": self.startup_s,
-                "placement": {"generators": self.pool.placement()}}
+        summary = self.stats.summary(
+            self.trainer.train_s,
+            self.trainer.policy_version,
+            len(self.pool.actors),
+            self.replay,
+            self.pool.restarted(),
+            "fragment",
+        )
+        return {
+            **summary,
+            "drained_steps": self.pending_steps * self.trainer.cfg.n_envs,
+            "startup_s": self.startup_s,
+            "placement": {"generators": self.pool.placement()},
+        }
 
     def close(self) -> None:
         self.pool.close()
 
 
-def run_async_ppo(run: RunConfig, strategy: StrategyConfig, cfg: Any, run_dir: Path,
-                  resume_path: Path | None = None) -> dict[str, Any]:
+def run_async_ppo(
+    run: RunConfig, strategy: StrategyConfig, cfg: Any, run_dir: Path, resume_path: Path | None = None
+) -> dict[str, Any]:
     """PPO on a Gymnasium env with ``strategy.workers`` generators feeding this process's learner."""
     from distrl.strategies.actor_learner import _check_resources
     from distrl.training import make_trainer
 
     if run.algo != "ppo":
-        raise ConfigError(f"algo={run.algo!r} is not available with --strategy pipeline on a Gymnasium env: "
-                          "use ppo (or grpo on a group task)")
+        raise ConfigError(
+            f"algo={run.algo!r} is not available with --strategy pipeline on a Gymnasium env: "
+            "use ppo (or grpo on a group task)"
+        )
     start = time.perf_counter()
     cpus = max(os.cpu_count() or 1, int(np.ceil(strategy.workers * strategy.worker_cpus)))
     with actor_engine(strategy, run_dir, num_cpus=cpus, debug=run.debug) as engine:
         if isinstance(engine, RayActors):
             _check_resources(engine.ray, strategy)
-        trainer = make_trainer("ppo", run, cfg, run_dir=run_dir, strategy=strategy,
-                               collector_factory=lambda t: AsyncCollector(t, strategy, engine))
+        trainer = make_trainer(
+            "ppo",
+            run,
+            cfg,
+            run_dir=run_dir,
+            strategy=strategy,
+            collector_factory=lambda t: AsyncCollector(t, strategy, engine),
+        )
         return trainer.run_to_end(resume_path, start)
-
-

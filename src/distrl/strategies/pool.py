@@ -12,8 +12,15 @@ from collections.abc import Callable
 from typing import Any
 
 from distrl.config import StrategyConfig
-from distrl.strategies.actors import (ActorDied, ActorEngine, ActorRaised, failure_note, replace_actor, resolve_placements,
-                                     spend_restart)
+from distrl.strategies.actors import (
+    ActorDied,
+    ActorEngine,
+    ActorRaised,
+    failure_note,
+    replace_actor,
+    resolve_placements,
+    spend_restart,
+)
 
 
 class PipelineStalled(RuntimeError):
@@ -34,17 +41,25 @@ class GeneratorPool:
     moment it finishes the first.
     """
 
-    def __init__(self, engine: ActorEngine, n: int, spawn: Callable[[int, int], Any], request: Callable[..., Any],
-                 strategy: StrategyConfig, events: list[str], depth: int = 1):
+    def __init__(
+        self,
+        engine: ActorEngine,
+        n: int,
+        spawn: Callable[[int, int], Any],
+        request: Callable[..., Any],
+        strategy: StrategyConfig,
+        events: list[str],
+        depth: int = 1,
+    ):
         self.engine, self.spawn, self.request, self.strategy, self.events = engine, spawn, request, strategy, events
         self.actors = [spawn(i, 0) for i in range(n)]
         self.places = [[engine.call(actor, "where")] for actor in self.actors]
         """Per generator, a pending ``where`` for each actor it has had (see :meth:`placement`)."""
         self.depth = depth
         self.restarts = [0] * n
-        self.held = [-1] * n                    # the policy version each actor holds (or will, once its queue runs)
-        self.busy = [0] * n                     # requests in flight per actor
-        self.in_flight: dict[Any, int] = {}     # pending request -> actor index
+        self.held = [-1] * n  # the policy version each actor holds (or will, once its queue runs)
+        self.busy = [0] * n  # requests in flight per actor
+        self.in_flight: dict[Any, int] = {}  # pending request -> actor index
 
     def submit(self, version: int, weights: Callable[[], Any], limit: int | None = None) -> None:
         """Top up every actor to ``depth`` requests (at most ``limit`` new ones in all), least busy first."""
@@ -83,8 +98,9 @@ class GeneratorPool:
         pending = [row[-1] for row in self.places] + [self.engine.call(a, "where") for a in others]
         done = self.engine.wait(pending, self.strategy.timeout_s)
         if len(done) < len(pending):
-            names = [f"generator {i}" if i < len(self.actors) else "scorer" for i, p in enumerate(pending)
-                     if p not in done]
+            names = [
+                f"generator {i}" if i < len(self.actors) else "scorer" for i, p in enumerate(pending) if p not in done
+            ]
             raise PipelineStalled(f"{', '.join(names)} did not start within {self.strategy.timeout_s:.0f} s")
         for p in pending:  # an actor that failed to start raises here
             self.engine.result(p, self.strategy.timeout_s)
@@ -111,7 +127,9 @@ class GeneratorPool:
                 raise GeneratorFailed(f"generator {i} {reason}") from None
         reason = f"{reason.splitlines()[0]}{failure_note(self.engine, self.places, i)}"
         spend_restart(self.restarts, i, self.strategy.max_worker_restarts, "generator", reason, GeneratorFailed)
-        self.events.append(f"generator {i} {reason}; restarted ({self.restarts[i]}/{self.strategy.max_worker_restarts})")
+        self.events.append(
+            f"generator {i} {reason}; restarted ({self.restarts[i]}/{self.strategy.max_worker_restarts})"
+        )
         replace_actor(self.engine, self.actors, self.places, i, self.spawn, self.restarts)
         self.held[i] = -1
         for p in [p for p, j in self.in_flight.items() if j == i]:  # lost with the old actor, never counted
@@ -125,9 +143,11 @@ class GeneratorPool:
             raise PipelineStalled(f"the learner has no data and no generation is under way ({stage})")
         timeout = self.strategy.starve_timeout_s
         if not self.engine.wait(list(self.in_flight), timeout, first=True):
-            raise PipelineStalled(f"the learner received no data for {timeout:.0f} s: the {stage} did not answer "
-                                  f"(learner version {learner_version}, buffer {buffered}, "
-                                  f"{len(self.in_flight)} generations in flight)")
+            raise PipelineStalled(
+                f"the learner received no data for {timeout:.0f} s: the {stage} did not answer "
+                f"(learner version {learner_version}, buffer {buffered}, "
+                f"{len(self.in_flight)} generations in flight)"
+            )
 
     def restarted(self) -> int:
         return sum(self.restarts)

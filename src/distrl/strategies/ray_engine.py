@@ -19,7 +19,6 @@ from typing import Any
 
 from distrl.config import ConfigError
 
-
 INLINE_RESULT_BYTES = 512 * 1024
 """The embedded instance returns results up to this size inside the reply instead of through its
 object store (Ray's default: 100 KB). Rollout fragments and episode batches of a few hundred KB
@@ -48,8 +47,9 @@ kept in the run directory instead of the user's terminal unless --debug."""
 
 
 @contextmanager
-def ray_session(address: str, run_dir: Path | None = None, num_cpus: int | None = None,
-                debug: bool = False) -> Iterator[Any]:
+def ray_session(
+    address: str, run_dir: Path | None = None, num_cpus: int | None = None, debug: bool = False
+) -> Iterator[Any]:
     """Yield the ``ray`` module with a connected session; shut it down after if this call started it."""
     ray = import_ray()
     started = False
@@ -65,9 +65,14 @@ def ray_session(address: str, run_dir: Path | None = None, num_cpus: int | None 
             else:
                 # address="local": the run's own instance, whatever other cluster RAY_ADDRESS or an address file
                 # left by an earlier `ray start` points at (without it Ray would try to join that one).
-                ray.init(address="local", num_cpus=num_cpus or os.cpu_count(), include_dashboard=False,
-                         _node_ip_address="127.0.0.1",
-                         _system_config={"max_direct_call_object_size": INLINE_RESULT_BYTES}, **kwargs)
+                ray.init(
+                    address="local",
+                    num_cpus=num_cpus or os.cpu_count(),
+                    include_dashboard=False,
+                    _node_ip_address="127.0.0.1",
+                    _system_config={"max_direct_call_object_size": INLINE_RESULT_BYTES},
+                    **kwargs,
+                )
         started = True
         if run_dir is not None:
             _link_session_logs(ray, run_dir)
@@ -124,8 +129,11 @@ def _probe(address: str, timeout_s: float = 5.0) -> None:
 def _link_session_logs(ray: Any, run_dir: Path) -> None:
     """Point ``run_dir/ray-logs`` at this Ray session's log directory."""
     try:
-        session_dir = Path(ray.get_runtime_context().get_session_dir() if hasattr(ray.get_runtime_context(), "get_session_dir")
-                           else ray._private.worker._global_node.get_session_dir_path())
+        session_dir = Path(
+            ray.get_runtime_context().get_session_dir()
+            if hasattr(ray.get_runtime_context(), "get_session_dir")
+            else ray._private.worker._global_node.get_session_dir_path()
+        )
     except Exception:  # noqa: BLE001 - logs are a convenience, never a reason to fail a run
         return
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -153,6 +161,12 @@ class RankActor:
         return ray.util.get_node_ip_address(), free_port()
 
     def run(self, host: str, port: int, fn: Any, *args: Any) -> Any:
-        os.environ.update(RANK=str(self.rank), WORLD_SIZE=str(self.world_size), MASTER_ADDR=host,
-                          MASTER_PORT=str(port), LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
+        os.environ.update(
+            RANK=str(self.rank),
+            WORLD_SIZE=str(self.world_size),
+            MASTER_ADDR=host,
+            MASTER_PORT=str(port),
+            LOCAL_RANK="0",
+            LOCAL_WORLD_SIZE="1",
+        )
         return fn(*args)

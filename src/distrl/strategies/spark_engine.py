@@ -88,24 +88,33 @@ def check_spark(spark: Any, workers: int, local_mode: bool) -> None:
     total, busy = task_slots(spark)
     free = total - busy
     if workers > free:
-        raise ConfigError(f"workers={workers} is not allowed: must be <= {free}, the free Spark task slots of "
-                          f"master {spark.sparkContext.master} ({total} slots, {busy} busy); a barrier stage "
-                          "waits for all its slots at once")
+        raise ConfigError(
+            f"workers={workers} is not allowed: must be <= {free}, the free Spark task slots of "
+            f"master {spark.sparkContext.master} ({total} slots, {busy} busy); a barrier stage "
+            "waits for all its slots at once"
+        )
     python = spark.sparkContext.pythonExec
     if spark.sparkContext.master.startswith("local") and shutil.which(python) != sys.executable:
-        raise ConfigError(f"spark executors run python={python!r}, not this Python {sys.executable!r}: set "
-                          "PYSPARK_PYTHON to it before the SparkSession starts (distrl's spark_session does)")
+        raise ConfigError(
+            f"spark executors run python={python!r}, not this Python {sys.executable!r}: set "
+            "PYSPARK_PYTHON to it before the SparkSession starts (distrl's spark_session does)"
+        )
 
 
-def launch_spark(spark: Any, run: RunConfig, strategy: StrategyConfig, cfg: Any, resume_path: Path | None = None,
-                 local_mode: bool = True) -> dict[str, Any]:
+def launch_spark(
+    spark: Any,
+    run: RunConfig,
+    strategy: StrategyConfig,
+    cfg: Any,
+    resume_path: Path | None = None,
+    local_mode: bool = True,
+) -> dict[str, Any]:
     """Train ``strategy.workers`` ranks through TorchDistributor; returns rank 0's summary."""
     from pyspark.ml.torch.distributor import TorchDistributor
 
     check_spark(spark, strategy.workers, local_mode)
     run = run.replace(run_dir=str(Path(run.run_dir).resolve()))  # ranks may start in another directory
-    distributor = TorchDistributor(num_processes=strategy.workers, local_mode=local_mode,
-                                   use_gpu=run.device == "cuda")
+    distributor = TorchDistributor(num_processes=strategy.workers, local_mode=local_mode, use_gpu=run.device == "cuda")
     resume = str(resume_path) if resume_path is not None else None
     reports: list[str] = []
     try:
@@ -120,8 +129,9 @@ def launch_spark(spark: Any, run: RunConfig, strategy: StrategyConfig, cfg: Any,
     return summary
 
 
-def spark_rank(run: RunConfig, strategy: StrategyConfig, cfg: Any, run_dir: str,
-               resume: str | None) -> dict[str, Any] | None:
+def spark_rank(
+    run: RunConfig, strategy: StrategyConfig, cfg: Any, run_dir: str, resume: str | None
+) -> dict[str, Any] | None:
     """One rank under torchrun; on failure prints a line the launcher reads back, then re-raises."""
     from distrl.strategies.ddp import run_worker
 
@@ -172,7 +182,7 @@ def describe_failure(exc: BaseException, workers: int, output: Sequence[str] = (
         if at < 0:
             continue
         with contextlib.suppress(ValueError):
-            report, _ = decoder.raw_decode(line[at + len(RANK_ERROR):])
+            report, _ = decoder.raw_decode(line[at + len(RANK_ERROR) :])
             if report not in reports:
                 reports.append(report)
     if reports:

@@ -12,8 +12,12 @@ from distrl.training.off_policy import OffPolicyTrainer
 from distrl.training.on_policy import OnPolicyTrainer
 from distrl.training.state import RunState, configs_from_checkpoint
 
-TRAINERS: dict[str, Any] = {"ppo": OnPolicyTrainer, "sac": OffPolicyTrainer, "reinforce": EpisodicTrainer,
-                            "grpo": GroupTrainer}
+TRAINERS: dict[str, Any] = {
+    "ppo": OnPolicyTrainer,
+    "sac": OffPolicyTrainer,
+    "reinforce": EpisodicTrainer,
+    "grpo": GroupTrainer,
+}
 
 
 def make_trainer(algo: str, *args: Any, **kwargs: Any) -> Any:
@@ -22,6 +26,17 @@ def make_trainer(algo: str, *args: Any, **kwargs: Any) -> Any:
     return TRAINERS[algo](*args, **kwargs)
 
 
-__all__ = ["EVAL_SEED_OFFSET", "EpisodicTrainer", "GroupTrainer", "OffPolicyTrainer", "OnPolicyTrainer", "RunState", "TRAINERS",
-           "TrainerBase",
-           "configs_from_checkpoint", "default_run_dir", "make_trainer", "resolve_device"]
+__all__ = [
+    "EVAL_SEED_OFFSET",
+    "EpisodicTrainer",
+    "GroupTrainer",
+    "OffPolicyTrainer",
+    "OnPolicyTrainer",
+    "RunState",
+    "TRAINERS",
+    "TrainerBase",
+    "configs_from_checkpoint",
+    "default_run_dir",
+    "make_trainer",
+    "resolve_device",
+]

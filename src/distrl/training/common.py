@@ -17,10 +17,10 @@ import numpy as np
 import torch
 from gymnasium import spaces
 
-from distrl.data.collector import Collector
 from distrl.config import ConfigError, RunConfig, StrategyConfig
-from distrl.envs import VecEnv, make_run_env
+from distrl.data.collector import Collector
 from distrl.env_names import portable_env_name, resolve_env_id
+from distrl.envs import VecEnv, make_run_env
 from distrl.evaluation import evaluate
 from distrl.logs import Console, RunLogger
 from distrl.nets.agent import Agent
@@ -51,8 +51,15 @@ def set_cpu_options(run: RunConfig) -> None:
     torch.set_flush_denormal(run.flush_denormal)
 
 
-def init_worker(trainer: Any, run: RunConfig, cfg: Any, sync: Sync | None, strategy: StrategyConfig | None,
-                requested: Any, device: torch.device | None) -> None:
+def init_worker(
+    trainer: Any,
+    run: RunConfig,
+    cfg: Any,
+    sync: Sync | None,
+    strategy: StrategyConfig | None,
+    requested: Any,
+    device: torch.device | None,
+) -> None:
     """Give a trainer what every worker has: run and algorithm configs, its sync (``LocalSync`` alone), the
     strategy, the config as the user asked for it (before scaling), whether it is rank 0, and its device."""
     trainer.run, trainer.cfg = run, cfg
@@ -78,8 +85,17 @@ class TrainerBase(RunState):
     collector: Collector | None = None
     """What collects this trainer's experience, where it has one (SAC steps its environments itself)."""
 
-    def __init__(self, run: RunConfig, cfg: Any, sync: Sync | None, run_dir: Path | None, log: bool,
-                 strategy: StrategyConfig | None, requested: Any, device: torch.device | None):
+    def __init__(
+        self,
+        run: RunConfig,
+        cfg: Any,
+        sync: Sync | None,
+        run_dir: Path | None,
+        log: bool,
+        strategy: StrategyConfig | None,
+        requested: Any,
+        device: torch.device | None,
+    ):
         init_worker(self, run, cfg, sync, strategy, requested, device)
         self.env_id = resolve_env_id(run.env)
         self.env = make_run_env(run, cfg.n_envs, self.env_id)
@@ -118,8 +134,10 @@ class TrainerBase(RunState):
         """Called on the main worker with (steps, mean return) after each periodic evaluation (--eval-every);
         True ends the run there, as a reached --target-return does (a tuning study prunes trials with it)."""
         if run.iterations and not self.counts_iterations:
-            raise ConfigError(f"iterations={run.iterations} is not allowed for {self.algo_name}: must be 0, "
-                              f"{self.algo_name} trains for --total-steps (iterations bound REINFORCE's runs)")
+            raise ConfigError(
+                f"iterations={run.iterations} is not allowed for {self.algo_name}: must be 0, "
+                f"{self.algo_name} trains for --total-steps (iterations bound REINFORCE's runs)"
+            )
         if self.is_main and log and run_dir is not None:
             self.console = Console(*self.progress_bound(), quiet=run.quiet)
             try:
@@ -214,8 +232,12 @@ class TrainerBase(RunState):
         if self.logger is not None:
             metrics["charts/SPS"] = sps
             for rank, part in enumerate(episodes):
-                self.logger.episodes(part[:, 0].tolist(), part[:, 1].astype(int).tolist(), self.steps,
-                                     rank if self.sync.world_size > 1 else None)
+                self.logger.episodes(
+                    part[:, 0].tolist(),
+                    part[:, 1].astype(int).tolist(),
+                    self.steps,
+                    rank if self.sync.world_size > 1 else None,
+                )
             self.logger.scalars(metrics, self.steps, every_s=0.2)  # many short iterations: about 5 points a second
         if self.console is not None:
             if self.logger is not None:
@@ -243,7 +265,9 @@ class TrainerBase(RunState):
         self._eval_steps = self.steps
         self.eval_s += time.perf_counter() - start
         if self.logger is not None:
-            self.logger.scalars({"eval/mean_return": self.last_eval[0], "eval/std_return": self.last_eval[1]}, self.steps)
+            self.logger.scalars(
+                {"eval/mean_return": self.last_eval[0], "eval/std_return": self.last_eval[1]}, self.steps
+            )
         if self.console is not None:
             self.console.line(f"eval at {self.steps:,} steps: {self.last_eval[0]:.1f} ± {self.last_eval[1]:.1f}")
         return self.last_eval
@@ -257,11 +281,17 @@ class TrainerBase(RunState):
     def summary(self) -> dict[str, Any]:
         mean_return = self.logger.mean_return if self.logger is not None else None
         return {
-            **super().summary(), "total_steps": self.steps, "iterations": self.iteration, "episodes": self.episodes,
-            "eval_s": self.eval_s, "sps": self.steps / max(self.train_s, 1e-9), "final_mean_return": mean_return,
+            **super().summary(),
+            "total_steps": self.steps,
+            "iterations": self.iteration,
+            "episodes": self.episodes,
+            "eval_s": self.eval_s,
+            "sps": self.steps / max(self.train_s, 1e-9),
+            "final_mean_return": mean_return,
             "final_eval_mean_return": self.last_eval[0] if self.last_eval else None,
             "final_eval_std_return": self.last_eval[1] if self.last_eval else None,
-            **self.extra_summary, **(self.collector.summary() if self.collector is not None else {}),
+            **self.extra_summary,
+            **(self.collector.summary() if self.collector is not None else {}),
         }
 
     def end_collection(self) -> dict[str, Any]:
@@ -278,18 +308,28 @@ class TrainerBase(RunState):
 
             if self.logger is not None:
                 self.logger.monitor.file.flush()
-            reward_curves([self.run_dir], "total-steps", k=10, out=self.run_dir / "reward_curve.png",
-                          title=f"{self.algo_name.upper()} {self.env_id}")
+            reward_curves(
+                [self.run_dir],
+                "total-steps",
+                k=10,
+                out=self.run_dir / "reward_curve.png",
+                title=f"{self.algo_name.upper()} {self.env_id}",
+            )
 
     def end_line(self, summary: dict[str, Any]) -> str:
         """The one line a finished run prints: what it did, its times (labelled), the evaluation."""
         done = [f"{self.steps:,} steps", f"{self.episodes:,} episodes"]
         if self.run.iterations:
             done.insert(0, f"{self.iteration:,} iterations")
-        ev = ("no evaluation" if summary["final_eval_mean_return"] is None else
-              f"eval return {summary['final_eval_mean_return']:.1f} ± {summary['final_eval_std_return']:.1f}")
-        return (f"done: {', '.join(done)} in {summary['train_s']:.1f}s training ({summary['sps']:,.0f} SPS), "
-                f"{summary['wall_s']:.1f}s total; {ev}; run dir {self.run_dir}")
+        ev = (
+            "no evaluation"
+            if summary["final_eval_mean_return"] is None
+            else f"eval return {summary['final_eval_mean_return']:.1f} ± {summary['final_eval_std_return']:.1f}"
+        )
+        return (
+            f"done: {', '.join(done)} in {summary['train_s']:.1f}s training ({summary['sps']:,.0f} SPS), "
+            f"{summary['wall_s']:.1f}s total; {ev}; run dir {self.run_dir}"
+        )
 
     def release(self) -> None:
         if self.collector is not None:

@@ -26,18 +26,35 @@ class EpisodicTrainer(TrainerBase):
     algo_name = "reinforce"
     counts_iterations = True
 
-    def __init__(self, run: RunConfig, cfg: REINFORCEConfig, sync: Sync | None = None,
-                 run_dir: Path | None = None, log: bool = True, strategy: StrategyConfig | None = None,
-                 requested: REINFORCEConfig | None = None, device: torch.device | None = None,
-                 collector_factory: Callable[[TrainerBase], EpisodeSource] | None = None, policy: PolicySource = None):
+    def __init__(
+        self,
+        run: RunConfig,
+        cfg: REINFORCEConfig,
+        sync: Sync | None = None,
+        run_dir: Path | None = None,
+        log: bool = True,
+        strategy: StrategyConfig | None = None,
+        requested: REINFORCEConfig | None = None,
+        device: torch.device | None = None,
+        collector_factory: Callable[[TrainerBase], EpisodeSource] | None = None,
+        policy: PolicySource = None,
+    ):
         super().__init__(run, cfg, sync, run_dir, log, strategy, requested, device)
-        self.agent = make_agent(self.env.single_observation_space, self.env.single_action_space, cfg, self.device,
-                                run.seed, policy if policy is not None else run.policy, run.precision)
+        self.agent = make_agent(
+            self.env.single_observation_space,
+            self.env.single_action_space,
+            cfg,
+            self.device,
+            run.seed,
+            policy if policy is not None else run.policy,
+            run.precision,
+        )
         self.algo = REINFORCEAlgo(cfg, self.agent)
         self.last_iteration_return: float | None = None
         if collector_factory is None:
-            self.collector: EpisodeSource = EpisodeCollector(self.env, self.agent, run.seed, self.sync.rank * cfg.n_envs,
-                                                   cfg.max_episode_steps)
+            self.collector: EpisodeSource = EpisodeCollector(
+                self.env, self.agent, run.seed, self.sync.rank * cfg.n_envs, cfg.max_episode_steps
+            )
         else:
             self.collector = collector_factory(self)
         self.start_segment()
@@ -68,15 +85,22 @@ class EpisodicTrainer(TrainerBase):
             now = self._end_iteration(start, update_start)
             mean_return = float(np.mean(batch.episode_returns))
             self.last_iteration_return = mean_return
-            metrics.update({"time/collect_s": batch.collect_s, "time/update_s": now - update_start,
-                            "charts/mean_return": mean_return,
-                            **self.collector.iteration_metrics()})
+            metrics.update(
+                {
+                    "time/collect_s": batch.collect_s,
+                    "time/update_s": now - update_start,
+                    "charts/mean_return": mean_return,
+                    **self.collector.iteration_metrics(),
+                }
+            )
             self._log(batch.episode_returns, batch.episode_lengths, counts[1:], metrics)
             if self.console is not None:
                 of = f"/{iterations}" if iterations else ""
-                self.console.line(f"iteration {self.iteration}{of}: mean reward {mean_return:.2f}, "
-                                         f"loss {metrics['losses/policy_loss']:.4f}, {int(counts[1:].sum())} episodes, "
-                                         f"{self.steps:,} steps")
+                self.console.line(
+                    f"iteration {self.iteration}{of}: mean reward {mean_return:.2f}, "
+                    f"loss {metrics['losses/policy_loss']:.4f}, {int(counts[1:].sum())} episodes, "
+                    f"{self.steps:,} steps"
+                )
             per_iteration = int(counts[0])
             if self._crossed(self.run.eval_every, per_iteration) and self._evaluate_and_check_target():
                 break
@@ -108,10 +132,13 @@ class EpisodicTrainer(TrainerBase):
 
     def broadcast_tensors(self) -> list[torch.Tensor]:
         optim = self.algo.optimizer
-        return [self.agent.params.data, optim.exp_avg, optim.exp_avg_sq,
-                torch.tensor([optim.steps], dtype=torch.float64)]
+        return [
+            self.agent.params.data,
+            optim.exp_avg,
+            optim.exp_avg_sq,
+            torch.tensor([optim.steps], dtype=torch.float64),
+        ]
 
     def after_broadcast(self, tensors: list[torch.Tensor]) -> None:
         self.algo.optimizer.steps = int(tensors[-1][0])
         self.agent.refresh_acting_copy()
-

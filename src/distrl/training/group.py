@@ -66,8 +66,7 @@ class GroupSource(Protocol):
         """Figures for summary.json at the end (a pipeline drains its generators first)."""
         ...
 
-    def close(self) -> None:
-        ...
+    def close(self) -> None: ...
 
 
 class LocalGroups:
@@ -108,13 +107,15 @@ def check_prompts(task: GroupTask, encoder: PromptEncoder | None) -> None:
     if dataset is None or encoder is None:
         return
     for start in range(0, len(dataset), 1024):
-        rows = dataset.rows[start:start + 1024]
+        rows = dataset.rows[start : start + 1024]
         found = encoder.too_long([row["prompt"] for row in rows])
         if found is not None:
             index, length = found
-            raise ConfigError(f"dataset={dataset.path!r} line {dataset.lines[start + index]}: the prompt has "
-                              f"{length} tokens, over max_prompt_tokens={encoder.max_prompt_tokens} (prompts are "
-                              "never cut)")
+            raise ConfigError(
+                f"dataset={dataset.path!r} line {dataset.lines[start + index]}: the prompt has "
+                f"{length} tokens, over max_prompt_tokens={encoder.max_prompt_tokens} (prompts are "
+                "never cut)"
+            )
 
 
 class GroupTrainer(RunState):
@@ -125,10 +126,18 @@ class GroupTrainer(RunState):
     algo_name = "grpo"
     COUNTERS = (*RunState.COUNTERS, "completions", "tokens")
 
-    def __init__(self, run: RunConfig, cfg: Any, sync: Sync | None = None, run_dir: Path | None = None,
-                 log: bool = True, strategy: StrategyConfig | None = None, requested: Any = None,
-                 device: torch.device | None = None,
-                 source_factory: Callable[[GroupTrainer], GroupSource] | None = None):
+    def __init__(
+        self,
+        run: RunConfig,
+        cfg: Any,
+        sync: Sync | None = None,
+        run_dir: Path | None = None,
+        log: bool = True,
+        strategy: StrategyConfig | None = None,
+        requested: Any = None,
+        device: torch.device | None = None,
+        source_factory: Callable[[GroupTrainer], GroupSource] | None = None,
+    ):
         init_worker(self, run, cfg, sync, strategy, requested, device)
         self.env_id = run.env
         self.task = make_group_task(run.env, cfg, run.seed)
@@ -153,8 +162,9 @@ class GroupTrainer(RunState):
         if self.is_main and log and run_dir is not None:
             self.console = Console(cfg.learner_steps, "learner steps", run.quiet, rate="completions/s", value="reward")
             try:
-                self.logger = RunLogger.start(run_dir, run.env, self.config_dict(), run.track, run.track_project,
-                                              monitor=False)
+                self.logger = RunLogger.start(
+                    run_dir, run.env, self.config_dict(), run.track, run.track_project, monitor=False
+                )
             except BaseException:
                 self.close()
                 raise
@@ -168,18 +178,24 @@ class GroupTrainer(RunState):
     def check_env(cls, run: RunConfig, cfg: Any) -> None:
         """What can fail before any worker starts: the task, its dataset and rewards, the prompts' lengths, and
         run flags that mean nothing to GRPO (a silently ignored flag is a trap)."""
-        unused = {"total_steps": "--learner-steps bounds a grpo run", "iterations": "--learner-steps bounds a grpo run",
-                  "eval_every": "a grpo run evaluates at its end", "policy": "--model names a grpo run's network",
-                  "wrappers": "grpo runs have no env", "env_kwargs": "grpo runs have no env",
-                  "vec": "grpo runs have no env"}
+        unused = {
+            "total_steps": "--learner-steps bounds a grpo run",
+            "iterations": "--learner-steps bounds a grpo run",
+            "eval_every": "a grpo run evaluates at its end",
+            "policy": "--model names a grpo run's network",
+            "wrappers": "grpo runs have no env",
+            "env_kwargs": "grpo runs have no env",
+            "vec": "grpo runs have no env",
+        }
         for name, why in unused.items():
             value, default = getattr(run, name), getattr(RunConfig, name)
             if value != default:
                 raise ConfigError(f"{name}={value!r} is not allowed for grpo: {why}")
         task = make_group_task(run.env, cfg, run.seed)
         if run.env == TEXT_TASK:
-            check_prompts(task, PromptEncoder(cfg.model, load_tokenizer(cfg.model), cfg.chat_template,
-                                              cfg.max_prompt_tokens))
+            check_prompts(
+                task, PromptEncoder(cfg.model, load_tokenizer(cfg.model), cfg.chat_template, cfg.max_prompt_tokens)
+            )
 
     # ---- the loop ----
 
@@ -197,8 +213,11 @@ class GroupTrainer(RunState):
             self._log(batch, metrics)
             if self._reached_target():
                 break
-            if self.run.checkpoint_every and self.version % self.run.checkpoint_every == 0 \
-                    and self.version < cfg.learner_steps:
+            if (
+                self.run.checkpoint_every
+                and self.version % self.run.checkpoint_every == 0
+                and self.version < cfg.learner_steps
+            ):
                 self.save_checkpoint()
 
     def start_segment(self) -> None:
@@ -222,8 +241,13 @@ class GroupTrainer(RunState):
         self.recent_rewards.append(reward)
         named = {f"rewards/{name}": metrics.pop(f"rewards/{k}") for k, name in enumerate(self.task.reward_names)}
         rate = self.completions / max(self.train_s, 1e-9)
-        values = {**metrics, **named, **self.source.last_metrics, "charts/completions_per_s": rate,
-                  "charts/tokens_per_s": self.tokens / max(self.train_s, 1e-9)}
+        values = {
+            **metrics,
+            **named,
+            **self.source.last_metrics,
+            "charts/completions_per_s": rate,
+            "charts/tokens_per_s": self.tokens / max(self.train_s, 1e-9),
+        }
         if self.logger is not None:
             self.logger.scalars(values, self.version, every_s=0.2)
             if self.cfg.sample_every and self.version % self.cfg.sample_every == 0 and batch.texts:
@@ -240,7 +264,9 @@ class GroupTrainer(RunState):
             lines.append(f"--- prompt: {prompt!r}")
             for j in range(min(2, batch.group_size)):
                 row = i * batch.group_size + j
-                scores = ", ".join(f"{name}={batch.rewards[row, k]:.3g}" for k, name in enumerate(self.task.reward_names))
+                scores = ", ".join(
+                    f"{name}={batch.rewards[row, k]:.3g}" for k, name in enumerate(self.task.reward_names)
+                )
                 lines.append(f"completion: {batch.texts[row]!r}  reward {batch.reward[row]:.3g} ({scores})")
         with (self.logger.run_dir / SAMPLES_LOG).open("a", encoding="utf-8") as f:
             f.write("\n".join(lines) + "\n")
@@ -253,12 +279,14 @@ class GroupTrainer(RunState):
             return greedy_reward_fraction(self.task, self.policy, self.run.seed)
         dataset = self.task.dataset  # type: ignore[attr-defined]
         positions = np.arange(min(EVAL_PROMPTS, len(dataset)), dtype=np.int64)
-        greedy = score_groups(self.task, draw_groups(self.task, self.policy, positions, 1, self.run.seed,
-                                                     self.version, greedy=True))
+        greedy = score_groups(
+            self.task, draw_groups(self.task, self.policy, positions, 1, self.run.seed, self.version, greedy=True)
+        )
         assert greedy.rewards is not None and greedy.reward is not None
         out = {"eval_reward": float(greedy.reward.mean()), "eval_prompts": float(len(positions))}
-        out.update({f"eval_reward/{name}": float(greedy.rewards[:, k].mean())
-                    for k, name in enumerate(self.task.reward_names)})
+        out.update(
+            {f"eval_reward/{name}": float(greedy.rewards[:, k].mean()) for k, name in enumerate(self.task.reward_names)}
+        )
         return out
 
     def progress_unit(self) -> str:
@@ -278,11 +306,17 @@ class GroupTrainer(RunState):
         timing = self.source.timing()
         busy = self.update_s / max(self.train_s, 1e-9)
         return {
-            **super().summary(), "model": self.cfg.model or None,
-            "learner_steps": self.version, "completions": self.completions, "tokens": self.tokens,
-            "learn_s": self.update_s, **timing,
-            "learner_busy_fraction": busy, "learner_steps_per_s": self.version / max(self.train_s, 1e-9),
-            "policy_lag_mean": 0.0, "completions_per_s": self.completions / max(self.train_s, 1e-9),
+            **super().summary(),
+            "model": self.cfg.model or None,
+            "learner_steps": self.version,
+            "completions": self.completions,
+            "tokens": self.tokens,
+            "learn_s": self.update_s,
+            **timing,
+            "learner_busy_fraction": busy,
+            "learner_steps_per_s": self.version / max(self.train_s, 1e-9),
+            "policy_lag_mean": 0.0,
+            "completions_per_s": self.completions / max(self.train_s, 1e-9),
             "tokens_per_s": self.tokens / max(self.train_s, 1e-9),
             "reward_first": float(np.mean(self.first_rewards)) if self.first_rewards else None,
             "reward_last": float(np.mean(self.recent_rewards)) if self.recent_rewards else None,
@@ -292,10 +326,12 @@ class GroupTrainer(RunState):
     def end_line(self, summary: dict[str, Any]) -> str:
         ev = summary.get("eval_reward")
         ev_text = f"greedy reward {ev:.3f}" if ev is not None else "no evaluation"
-        return (f"done: {self.version:,} learner steps, {self.completions:,} completions in {self.train_s:.1f}s training "
-                f"({summary['completions_per_s']:,.1f} completions/s), {summary['wall_s']:.1f}s total; reward "
-                f"{summary['reward_first'] or 0:.3f} -> {summary['reward_last'] or 0:.3f}, {ev_text}; "
-                f"run dir {self.run_dir}")
+        return (
+            f"done: {self.version:,} learner steps, {self.completions:,} completions in {self.train_s:.1f}s training "
+            f"({summary['completions_per_s']:,.1f} completions/s), {summary['wall_s']:.1f}s total; reward "
+            f"{summary['reward_first'] or 0:.3f} -> {summary['reward_last'] or 0:.3f}, {ev_text}; "
+            f"run dir {self.run_dir}"
+        )
 
     def release(self) -> None:
         self.source.close()
@@ -320,16 +356,22 @@ class GroupTrainer(RunState):
 
     def load_checkpoint_state(self, state: dict[str, Any], path: Path) -> None:
         if state.get("start_checksum") not in (None, self.start_checksum):
-            raise ConfigError(f"checkpoint={str(path)!r} started from other weights than "
-                              f"{self.cfg.model or 'this seed'!r} holds now: the reference model and the resumed run "
-                              "would differ")
+            raise ConfigError(
+                f"checkpoint={str(path)!r} started from other weights than "
+                f"{self.cfg.model or 'this seed'!r} holds now: the reference model and the resumed run "
+                "would differ"
+            )
         self.completions, self.tokens = int(state.get("completions", 0)), int(state.get("tokens", 0))
         self.source.resume(int(state["steps"]))
 
     def broadcast_tensors(self) -> list[torch.Tensor]:
         optim = self.algo.optimizer
-        return [self.policy.params.data, optim.exp_avg, optim.exp_avg_sq,
-                torch.tensor([optim.steps], dtype=torch.float64)]
+        return [
+            self.policy.params.data,
+            optim.exp_avg,
+            optim.exp_avg_sq,
+            torch.tensor([optim.steps], dtype=torch.float64),
+        ]
 
     def after_broadcast(self, tensors: list[torch.Tensor]) -> None:
         self.algo.optimizer.steps = int(tensors[-1][0])
@@ -344,13 +386,22 @@ def greedy_reward_fraction(task: StateTask, policy: Any, seed: int) -> dict[str,
     every = np.tile(np.arange(task.n_actions), (len(states), 1))
     random_reward = float(task.action_rewards(states, every).mean())
     optimal = task.optimal_reward(states)
-    return {"eval_reward": reward, "optimal_reward": optimal, "random_reward": random_reward,
-            "eval_fraction_of_optimal": (reward - random_reward) / (optimal - random_reward)}
+    return {
+        "eval_reward": reward,
+        "optimal_reward": optimal,
+        "random_reward": random_reward,
+        "eval_fraction_of_optimal": (reward - random_reward) / (optimal - random_reward),
+    }
 
 
-def train_grpo(run: RunConfig, cfg: Any, run_dir: Path | None, resume_path: Path | None = None,
-               source_factory: Callable[[GroupTrainer], GroupSource] | None = None,
-               strategy: StrategyConfig | None = None) -> dict[str, Any]:
+def train_grpo(
+    run: RunConfig,
+    cfg: Any,
+    run_dir: Path | None,
+    resume_path: Path | None = None,
+    source_factory: Callable[[GroupTrainer], GroupSource] | None = None,
+    strategy: StrategyConfig | None = None,
+) -> dict[str, Any]:
     """GRPO in this process (``single``, or the pipeline's learner with its ``source_factory``)."""
     start = time.perf_counter()
     trainer = GroupTrainer(run, cfg, run_dir=run_dir, strategy=strategy, source_factory=source_factory)

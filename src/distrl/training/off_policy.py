@@ -15,8 +15,8 @@ from distrl.config import ConfigError, RunConfig, SACConfig, StrategyConfig
 from distrl.data.replay import CompactReplayBuffer, ReplayBuffer, check_replay_memory
 from distrl.env_names import shown_name
 from distrl.nets.factory import PolicySource, make_sac_networks
-from distrl.spaces import check_observation_space, stored_layout
 from distrl.protocols import Sync
+from distrl.spaces import check_observation_space, stored_layout
 from distrl.training.common import TrainerBase
 
 REPLAY_FILE = "replay.safetensors"
@@ -27,18 +27,27 @@ class OffPolicyTrainer(TrainerBase):
 
     algo_name = "sac"
 
-    def __init__(self, run: RunConfig, cfg: SACConfig, sync: Sync | None = None,
-                 run_dir: Path | None = None, log: bool = True, strategy: StrategyConfig | None = None,
-                 requested: SACConfig | None = None, device: torch.device | None = None,
-                 policy: PolicySource = None):
+    def __init__(
+        self,
+        run: RunConfig,
+        cfg: SACConfig,
+        sync: Sync | None = None,
+        run_dir: Path | None = None,
+        log: bool = True,
+        strategy: StrategyConfig | None = None,
+        requested: SACConfig | None = None,
+        device: torch.device | None = None,
+        policy: PolicySource = None,
+    ):
         self.policy_source = policy if policy is not None else run.policy
         super().__init__(run, cfg, sync, run_dir, log, strategy, requested, device)
         space = self.env.single_action_space
         assert isinstance(space, spaces.Box)
         self.action_dim = int(np.prod(space.shape))
         self.low, self.high = space.low.astype(np.float32), space.high.astype(np.float32)
-        networks = make_sac_networks(self.env.single_observation_space, space, cfg, self.device, run.seed,
-                                     self.policy_source, run.precision)
+        networks = make_sac_networks(
+            self.env.single_observation_space, space, cfg, self.device, run.seed, self.policy_source, run.precision
+        )
         self.algo = SACAlgo(cfg, networks, self.device, run.seed)
         buffer = CompactReplayBuffer if cfg.optimize_memory_usage else ReplayBuffer
         self.replay = buffer(cfg.buffer_size, self.obs_shape, self.action_dim, self.obs_dtype)
@@ -49,7 +58,9 @@ class OffPolicyTrainer(TrainerBase):
     @classmethod
     def check_spaces(cls, env_id: str, observation_space: Any, action_space: Any, cfg: Any) -> None:
         if not isinstance(action_space, spaces.Box):
-            raise ConfigError(f"env={shown_name(env_id)!r} has a {type(action_space).__name__} action space; sac needs Box")
+            raise ConfigError(
+                f"env={shown_name(env_id)!r} has a {type(action_space).__name__} action space; sac needs Box"
+            )
         try:
             check_observation_space(observation_space)
         except ConfigError as exc:

@@ -31,24 +31,23 @@ class OnPolicyUpdate(Protocol):
     optimizer: ClippedAdam
     """Its Adam state is broadcast at start-up and kept in checkpoints."""
 
-    def reseed(self, seed: int, rank: int, segment: int) -> None:
-        ...
+    def reseed(self, seed: int, rank: int, segment: int) -> None: ...
 
-    def prepare(self, rollout: Rollout) -> RolloutBatch:
-        ...
+    def prepare(self, rollout: Rollout) -> RolloutBatch: ...
 
-    def advantage_moments(self, batch: RolloutBatch) -> np.ndarray:
-        ...
+    def advantage_moments(self, batch: RolloutBatch) -> np.ndarray: ...
 
-    def update(self, batch: RolloutBatch, sync: Sync, progress_remaining: float = 1.0,
-               advantage_moments: np.ndarray | None = None) -> dict[str, float]:
-        ...
+    def update(
+        self,
+        batch: RolloutBatch,
+        sync: Sync,
+        progress_remaining: float = 1.0,
+        advantage_moments: np.ndarray | None = None,
+    ) -> dict[str, float]: ...
 
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        ...
+    def state_dict(self) -> dict[str, torch.Tensor]: ...
 
-    def load_state_dict(self, tensors: dict[str, torch.Tensor]) -> None:
-        ...
+    def load_state_dict(self, tensors: dict[str, torch.Tensor]) -> None: ...
 
 
 class OnPolicyTrainer(TrainerBase):
@@ -56,11 +55,20 @@ class OnPolicyTrainer(TrainerBase):
 
     algo_name = "ppo"
 
-    def __init__(self, run: RunConfig, cfg: PPOConfig, sync: Sync | None = None,
-                 run_dir: Path | None = None, log: bool = True, strategy: StrategyConfig | None = None,
-                 requested: PPOConfig | None = None, device: torch.device | None = None,
-                 collector_factory: Callable[[TrainerBase], RolloutSource] | None = None, policy: PolicySource = None,
-                 update_factory: Callable[[PPOAlgo], OnPolicyUpdate] | None = None):
+    def __init__(
+        self,
+        run: RunConfig,
+        cfg: PPOConfig,
+        sync: Sync | None = None,
+        run_dir: Path | None = None,
+        log: bool = True,
+        strategy: StrategyConfig | None = None,
+        requested: PPOConfig | None = None,
+        device: torch.device | None = None,
+        collector_factory: Callable[[TrainerBase], RolloutSource] | None = None,
+        policy: PolicySource = None,
+        update_factory: Callable[[PPOAlgo], OnPolicyUpdate] | None = None,
+    ):
         """
         Args:
             run, cfg: what to train; ``cfg`` is the config this worker runs (after scaling).
@@ -74,12 +82,28 @@ class OnPolicyTrainer(TrainerBase):
             policy: the network, when the Python API was given a module, class or factory (default: ``run.policy``).
         """
         super().__init__(run, cfg, sync, run_dir, log, strategy, requested, device)
-        self.agent = make_agent(self.env.single_observation_space, self.env.single_action_space, cfg, self.device,
-                                run.seed, policy if policy is not None else run.policy, run.precision)
-        self.obs_normalizer = ObsNormalizer.for_space(self.env.single_observation_space, cfg.normalize_obs, cfg.clip_obs)
+        self.agent = make_agent(
+            self.env.single_observation_space,
+            self.env.single_action_space,
+            cfg,
+            self.device,
+            run.seed,
+            policy if policy is not None else run.policy,
+            run.precision,
+        )
+        self.obs_normalizer = ObsNormalizer.for_space(
+            self.env.single_observation_space, cfg.normalize_obs, cfg.clip_obs
+        )
         self.reward_scaler = RewardScaler(cfg.n_envs, cfg.gamma, cfg.normalize_reward)
-        self.collector: RolloutSource = RolloutCollector(self.env, self.agent, self.obs_normalizer, self.reward_scaler,
-                                               cfg.n_steps, run.seed, env_offset=self.sync.rank * cfg.n_envs)
+        self.collector: RolloutSource = RolloutCollector(
+            self.env,
+            self.agent,
+            self.obs_normalizer,
+            self.reward_scaler,
+            cfg.n_steps,
+            run.seed,
+            env_offset=self.sync.rank * cfg.n_envs,
+        )
         if collector_factory is not None:
             self.collector = collector_factory(self)
         algo = PPOAlgo(cfg, self.agent, run.seed)
@@ -110,13 +134,23 @@ class OnPolicyTrainer(TrainerBase):
             self.steps += int(totals["steps"][0])
             self.episodes += int(totals["episodes"].sum())
             update_start = time.perf_counter()
-            metrics = self.algo.update(batch, self.sync, progress_remaining=max(0.0, 1.0 - self.steps / total),
-                                       advantage_moments=totals["advantages"])
+            metrics = self.algo.update(
+                batch,
+                self.sync,
+                progress_remaining=max(0.0, 1.0 - self.steps / total),
+                advantage_moments=totals["advantages"],
+            )
             now = self._end_iteration(start, update_start)
-            metrics.update({"charts/samples": float(totals["samples"][0]), "charts/local_samples": float(rollout.valid.sum()),
-                            "time/collect_s": rollout.collect_s, "time/update_s": now - update_start,
-                            "time/collected_steps": float(rollout.collected_steps),
-                            **self.collector.iteration_metrics()})
+            metrics.update(
+                {
+                    "charts/samples": float(totals["samples"][0]),
+                    "charts/local_samples": float(rollout.valid.sum()),
+                    "time/collect_s": rollout.collect_s,
+                    "time/update_s": now - update_start,
+                    "time/collected_steps": float(rollout.collected_steps),
+                    **self.collector.iteration_metrics(),
+                }
+            )
             self._log(rollout.episode_returns, rollout.episode_lengths, totals["episodes"], metrics)
             if self._crossed(self.run.eval_every, per_iteration) and self._evaluate_and_check_target():
                 break
@@ -133,8 +167,12 @@ class OnPolicyTrainer(TrainerBase):
         """
         episodes = np.zeros(self.sync.world_size)
         episodes[self.sync.rank] = len(rollout.episode_returns)
-        parts = {"steps": np.array([rollout.steps]), "samples": np.array([rollout.valid.sum()]), "episodes": episodes,
-                 "advantages": self.algo.advantage_moments(batch)}
+        parts = {
+            "steps": np.array([rollout.steps]),
+            "samples": np.array([rollout.valid.sum()]),
+            "episodes": episodes,
+            "advantages": self.algo.advantage_moments(batch),
+        }
         if self.cfg.normalize_obs:
             parts["obs"] = rollout.obs_moments
         if self.cfg.normalize_reward:
@@ -142,7 +180,7 @@ class OnPolicyTrainer(TrainerBase):
         summed = self.sync.all_sum(np.concatenate([np.asarray(v, dtype=np.float64) for v in parts.values()]))
         out, offset = {}, 0
         for name, value in parts.items():
-            out[name] = summed[offset:offset + len(value)]
+            out[name] = summed[offset : offset + len(value)]
             offset += len(value)
         if "obs" in out:
             self.obs_normalizer.update(out["obs"])
@@ -152,8 +190,12 @@ class OnPolicyTrainer(TrainerBase):
 
     def weights(self) -> dict[str, Any]:
         """What a remote collector needs to act like this learner: version, parameters, normaliser statistics."""
-        return {"version": self.policy_version, "params": self.agent.params.data.cpu().numpy().copy(),
-                "obs_stats": self.obs_normalizer.stats.state(), "reward_stats": self.reward_scaler.stats.state()}
+        return {
+            "version": self.policy_version,
+            "params": self.agent.params.data.cpu().numpy().copy(),
+            "obs_stats": self.obs_normalizer.stats.state(),
+            "reward_stats": self.reward_scaler.stats.state(),
+        }
 
     def act_for_eval(self, obs: np.ndarray, starts: np.ndarray) -> np.ndarray:
         return self.agent.env_action(self.greedy_actions(self.policy_obs(obs), starts))
@@ -186,8 +228,9 @@ class OnPolicyTrainer(TrainerBase):
         self._refresh()
 
     @staticmethod
-    def start_state(agent: Agent, optimizer: ClippedAdam, obs_normalizer: ObsNormalizer,
-                    reward_scaler: RewardScaler) -> list[torch.Tensor]:
+    def start_state(
+        agent: Agent, optimizer: ClippedAdam, obs_normalizer: ObsNormalizer, reward_scaler: RewardScaler
+    ) -> list[torch.Tensor]:
         """What the start-up broadcast carries, for any holder of these parts (a trainer, or decoupled's
         trainer ranks): the live parameter and Adam tensors, then one float64 tensor packing the obs and
         reward statistics (mean, var, count each) and Adam's step count."""
@@ -197,14 +240,20 @@ class OnPolicyTrainer(TrainerBase):
         return [agent.params.data, optimizer.exp_avg, optimizer.exp_avg_sq, torch.from_numpy(np.concatenate(packed))]
 
     @staticmethod
-    def load_start_state(tensors: list[torch.Tensor], optimizer: ClippedAdam, obs_normalizer: ObsNormalizer,
-                         reward_scaler: RewardScaler) -> None:
+    def load_start_state(
+        tensors: list[torch.Tensor], optimizer: ClippedAdam, obs_normalizer: ObsNormalizer, reward_scaler: RewardScaler
+    ) -> None:
         """Unpack what :meth:`start_state` packed (its first three tensors were received in place)."""
         values, offset = tensors[-1].numpy(), 0
         for stats in (obs_normalizer.stats, reward_scaler.stats):
             size = stats.mean.size
-            stats.load({"mean": values[offset:offset + size], "var": values[offset + size:offset + 2 * size],
-                        "count": values[offset + 2 * size]})
+            stats.load(
+                {
+                    "mean": values[offset : offset + size],
+                    "var": values[offset + size : offset + 2 * size],
+                    "count": values[offset + 2 * size],
+                }
+            )
             offset += 2 * size + 1
         optimizer.steps = int(values[offset])
 

@@ -39,8 +39,12 @@ def configs_from_checkpoint(path: Path) -> tuple[RunConfig, StrategyConfig, Any,
     algo = state.get("algo", "ppo")
     if algo not in ALGO_CONFIGS:
         raise ConfigError(f"checkpoint={str(path)!r} holds an unknown algorithm {algo!r}")
-    return (from_dict(RunConfig, config["run"]), from_dict(StrategyConfig, config["strategy"]),
-            from_dict(ALGO_CONFIGS[algo], config[algo]), state)
+    return (
+        from_dict(RunConfig, config["run"]),
+        from_dict(StrategyConfig, config["strategy"]),
+        from_dict(ALGO_CONFIGS[algo], config[algo]),
+        state,
+    )
 
 
 def resumed_line(at: str, path: Path) -> str:
@@ -135,10 +139,17 @@ class RunState:
 
     def summary(self) -> dict[str, Any]:
         """What every run's summary.json holds; trainers add their own figures, then ``extra_summary``'s."""
-        return {"algo": self.run.algo, "env": self.env_id, "strategy": self.strategy.strategy,
-                "workers": self.strategy.workers if self.strategy.strategy != "single" else 1,
-                "train_s": self.train_s, "update_s": self.update_s, "sync_s": self.sync.sync_s,
-                "events": self.events, "distrl_version": distrl.__version__}
+        return {
+            "algo": self.run.algo,
+            "env": self.env_id,
+            "strategy": self.strategy.strategy,
+            "workers": self.strategy.workers if self.strategy.strategy != "single" else 1,
+            "train_s": self.train_s,
+            "update_s": self.update_s,
+            "sync_s": self.sync.sync_s,
+            "events": self.events,
+            "distrl_version": distrl.__version__,
+        }
 
     def end_line(self, summary: dict[str, Any]) -> str:
         """The one line a finished run prints: what it did, its times (labelled), the evaluation."""
@@ -190,13 +201,22 @@ class RunState:
         return self.env_id
 
     def config_dict(self) -> dict[str, Any]:
-        return {"run": to_dict(self.run.replace(env=self.env_name())), "strategy": to_dict(self.strategy),
-                self.algo_name: to_dict(self.requested), f"{self.algo_name}_effective": to_dict(self.cfg)}
+        return {
+            "run": to_dict(self.run.replace(env=self.env_name())),
+            "strategy": to_dict(self.strategy),
+            self.algo_name: to_dict(self.requested),
+            f"{self.algo_name}_effective": to_dict(self.cfg),
+        }
 
     def counters(self) -> dict[str, Any]:
-        return {"steps": self.steps, "iteration": self.iteration, "episodes": self.episodes,
-                "policy_version": self.policy_version, "train_s": self.train_s,
-                "wall_s": self.wall_before + time.perf_counter() - self._created}
+        return {
+            "steps": self.steps,
+            "iteration": self.iteration,
+            "episodes": self.episodes,
+            "policy_version": self.policy_version,
+            "train_s": self.train_s,
+            "wall_s": self.wall_before + time.perf_counter() - self._created,
+        }
 
     def checkpoint_state(self) -> dict[str, Any]:
         """Hook: what a checkpoint's JSON state records beside the counters (spaces, a task's counts)."""
@@ -204,8 +224,12 @@ class RunState:
 
     def checkpoint_contents(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         state = {
-            "algo": self.algo_name, "env_id": self.env_name(), "config": self.config_dict(), **self.counters(),
-            **self.checkpoint_state(), "distrl_version": distrl.__version__,
+            "algo": self.algo_name,
+            "env_id": self.env_name(),
+            "config": self.config_dict(),
+            **self.counters(),
+            **self.checkpoint_state(),
+            "distrl_version": distrl.__version__,
             "monitor_rows": self.logger.monitor_rows() if self.logger is not None else {},
         }
         return self.state_tensors(), state

@@ -24,27 +24,39 @@ def write_results(study: Any, study_dir: Path, algo: str, env_id: str, wall_s: f
     trials = study.get_trials(deepcopy=False)
     complete = sorted((t for t in trials if t.state == states.COMPLETE), key=lambda t: -t.value)
     interrupted = sum(bool(t.user_attrs.get("interrupted")) for t in trials)
-    counts = {"complete": sum(t.state == states.COMPLETE for t in trials),
-              "pruned": sum(t.state == states.PRUNED for t in trials),
-              "failed": sum(t.state == states.FAIL for t in trials) - interrupted,
-              "interrupted and run again": interrupted}
-    print(f"study {study.study_name!r}: {len(trials)} trials ({', '.join(f'{n} {k}' for k, n in counts.items() if n)}) "
-          f"in {wall_s:.1f}s", flush=True)
+    counts = {
+        "complete": sum(t.state == states.COMPLETE for t in trials),
+        "pruned": sum(t.state == states.PRUNED for t in trials),
+        "failed": sum(t.state == states.FAIL for t in trials) - interrupted,
+        "interrupted and run again": interrupted,
+    }
+    print(
+        f"study {study.study_name!r}: {len(trials)} trials ({', '.join(f'{n} {k}' for k, n in counts.items() if n)}) "
+        f"in {wall_s:.1f}s",
+        flush=True,
+    )
     if not complete:
-        print(f"distrl: error: no trial of study {study.study_name!r} completed; see {study_dir / 'trials'}",
-              file=sys.stderr)
+        print(
+            f"distrl: error: no trial of study {study.study_name!r} completed; see {study_dir / 'trials'}",
+            file=sys.stderr,
+        )
         return 1
     best = complete[0]
     preset = json.loads((Path(best.user_attrs["run_dir"]) / PRESET_FILE).read_text())
-    preset["comment"] = (f"distrl tune: study {study.study_name!r}, trial {best.number}, evaluation mean return "
-                         f"{best.value:.2f} after {preset.get('total_steps', 0):,} steps")
+    preset["comment"] = (
+        f"distrl tune: study {study.study_name!r}, trial {best.number}, evaluation mean return "
+        f"{best.value:.2f} after {preset.get('total_steps', 0):,} steps"
+    )
     write_json_atomic(study_dir / BEST_FILE, preset)
     table = top_table(complete[:top])
     (study_dir / TOP_FILE).write_text(f"# Top trials of study {study.study_name!r} ({algo}, {env_id})\n\n{table}\n")
     print(table)
     plots = write_plots(study, study_dir)
-    print(f"best: trial {best.number}, {best.value:.2f}; preset {study_dir / BEST_FILE} "
-          f"(distrl train {algo} {env_id} --preset {study_dir / BEST_FILE}); {', '.join(plots)}", flush=True)
+    print(
+        f"best: trial {best.number}, {best.value:.2f}; preset {study_dir / BEST_FILE} "
+        f"(distrl train {algo} {env_id} --preset {study_dir / BEST_FILE}); {', '.join(plots)}",
+        flush=True,
+    )
     return 0
 
 
@@ -54,8 +66,13 @@ def top_table(trials: list[Any]) -> str:
     head = ["rank", "trial", "value", "s", *names]
     rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for rank, t in enumerate(trials, 1):
-        cells = [str(rank), str(t.number), f"{t.value:.2f}", f"{t.user_attrs.get('wall_s', 0):.0f}",
-                 *(_cell(t.params.get(n)) for n in names)]
+        cells = [
+            str(rank),
+            str(t.number),
+            f"{t.value:.2f}",
+            f"{t.user_attrs.get('wall_s', 0):.0f}",
+            *(_cell(t.params.get(n)) for n in names),
+        ]
         rows.append("| " + " | ".join(cells) + " |")
     return "\n".join(rows)
 
@@ -79,8 +96,11 @@ def write_plots(study: Any, study_dir: Path) -> list[str]:
     import optuna
 
     states = optuna.trial.TrialState
-    done = [t for t in study.get_trials(deepcopy=False) if t.state in (states.COMPLETE, states.PRUNED)
-            and t.value is not None]
+    done = [
+        t
+        for t in study.get_trials(deepcopy=False)
+        if t.state in (states.COMPLETE, states.PRUNED) and t.value is not None
+    ]
     written = []
     fig, ax = plt.subplots(figsize=(7, 4))
     for state, marker in ((states.COMPLETE, "o"), (states.PRUNED, "x")):

@@ -86,7 +86,7 @@ class Space:
         values = dict(self.fixed)
         for name, value in params.items():
             if name.startswith(ONE_MINUS):
-                values[name[len(ONE_MINUS):]] = 1.0 - value
+                values[name[len(ONE_MINUS) :]] = 1.0 - value
             elif name == "net_arch":
                 values[name] = decode_arch(value)
             else:

@@ -94,8 +94,12 @@ class TuneArgs:
         require(self.startup_trials >= 0, "startup_trials", self.startup_trials, ">= 0")
         require(self.seed >= 0, "seed", self.seed, ">= 0")
         require(self.trial_timeout_s > 0, "trial_timeout_s", self.trial_timeout_s, "> 0")
-        require(self.budget_steps >= self.evaluations, "budget_steps", self.budget_steps,
-                f">= evaluations ({self.evaluations})")
+        require(
+            self.budget_steps >= self.evaluations,
+            "budget_steps",
+            self.budget_steps,
+            f">= evaluations ({self.evaluations})",
+        )
 
 
 def import_optuna() -> Any:
@@ -111,8 +115,10 @@ def tune_command(argv: list[str]) -> int:
     if len(argv) < 2 or argv[0].startswith("-") or argv[1].startswith("-"):
         if any(a in ("-h", "--help") for a in argv):
             parse_flags(TuneArgs, ["--help"], prog="distrl tune ALGO ENV")
-        raise ConfigError("ALGO and ENV are missing: distrl tune ALGO ENV [flags], e.g. distrl tune ppo CartPole-v1 "
-                          "--trials 20 --budget-steps 50000")
+        raise ConfigError(
+            "ALGO and ENV are missing: distrl tune ALGO ENV [flags], e.g. distrl tune ppo CartPole-v1 "
+            "--trials 20 --budget-steps 50000"
+        )
     algo, env = argv[0], argv[1]
     args = parse_flags(TuneArgs, argv[2:], prog=f"distrl tune {algo} {env}")
     return Tuner(algo, env, args).run()
@@ -126,8 +132,13 @@ class Tuner:
         self.algo, self.env, self.args = algo, env, args
         self.env_id = resolve_env_id(env)
         self.space: Space = build_space(algo, args.space, defaults=not args.no_default_space)
-        self.run_values = {"env_kwargs": args.env_kwargs, "wrappers": args.wrappers, "policy": args.policy,
-                           "device": args.device, "threads": args.threads}
+        self.run_values = {
+            "env_kwargs": args.env_kwargs,
+            "wrappers": args.wrappers,
+            "policy": args.policy,
+            "device": args.device,
+            "threads": args.threads,
+        }
         algo_configs(algo, env, args.preset, run=self.run_values)  # the env, preset and flags, checked once
         _, base = resolve_preset(algo, self.env_id, args.preset)
         base.pop("total_steps", None)
@@ -141,18 +152,26 @@ class Tuner:
 
     def run(self) -> int:
         optuna = self.optuna
-        study = optuna.create_study(storage=self.storage, study_name=self.name, direction="maximize",
-                                    load_if_exists=True)
+        study = optuna.create_study(
+            storage=self.storage, study_name=self.name, direction="maximize", load_if_exists=True
+        )
         self._check_same_study(study)
         retried = self._retry_interrupted(study)
         done_before = self._done(study)
-        sampler = optuna.samplers.TPESampler(seed=self.args.seed + len(study.trials),
-                                             n_startup_trials=self.args.startup_trials)
-        self.study = optuna.load_study(study_name=self.name, storage=self.storage, sampler=sampler,
-                                       pruner=make_pruner(self.args.pruner, self.args.budget_steps,
-                                                          self.args.startup_trials))
-        print(f"study {self.name!r} in {self.storage}: {done_before} of {self.args.trials} trials done"
-              + (f", {retried} interrupted trial(s) to run again" if retried else ""), flush=True)
+        sampler = optuna.samplers.TPESampler(
+            seed=self.args.seed + len(study.trials), n_startup_trials=self.args.startup_trials
+        )
+        self.study = optuna.load_study(
+            study_name=self.name,
+            storage=self.storage,
+            sampler=sampler,
+            pruner=make_pruner(self.args.pruner, self.args.budget_steps, self.args.startup_trials),
+        )
+        print(
+            f"study {self.name!r} in {self.storage}: {done_before} of {self.args.trials} trials done"
+            + (f", {retried} interrupted trial(s) to run again" if retried else ""),
+            flush=True,
+        )
         start = time.perf_counter()
         runner = RayTrials(self) if self.args.engine == "ray" or self.args.ray_address else ProcessTrials(self)
         try:
@@ -172,8 +191,10 @@ class Tuner:
             return
         for key, value in mine.items():
             if theirs.get(key) != value:
-                raise ConfigError(f"{key}={value!r} differs from study {self.name!r}'s {theirs.get(key)!r} in "
-                                  f"{self.storage}: give another --study, or the same {key}")
+                raise ConfigError(
+                    f"{key}={value!r} differs from study {self.name!r}'s {theirs.get(key)!r} in "
+                    f"{self.storage}: give another --study, or the same {key}"
+                )
 
     def _retry_interrupted(self, study: Any) -> int:
         """Trials left running by a tune command of this host that has ended: failed, and queued again."""
@@ -191,9 +212,12 @@ class Tuner:
 
     def _done(self, study: Any) -> int:
         states = self.optuna.trial.TrialState
-        return sum(t.state in (states.COMPLETE, states.PRUNED)
-                   or t.state == states.FAIL and not t.user_attrs.get("interrupted")
-                   for t in study.get_trials(deepcopy=False))
+        return sum(
+            t.state in (states.COMPLETE, states.PRUNED)
+            or t.state == states.FAIL
+            and not t.user_attrs.get("interrupted")
+            for t in study.get_trials(deepcopy=False)
+        )
 
     def _loop(self, runner: Any) -> None:
         states = self.optuna.trial.TrialState
@@ -218,8 +242,14 @@ class Tuner:
         if self.algo == "ppo":  # the zoo samples them independently: a minibatch is at most the rollout
             rollout = values.get("n_envs", 1) * values.get("n_steps", 2048)
             values["batch_size"] = min(values.get("batch_size", 64), rollout)
-        run = {**self.run_values, "seed": self.args.seed, "eval_every": self.eval_every,
-               "eval_episodes": self.args.eval_episodes, "run_dir": str(trial_dir), "quiet": True}
+        run = {
+            **self.run_values,
+            "seed": self.args.seed,
+            "eval_every": self.eval_every,
+            "eval_episodes": self.args.eval_episodes,
+            "run_dir": str(trial_dir),
+            "quiet": True,
+        }
         try:
             algo_configs(self.algo, self.env, "none", run=run, params=values)
         except ConfigError as exc:  # sampled values the config refuses: a failed trial, the study goes on
@@ -228,9 +258,18 @@ class Tuner:
         trial_dir.mkdir(parents=True, exist_ok=True)
         preset = {"algo": self.algo, "env": self.env_id, **values, "total_steps": self.args.budget_steps}
         (trial_dir / PRESET_FILE).write_text(json.dumps(preset, indent=2) + "\n")
-        spec = {"algo": self.algo, "env": self.env, "trial_dir": str(trial_dir.resolve()), "study": self.name,
-                "storage": self.storage, "trial_id": trial._trial_id, "number": trial.number, "run": run,
-                "pruner": self.args.pruner, "startup_trials": self.args.startup_trials}
+        spec = {
+            "algo": self.algo,
+            "env": self.env,
+            "trial_dir": str(trial_dir.resolve()),
+            "study": self.name,
+            "storage": self.storage,
+            "trial_id": trial._trial_id,
+            "number": trial.number,
+            "run": run,
+            "pruner": self.args.pruner,
+            "startup_trials": self.args.startup_trials,
+        }
         (trial_dir / SPEC_FILE).write_text(json.dumps(spec, indent=2) + "\n")
         runner.start(trial.number, trial_dir, spec)
 
@@ -305,11 +344,21 @@ class ProcessTrials:
             proc = spare
         else:
             with (trial_dir / LOG_FILE).open("ab") as log:
-                proc = subprocess.Popen(self._command(str(trial_dir)), stdout=log, stderr=subprocess.STDOUT,
-                                        stdin=subprocess.DEVNULL, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                proc = subprocess.Popen(
+                    self._command(str(trial_dir)),
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                )
         self.procs[number] = (proc, trial_dir, time.monotonic())
-        self.spare = subprocess.Popen(self._command("--spare"), stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                                      stderr=subprocess.DEVNULL, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        self.spare = subprocess.Popen(
+            self._command("--spare"),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
 
     def finished(self) -> list[tuple[int, dict[str, Any]]]:
         done = []
@@ -318,12 +367,25 @@ class ProcessTrials:
             if code is None and time.monotonic() - started > self.timeout_s:
                 proc.kill()
                 proc.wait()
-                done.append((number, {"error": f"timed out after {self.timeout_s:g}s (--trial-timeout-s); log: "
-                                               f"{trial_dir / LOG_FILE}"}))
+                done.append(
+                    (
+                        number,
+                        {
+                            "error": f"timed out after {self.timeout_s:g}s (--trial-timeout-s); log: "
+                            f"{trial_dir / LOG_FILE}"
+                        },
+                    )
+                )
             elif code is not None:
                 result = trial_dir / RESULT_FILE
-                done.append((number, json.loads(result.read_text()) if code == 0 and result.exists()
-                             else {"error": _failure(trial_dir, code)}))
+                done.append(
+                    (
+                        number,
+                        json.loads(result.read_text())
+                        if code == 0 and result.exists()
+                        else {"error": _failure(trial_dir, code)},
+                    )
+                )
             else:
                 continue
             del self.procs[number]
@@ -357,8 +419,9 @@ class RayTrials:
     def __init__(self, tuner: Tuner):
         from distrl.strategies.ray_engine import ray_session
 
-        self.session = ray_session(tuner.args.ray_address, tuner.dir, num_cpus=tuner.args.parallel,
-                                   debug=tuner.args.debug)
+        self.session = ray_session(
+            tuner.args.ray_address, tuner.dir, num_cpus=tuner.args.parallel, debug=tuner.args.debug
+        )
         self.ray = self.session.__enter__()
         self.task = self.ray.remote(num_cpus=1, max_retries=0)(_remote_trial)
         self.timeout_s = tuner.args.trial_timeout_s

@@ -45,8 +45,11 @@ def run_trial(spec: dict[str, Any]) -> dict[str, Any]:
     trial_dir = Path(spec["trial_dir"])
     run, cfg, _ = algo_configs(spec["algo"], spec["env"], str(trial_dir / PRESET_FILE), run=spec["run"])
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = optuna.load_study(study_name=spec["study"], storage=spec["storage"],
-                              pruner=make_pruner(spec["pruner"], run.total_steps, spec["startup_trials"]))
+    study = optuna.load_study(
+        study_name=spec["study"],
+        storage=spec["storage"],
+        pruner=make_pruner(spec["pruner"], run.total_steps, spec["startup_trials"]),
+    )
     trial = optuna.trial.Trial(study, spec["trial_id"])
     start = time.perf_counter()
     trainer = make_trainer(run.algo, run, cfg, run_dir=trial_dir)
@@ -62,8 +65,13 @@ def run_trial(spec: dict[str, Any]) -> dict[str, Any]:
 
     trainer.stop_when = report
     summary = trainer.run_to_end(None, start)
-    result = {"value": summary["final_eval_mean_return"], "pruned_at": pruned_at[0] if pruned_at else None,
-              "steps": summary["total_steps"], "wall_s": summary["wall_s"], "sps": summary["sps"]}
+    result = {
+        "value": summary["final_eval_mean_return"],
+        "pruned_at": pruned_at[0] if pruned_at else None,
+        "steps": summary["total_steps"],
+        "wall_s": summary["wall_s"],
+        "sps": summary["sps"],
+    }
     tmp = trial_dir / (RESULT_FILE + ".tmp")
     tmp.write_text(json.dumps(result) + "\n")
     os.replace(tmp, trial_dir / RESULT_FILE)
