@@ -73,7 +73,7 @@ def policy(run_dir, checkpoint="model"):
     return {
         k: v
         for k, v in load_file(str(Path(run_dir) / checkpoint / "tensors.safetensors")).items()
-        if k.startswith("policy.")
+        if k.startswith("params/")
     }
 
 

@@ -286,7 +286,8 @@ def test_sac_runs_under_ddp(tmp_path):
     assert effective["learning_starts"] == 100 and effective["learning_rate"] == pytest.approx(2 * 1e-3)  # preset 1e-3
 
 
-@pytest.mark.parametrize("compact", [False, True])
+# the compact buffer in the default run; the plain one's save and restore is also proven in one process (test_cli)
+@pytest.mark.parametrize("compact", [pytest.param(False, marks=pytest.mark.slow), True])
 def test_a_ddp_sac_run_resumed_with_every_ranks_replay_buffer_equals_the_uninterrupted_run(tmp_path, compact):
     from distrl import checkpoint
 

@@ -120,7 +120,10 @@ SLOW = [
 ]  # 2 ms a step: about 4 s of collecting in all
 
 
-@pytest.mark.parametrize("strategy, role", [("actor-learner", "workers"), ("pipeline", "generators")])
+# the pipeline's generator replacement is proven without a second node too (test_pipeline, test_pipeline_ppo)
+@pytest.mark.parametrize(
+    "strategy, role", [("actor-learner", "workers"), pytest.param("pipeline", "generators", marks=pytest.mark.slow)]
+)
 def test_losing_a_node_mid_run_the_run_goes_on_with_what_is_left_and_says_so(nodes, tmp_path, strategy, role):
     run_dir = tmp_path / "run"
     proc = nodes.train("ppo", *SLOW, "--strategy", strategy, "--workers", "2", "--run-dir", str(run_dir))
