@@ -242,6 +242,7 @@ def test_a_crashing_trial_is_recorded_failed_with_its_error_and_the_study_goes_o
     assert all("batch_size=100 is not allowed" in t.user_attrs["error"] for t in trials)
 
 
+@pytest.mark.slow
 @pytest.mark.multiprocess
 def test_a_killed_study_resumes_without_losing_or_repeating_a_trial(tmp_path):
     args = [sys.executable, "-m", "distrl", *_tune(tmp_path, "--pruner", "none", budget=40_960)]

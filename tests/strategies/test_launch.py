@@ -342,6 +342,8 @@ def test_ddp_run_resumes_from_its_checkpoint(tmp_path):
     assert sum(rows(run_dir / "ranks" / f"rank-{r}.monitor.csv") for r in (0, 1)) == episodes
 
 
+# resuming a ddp run from its checkpoint is in the default run (test_ddp_run_resumes_from_its_checkpoint)
+@pytest.mark.slow
 def test_resume_auto_under_torchrun_restarts_continues_a_killed_rank_from_the_newest_checkpoint(tmp_path):
     psutil = pytest.importorskip("psutil")
     slow = [

@@ -37,6 +37,8 @@ def test_published_weights_are_one_version_each_and_never_rewritten():
         np.testing.assert_array_equal(v2.fetch(), np.arange(6) + 100)
 
 
+# the pool restarts a killed generator on Ray in the default run (test_pipeline); Monarch runs it there too
+@pytest.mark.slow
 def test_grpo_pipeline_on_monarch_restarts_a_killed_generator_and_leaves_no_process():
     from grpo_hooks import train_bandit
 

@@ -146,6 +146,8 @@ def test_losing_a_node_mid_run_the_run_goes_on_with_what_is_left_and_says_so(nod
     assert lost[:8] in events  # the log names the node that was lost
 
 
+# a lost rank ending the job by name is in the default run (test_launch); a lost node under actor-learner too
+@pytest.mark.slow
 def test_losing_a_node_ends_ddp_naming_the_node_within_the_timeout(nodes, tmp_path):
     run_dir = tmp_path / "run"
     proc = nodes.train(

@@ -68,6 +68,7 @@ def test_the_embedded_instance_starts_beside_a_stale_address_file(ray_tmp, tmp_p
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["iterations"] == 2
 
 
+@pytest.mark.slow
 def test_the_embedded_instance_starts_beside_a_live_ray_start_cluster(ray_tmp, tmp_path):
     from distrl.strategies.ray_engine import free_port
 
