@@ -7,8 +7,7 @@ one small autograd graph, the loss's own::
 
     log_prob, entropy, values = leaves(terms.log_prob, terms.entropy, fwd.values)
     loss = ppo_loss(log_prob, entropy, values, ...)
-    d_log_prob, d_entropy, d_values = output_grads(loss, (log_prob, entropy, values))
-    agent.backward(fwd, terms, actions, d_log_prob, d_entropy, d_values)
+    agent.backward(fwd, terms, actions, *output_grads(loss, (log_prob, entropy, values)))
 
 so that no gradient is derived by hand and a new loss term is one more line.
 """
