@@ -73,6 +73,8 @@ def test_a_slow_learner_keeps_queue_and_buffer_bounded(ray_local):
     assert summary["slices_generated"] <= 25 * 2 + 3 and adds_up(summary)
 
 
+# the command line runs grpo under the pipeline in the default run too (test_matrix)
+@pytest.mark.slow
 def test_command_line_pipeline_writes_the_run_dir(tmp_path):
     run_dir = tmp_path / "run"
     result = subprocess.run(
