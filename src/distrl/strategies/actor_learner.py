@@ -92,7 +92,7 @@ class RolloutWorker:
 
         from distrl.envs import make_run_env
         from distrl.nets import make_agent
-        from distrl.training.common import set_cpu_options
+        from distrl.training.state import set_cpu_options
 
         set_cpu_options(spec.run)  # as the learner and single do: threads, subnormal flushing
         self.spec = spec

@@ -296,7 +296,7 @@ def run_decoupled_rank(
 ) -> dict[str, Any] | None:
     """Rank 0 plays, ranks 1..N-1 train. Called with the world process group initialised."""
     from distrl.training import OnPolicyTrainer, resolve_device
-    from distrl.training.common import set_cpu_options
+    from distrl.training.state import set_cpu_options
 
     world, rank = dist.get_world_size(), dist.get_rank()
     check_layout(cfg, strategy, world)

@@ -55,8 +55,8 @@ from distrl.rewards import RewardError
 from distrl.strategies.actors import ActorEngine, RayActors, as_array, placement, resolve_placements
 from distrl.strategies.pool import GeneratorPool
 from distrl.tasks import make_group_task
-from distrl.training.common import resolve_device
 from distrl.training.group import train_grpo
+from distrl.training.state import resolve_device
 
 
 @dataclass(frozen=True)

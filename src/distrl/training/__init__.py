@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from distrl.training.common import EVAL_SEED_OFFSET, TrainerBase, default_run_dir, resolve_device
+from distrl.training.common import EVAL_SEED_OFFSET, TrainerBase, default_run_dir
 from distrl.training.episodic import EpisodicTrainer
 from distrl.training.group import GroupTrainer
 from distrl.training.off_policy import OffPolicyTrainer
 from distrl.training.on_policy import OnPolicyTrainer
-from distrl.training.state import RunState, configs_from_checkpoint
+from distrl.training.state import RunState, configs_from_checkpoint, resolve_device
 
 TRAINERS: dict[str, Any] = {
     "ppo": OnPolicyTrainer,

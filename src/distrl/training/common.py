@@ -25,51 +25,16 @@ from distrl.evaluation import evaluate
 from distrl.logs import Console, RunLogger
 from distrl.nets.agent import Agent
 from distrl.nets.recurrent import StatefulPolicy
-from distrl.protocols import LocalSync, Sync
+from distrl.protocols import Sync
 from distrl.spaces import DictLayout, stored_layout
 from distrl.training.state import RunState, space_to_json
 
 EVAL_SEED_OFFSET = 1_000_000
 
 
-def resolve_device(device: str) -> torch.device:
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("device='cuda' is not available on this machine: use --device cpu or auto")
-    return torch.device(device)
-
-
 def default_run_dir(run: RunConfig, env_id: str) -> Path:
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     return Path("runs") / f"{run.algo}-{env_id.replace('/', '_')}-s{run.seed}-{stamp}"
-
-
-def set_cpu_options(run: RunConfig) -> None:
-    """This process's torch CPU settings for a run: intra-op threads and subnormal flushing."""
-    torch.set_num_threads(run.threads)  # default 1: for small networks a second thread only contends
-    torch.set_flush_denormal(run.flush_denormal)
-
-
-def init_worker(
-    trainer: Any,
-    run: RunConfig,
-    cfg: Any,
-    sync: Sync | None,
-    strategy: StrategyConfig | None,
-    requested: Any,
-    device: torch.device | None,
-) -> None:
-    """Give a trainer what every worker has: run and algorithm configs, its sync (``LocalSync`` alone), the
-    strategy, the config as the user asked for it (before scaling), whether it is rank 0, and its device."""
-    trainer.run, trainer.cfg = run, cfg
-    trainer.sync = sync if sync is not None else LocalSync()
-    trainer.strategy = strategy if strategy is not None else StrategyConfig()
-    trainer.requested = requested if requested is not None else cfg
-    trainer.is_main = trainer.sync.rank == 0
-    trainer.device = device if device is not None else resolve_device(run.device)
-    if trainer.device.type == "cpu":
-        set_cpu_options(run)
 
 
 class TrainerBase(RunState):
@@ -96,7 +61,7 @@ class TrainerBase(RunState):
         requested: Any,
         device: torch.device | None,
     ):
-        init_worker(self, run, cfg, sync, strategy, requested, device)
+        self.start_run(run, cfg, sync, strategy, requested, device, run_dir)
         self.env_id = resolve_env_id(run.env)
         self.env = make_run_env(run, cfg.n_envs, self.env_id)
         try:
@@ -106,29 +71,12 @@ class TrainerBase(RunState):
             raise
         self.obs_shape, self.obs_dtype = stored_layout(self.env.single_observation_space)
         self.obs_dim = int(np.prod(self.obs_shape))
-        self.steps = 0
-        self.iteration = 0
-        self.episodes = 0
-        self.policy_version = 0
-        self.train_s = 0.0
-        self.update_s = 0.0
         self.eval_s = 0.0
-        self.wall_before = 0.0
-        """Wall time of the earlier processes of a resumed run, up to its checkpoint."""
-        self._created = time.perf_counter()
         self.last_eval: tuple[float, float] | None = None
         self.last_metrics: dict[str, float] = {}
-        self.events: list[str] = []
-        self.extra_summary: dict[str, Any] = {}
-        """Figures a strategy adds to summary.json (ddp: the replicas' final parameter checksums)."""
         self._eval_steps = -1
         self._eval_env: VecEnv | None = None
         self._eval_policy: StatefulPolicy | None = None
-        self.run_dir = run_dir
-        self.logger: RunLogger | None = None
-        self.console: Console | None = None
-        """Progress and events on the terminal: a run directory's main worker has one; the API's
-        ``learn(progress_bar=True)`` lends one for its call."""
         self._console_return: float | None = None
         self.stop_when: Callable[[int, float], bool] | None = None
         """Called on the main worker with (steps, mean return) after each periodic evaluation (--eval-every);

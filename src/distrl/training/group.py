@@ -30,7 +30,6 @@ from distrl.nets.core import checksum
 from distrl.nets.factory import make_group_policy
 from distrl.protocols import Sync
 from distrl.tasks import TEXT_TASK, GroupTask, StateTask, make_group_task
-from distrl.training.common import init_worker
 from distrl.training.state import RunState, section
 
 EVAL_STATES = 1024
@@ -138,7 +137,7 @@ class GroupTrainer(RunState):
         device: torch.device | None = None,
         source_factory: Callable[[GroupTrainer], GroupSource] | None = None,
     ):
-        init_worker(self, run, cfg, sync, strategy, requested, device)
+        self.start_run(run, cfg, sync, strategy, requested, device, run_dir)
         self.env_id = run.env
         self.task = make_group_task(run.env, cfg, run.seed)
         self.policy = make_group_policy(self.task, run, cfg, self.device)
@@ -146,18 +145,9 @@ class GroupTrainer(RunState):
         self.start_checksum = checksum(self.policy.params.data)
         self.reference = make_group_policy(self.task, run, cfg, self.device, "reference") if cfg.beta > 0 else None
         self.algo = GRPOAlgo(cfg, self.policy, self.reference)
-        self.steps = self.iteration = self.policy_version = self.episodes = 0
         self.completions = self.tokens = 0
-        self.train_s = self.update_s = 0.0
-        self.wall_before = 0.0
-        self._created = time.perf_counter()
         self.first_rewards: list[float] = []
         self.recent_rewards: deque[float] = deque(maxlen=RECENT)
-        self.extra_summary: dict[str, Any] = {}
-        self.events: list[str] = []
-        self.run_dir = run_dir
-        self.logger: RunLogger | None = None
-        self.console: Console | None = None
         self.source: GroupSource = (source_factory or LocalGroups)(self)
         if self.is_main and log and run_dir is not None:
             self.console = Console(cfg.learner_steps, "learner steps", run.quiet, rate="completions/s", value="reward")

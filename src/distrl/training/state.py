@@ -18,7 +18,21 @@ import distrl
 from distrl import checkpoint
 from distrl.config import ALGO_CONFIGS, ConfigError, RunConfig, StrategyConfig, from_dict, to_dict
 from distrl.logs import MONITOR_FILE, Console, RunLogger, write_json_atomic
-from distrl.protocols import Sync
+from distrl.protocols import LocalSync, Sync
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device='cuda' is not available on this machine: use --device cpu or auto")
+    return torch.device(device)
+
+
+def set_cpu_options(run: RunConfig) -> None:
+    """This process's torch CPU settings for a run: intra-op threads and subnormal flushing."""
+    torch.set_num_threads(run.threads)  # default 1: for small networks a second thread only contends
+    torch.set_flush_denormal(run.flush_denormal)
 
 
 def space_to_json(space: spaces.Space) -> dict[str, Any]:
@@ -64,6 +78,7 @@ class RunState:
     strategy: StrategyConfig
     sync: Sync
     is_main: bool
+    device: torch.device
     env_id: str
     run_dir: Path | None
     logger: RunLogger | None
@@ -78,6 +93,41 @@ class RunState:
     update_s: float
     wall_before: float
     _created: float
+
+    def start_run(
+        self,
+        run: RunConfig,
+        cfg: Any,
+        sync: Sync | None,
+        strategy: StrategyConfig | None,
+        requested: Any,
+        device: torch.device | None,
+        run_dir: Path | None,
+    ) -> None:
+        """What every trainer starts with: the run and algorithm configs, its sync (``LocalSync`` alone), the
+        strategy, the config as the user asked for it (before scaling), whether it is rank 0, its device, and
+        zeroed counters, no events, and no logger or console yet."""
+        self.run, self.cfg = run, cfg
+        self.sync = sync if sync is not None else LocalSync()
+        self.strategy = strategy if strategy is not None else StrategyConfig()
+        self.requested = requested if requested is not None else cfg
+        self.is_main = self.sync.rank == 0
+        self.device = device if device is not None else resolve_device(run.device)
+        if self.device.type == "cpu":
+            set_cpu_options(run)
+        self.steps = self.iteration = self.episodes = self.policy_version = 0
+        self.train_s = self.update_s = 0.0
+        self.wall_before = 0.0
+        """Wall time of the earlier processes of a resumed run, up to its checkpoint."""
+        self._created = time.perf_counter()
+        self.events = []
+        self.extra_summary = {}
+        """Figures a strategy adds to summary.json (ddp: the replicas' final parameter checksums)."""
+        self.run_dir = run_dir
+        self.logger = None
+        self.console = None
+        """Progress and events on the terminal: a run directory's main worker has one; the API's
+        ``learn(progress_bar=True)`` lends one for its call."""
 
     def state_tensors(self) -> dict[str, torch.Tensor]:
         raise NotImplementedError
