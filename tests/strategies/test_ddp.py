@@ -330,3 +330,18 @@ def test_shared_memory_sums_are_exact_on_every_rank_leave_no_file_and_name_a_ran
         assert out0[step] == out1[step] == (expected, [3.0])
     assert not left0 and not left1  # the file's name goes once both ranks have mapped it
     assert error == "rank(s) [1] did not send their gradients within 2s"
+
+
+def test_ddp_ranks_on_cuda_need_a_gpu_each(monkeypatch):
+    """NCCL refuses two ranks on one GPU (seen on an H200: 'Duplicate GPU detected'): say so before launching."""
+    import torch
+
+    from distrl.config import ConfigError, StrategyConfig
+    from distrl.strategies.launch import check_gpus_per_rank
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(ConfigError, match="workers=2 is not allowed with --device cuda here: NCCL needs one GPU"):
+        check_gpus_per_rank("cuda", StrategyConfig(strategy="ddp", workers=2))
+    check_gpus_per_rank("cuda", StrategyConfig(strategy="ddp", workers=1))
+    check_gpus_per_rank("cpu", StrategyConfig(strategy="ddp", workers=2))  # gloo: any number of ranks

@@ -318,7 +318,7 @@ class PPOAlgo:
         lr = linear(cfg.learning_rate, progress_remaining, cfg.lr_schedule)
         clip_range = linear(cfg.clip_range, progress_remaining, cfg.clip_schedule)
         grad = self.agent.params.grad
-        totals = torch.zeros(len(_STATS), dtype=torch.float64)
+        totals = torch.zeros(len(_STATS), dtype=torch.float64, device=grad.device)  # beside the stats
         grad_norms: list[float] = []
         approx_kl = 0.0
         stopped_early = False

@@ -82,7 +82,7 @@ class REINFORCEAlgo:
             value_loss = (fwd.values - returns).square() if cfg.baseline else torch.zeros_like(returns)
             stats = torch.stack(
                 [
-                    torch.tensor(float(len(returns))),
+                    torch.tensor(float(len(returns)), device=terms.log_prob.device),
                     (-terms.log_prob * advantages).sum(),
                     value_loss.sum(),
                     terms.entropy.sum(),

@@ -47,6 +47,7 @@ def check_before_launch(run: Any, strategy: Any, cfg: Any, resume_path: Path | N
     from distrl.training import TRAINERS
 
     checkpoint.check_new_run_dir(Path(run.run_dir), resume_path)
+    check_gpus_per_rank(run.device, strategy)
     if strategy.strategy == "decoupled":
         from distrl.strategies.decoupled import check_layout
 
@@ -56,6 +57,23 @@ def check_before_launch(run: Any, strategy: Any, cfg: Any, resume_path: Path | N
     else:
         scaled(cfg, strategy, strategy.workers)
     TRAINERS[run.algo].check_env(run, cfg)
+
+
+def check_gpus_per_rank(device: str, strategy: Any) -> None:
+    """Ranks started on this machine on CUDA each need a GPU of their own (NCCL refuses two ranks on one)."""
+    import torch
+
+    from distrl.config import ConfigError
+
+    local = strategy.launcher in ("auto", "local") and not strategy.uses_ray
+    if strategy.strategy != "ddp" or not local or device not in ("cuda", "auto") or not torch.cuda.is_available():
+        return
+    gpus = torch.cuda.device_count()
+    if strategy.workers > gpus:
+        raise ConfigError(
+            f"workers={strategy.workers} is not allowed with --device {device} here: NCCL needs one GPU per rank "
+            f"and {gpus} is visible; use --workers {gpus}, or --device cpu (gloo)"
+        )
 
 
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
