@@ -74,6 +74,47 @@ def test_runs_that_differ_only_in_their_seed_are_grouped_and_named_by_what_their
     assert out.stat().st_size > 0
 
 
+def _finished_run(path, returns, lengths, total_steps, strategy=None):
+    write_monitor(path / "monitor.csv", returns, lengths)
+    (path / "summary.json").write_text(json.dumps({"total_steps": total_steps}))
+    if strategy is not None:
+        (path / "config.json").write_text(json.dumps({"strategy": strategy}))
+    return path
+
+
+def test_a_curve_goes_on_dotted_to_its_runs_last_step_and_the_legend_says_why(tmp_path):
+    done = _finished_run(tmp_path / "done", [10, 30], [20, 40], total_steps=100)  # episodes end at 20 and 60
+    write_monitor(tmp_path / "running" / "monitor.csv", [5], [50])  # no summary.json: its end is unknown
+    fig = reward_curves([done, tmp_path / "running"], "total-steps", out=tmp_path / "c.png")
+    ax = fig.axes[0]
+    done_line, dotted, running = ax.get_lines()
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["done", "running"]
+    assert dotted.get_color() == done_line.get_color() and dotted.get_linestyle() == ":"
+    np.testing.assert_array_equal(np.c_[dotted.get_data()], [[60, 30], [100, 30]])  # last return, held to 100
+    assert "no episode finished after" in ax.get_legend().get_title().get_text()
+    assert ax.get_ylabel() == "return of finished episodes"
+
+
+def test_the_dotted_end_counts_per_process_steps_and_is_left_out_where_the_curve_reaches_the_end(tmp_path):
+    ddp = _finished_run(tmp_path / "ddp", [1, 2], [100, 100], 300, {"strategy": "ddp", "workers": 2})
+    _, dotted = reward_curves([ddp], "steps").axes[0].get_lines()
+    np.testing.assert_array_equal(np.c_[dotted.get_data()], [[100, 2], [150, 2]])
+    exact = _finished_run(tmp_path / "exact", [1, 2], [100, 100], 200)
+    ax = reward_curves([exact], "total-steps").axes[0]
+    assert len(ax.get_lines()) == 1 and ax.get_legend().get_title().get_text() == ""
+    assert len(reward_curves([ddp], "time").axes[0].get_lines()) == 1  # Monitor times and wall_s differ on resume
+
+
+def test_the_mean_of_seeds_goes_on_dotted_to_the_shortest_runs_last_step(tmp_path):
+    a = _finished_run(tmp_path / "a", [0, 10], [10, 10], total_steps=50)  # last episode ends at 20
+    b = _finished_run(tmp_path / "b", [20, 30], [5, 15], total_steps=40)
+    fig = mean_curves({"ab": [a, b]}, "total-steps", points=3)
+    ax = fig.axes[0]
+    mean, dotted = ax.get_lines()
+    np.testing.assert_array_equal(mean.get_xdata()[[0, -1]], [0, 20])  # the mean up to the last finished episode
+    np.testing.assert_allclose(np.c_[dotted.get_data()], [[20, 20], [40, 20]])  # (10 + 30) / 2, held to b's end
+
+
 def test_smoothing_and_speedup_by_hand():
     np.testing.assert_allclose(smooth(np.array([0.0, 2.0, 4.0, 6.0]), 2), [0.0, 1.0, 3.0, 5.0])
     assert speedup(t1=10.0, steps1=1000, tn=6.0, steps_n=1200) == pytest.approx(2.0)  # 10/6 * 1200/1000

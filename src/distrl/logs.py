@@ -103,14 +103,14 @@ class Console:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
             self._progress = Progress(
-                TextColumn(f"[bold]{unit}"),
+                TextColumn("[bold]{task.description}"),
                 BarColumn(),
                 MofNCompleteColumn(),
                 TextColumn("{task.fields[info]}"),
                 TimeRemainingColumn(),
                 transient=False,
             )
-            self._task = self._progress.add_task("train", total=total, info="")
+            self._task = self._progress.add_task(unit, total=total, info="")
             self._progress.start()
 
     def update(self, done: int, sps: float, mean_return: float | None, extra: str = "") -> None:
@@ -125,6 +125,10 @@ class Console:
         if now - self._last >= self.every_s or done >= self.total:
             self._last = now
             print(f"{self.unit} {done:,}/{self.total:,}  {info}", file=sys.stderr, flush=True)
+
+    def episodes(self, label: str, total: int) -> EpisodeProgress:
+        """Progress of an evaluation of ``total`` episodes, shown as the run's own progress is."""
+        return EpisodeProgress(self, label, total)
 
     def line(self, text: str) -> None:
         if self.quiet:
@@ -141,6 +145,37 @@ class Console:
                 self._progress.update(self._task, total=max(self.total, done), completed=done)
             self._progress.stop()
             self._progress = None
+
+
+class EpisodeProgress:
+    """An evaluation's progress, episode k of n: a second bar under the run's on a terminal, else a line at
+    most every ``every_s`` seconds, the first ``every_s`` after it began (quick evaluations print none)."""
+
+    def __init__(self, console: Console, label: str, total: int):
+        self.console, self.label, self.total = console, label, total
+        self._last = time.monotonic()
+        self._task = None
+        if console._progress is not None:
+            self._task = console._progress.add_task(label, total=total, info="")
+
+    def __call__(self, finished: int, steps: int) -> None:
+        """After a vector step: ``finished`` episodes have ended, ``steps`` environment steps were taken."""
+        if self.console.quiet:
+            return
+        info = f"{steps:,} env steps"
+        if self.console._progress is not None and self._task is not None:
+            self.console._progress.update(self._task, completed=finished, info=info)
+            return
+        now = time.monotonic()
+        if now - self._last >= self.console.every_s:
+            self._last = now
+            print(f"{self.label}: episodes {finished}/{self.total}  {info}", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        """Remove the bar (the evaluation's result is a line of its own)."""
+        if self.console._progress is not None and self._task is not None:
+            self.console._progress.remove_task(self._task)
+        self._task = None
 
 
 class RunLogger:

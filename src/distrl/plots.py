@@ -40,7 +40,11 @@ def _pyplot() -> Any:
 class Curve:
     name: str
     x: np.ndarray
+    """Where each finished episode ended."""
     y: np.ndarray
+    end: float | None = None
+    """Where the run ended on the same axis, when known (see :func:`run_end`): a run's last episodes are
+    unfinished when it stops, so its curve ends before it."""
 
 
 def find_monitor(run: Path) -> Path:
@@ -70,6 +74,19 @@ def run_workers(run: Path) -> int:
     return int(strategy.get("workers", 1)) if collecting else 1
 
 
+def run_end(run: Path, x: Axis) -> float | None:
+    """Where a finished distrl run ended on axis ``x``: its summary.json's total steps (per process for
+    ``steps``). None for the time axis (Monitor times count the pauses of a resumed run, summary.json's
+    not) and for runs without a summary.json (still running, or another library's)."""
+    summary = run / "summary.json" if run.is_dir() else run.parent / "summary.json"
+    if x == "time" or not summary.is_file():
+        return None
+    steps = json.loads(summary.read_text()).get("total_steps")
+    if steps is None:
+        return None
+    return steps / run_workers(run) if x == "steps" else float(steps)
+
+
 def smooth(y: np.ndarray, k: int) -> np.ndarray:
     """Trailing moving average over ``k`` episodes (the first points average what exists)."""
     if k <= 1 or len(y) == 0:
@@ -90,7 +107,7 @@ def load_curve(run: Path, x: Axis, k: int = 1) -> Curve:
     total = np.cumsum(data["l"])
     xs = {"total-steps": total, "steps": total / run_workers(run), "time": data["t"]}[x]
     name = run.name if run.is_dir() else run.stem
-    return Curve(name, xs, smooth(data["r"], k))
+    return Curve(name, xs, smooth(data["r"], k), run_end(run, x))
 
 
 def _check_axis(x: str, k: int) -> None:
@@ -100,14 +117,29 @@ def _check_axis(x: str, k: int) -> None:
         raise ConfigError(f"smooth={k} is not allowed: must be >= 1")
 
 
-def _finish(fig: Any, x: str, k: int, title: str, out: Path | None) -> Any:
-    """Labels, grid and legend of a reward figure; written to ``out`` when given."""
+EXTENSION_NOTE = "dotted: no episode finished after, to the run's last step"
+
+
+def _extend(ax: Any, x_last: float, y_last: float, end: float | None, color: Any) -> bool:
+    """A dotted level line from a curve's last finished episode to where its run ended; True if drawn. Its
+    label starts with "_", which keeps it out of the legend."""
+    if end is None or end <= x_last:
+        return False
+    ax.plot([x_last, end], [y_last, y_last], color=color, linestyle=":", linewidth=1.5, label="_to the run's end")
+    return True
+
+
+def _finish(fig: Any, x: str, k: int, title: str, out: Path | None, extended: bool = False) -> Any:
+    """Labels, grid and legend of a reward figure (the legend's title explains dotted ends where there are
+    some); written to ``out`` when given."""
     ax = fig.axes[0]
     ax.set_xlabel(AXIS_LABELS[x])
-    ax.set_ylabel(f"episode return{f' (mean of {k})' if k > 1 else ''}")
+    ax.set_ylabel(f"return of finished episodes{f' (mean of {k})' if k > 1 else ''}")
     ax.set_title(title)
     ax.grid(alpha=0.3)
-    ax.legend(loc="best", fontsize=8)
+    legend = ax.legend(loc="best", fontsize=8, title=EXTENSION_NOTE if extended else None)
+    if extended:
+        legend.get_title().set_fontsize(7)
     fig.tight_layout()
     if out is not None:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
@@ -118,14 +150,17 @@ def _finish(fig: Any, x: str, k: int, title: str, out: Path | None) -> Any:
 def reward_curves(
     runs: list[Path], x: Axis = "steps", k: int = 1, out: Path | None = None, title: str = "Episode return"
 ) -> Any:
-    """A figure with one curve per run; written to ``out`` (PNG) when given. Returns the Figure."""
+    """A figure with one curve per run, a point per finished episode, each continued dotted to its run's last
+    step where that is known (:func:`run_end`); written to ``out`` (PNG) when given. Returns the Figure."""
     _check_axis(x, k)
     curves = [load_curve(Path(run), x, k) for run in runs]
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
+    extended = False
     for curve in curves:
-        ax.plot(curve.x, curve.y, label=curve.name, linewidth=1.5)
-    return _finish(fig, x, k, title, out)
+        (line,) = ax.plot(curve.x, curve.y, label=curve.name, linewidth=1.5)
+        extended |= _extend(ax, float(curve.x[-1]), float(curve.y[-1]), curve.end, line.get_color())
+    return _finish(fig, x, k, title, out, extended)
 
 
 def mean_curves(
@@ -137,11 +172,13 @@ def mean_curves(
     points: int = 200,
 ) -> Any:
     """A figure with one curve per group of runs (the seeds of one setting, say): their mean at ``points``
-    evenly spaced x up to where the shortest run ends, and the band from the lowest to the highest run there
-    (each run's smoothed curve read between its episode ends). Written to ``out`` (PNG) when given."""
+    evenly spaced x up to where the shortest run's last finished episode ends, and the band from the lowest to
+    the highest run there (each run's smoothed curve read between its episode ends); the mean goes on dotted to
+    the shortest run's last step where every run's is known. Written to ``out`` (PNG) when given."""
     _check_axis(x, k)
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
+    extended = False
     for label, runs in groups.items():
         curves = [load_curve(Path(run), x, k) for run in runs]
         grid = np.linspace(0.0, min(float(c.x[-1]) for c in curves), points)
@@ -151,7 +188,10 @@ def mean_curves(
         )
         if len(runs) > 1:
             ax.fill_between(grid, ys.min(axis=0), ys.max(axis=0), color=line.get_color(), alpha=0.15, linewidth=0)
-    return _finish(fig, x, k, title, out)
+        ends = [c.end for c in curves]
+        end = min(e for e in ends if e is not None) if None not in ends else None
+        extended |= _extend(ax, float(grid[-1]), float(ys.mean(axis=0)[-1]), end, line.get_color())
+    return _finish(fig, x, k, title, out, extended)
 
 
 def seed_groups(runs: list[Path]) -> dict[str, list[Path]]:

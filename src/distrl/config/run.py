@@ -25,6 +25,13 @@ from distrl.config.base import (
     require_positive,
 )
 
+EVAL_STEPS_PER_STEP = 2
+"""The default cap on an evaluation's steps, per training step: an evaluation step does no update and costs
+less than a training step (CarRacing, 2,048 steps: 45 training steps/s, 150 evaluation steps/s), so a short
+run's evaluation stays shorter than its training."""
+EVAL_MAX_STEPS_FLOOR = 2_000
+"""The least default cap: ten whole episodes of Pendulum (200 steps each), whatever the run's length."""
+
 
 def parse_env_kwargs(items: tuple[str, ...] | list[str]) -> dict[str, Any]:
     """``("continuous=true", "max_episode_steps=500")`` as ``{"continuous": True, "max_episode_steps": 500}``.
@@ -109,7 +116,11 @@ class RunConfig:
     eval_every: int = 0
     """Run a deterministic evaluation every this many steps (0: only at the end)."""
     eval_episodes: int = 10
-    """Episodes per evaluation."""
+    """Episodes per evaluation; they run side by side in as many environments."""
+    eval_max_steps: int | None = None
+    """Environment steps one evaluation may take, over all its environments; it stops once it has taken them
+    and reports the episodes it finished (a mean over those alone never reaches --target-return). 0: no cap;
+    None: twice total_steps, at least 2,000, so that a short run's evaluation takes less time than its training."""
     target_return: float | None = None
     """Stop training once an evaluation reaches this mean return (grpo: once the mean reward of its last
     ten learner steps does)."""
@@ -148,11 +159,25 @@ class RunConfig:
         require(self.seed >= 0, "seed", self.seed, ">= 0")
         require(self.checkpoint_every >= 0, "checkpoint_every", self.checkpoint_every, ">= 0")
         require(self.eval_every >= 0, "eval_every", self.eval_every, ">= 0")
+        if self.eval_max_steps is not None:
+            require(
+                self.eval_max_steps >= 0,
+                "eval_max_steps",
+                self.eval_max_steps,
+                ">= 0 (0: no cap), or None for the default",
+            )
         parse_env_kwargs(self.env_kwargs)
         for wrapper in self.wrappers:
             _require_entry_point("wrappers", wrapper, "'package.module:function'")
         if self.policy:
             _require_entry_point("policy", self.policy, "'package.module:function' or empty")
+
+    @property
+    def eval_step_cap(self) -> int:
+        """The cap on each evaluation's environment steps (0: none); see ``eval_max_steps``."""
+        if self.eval_max_steps is not None:
+            return self.eval_max_steps
+        return max(EVAL_STEPS_PER_STEP * self.total_steps, EVAL_MAX_STEPS_FLOOR)
 
     def replace(self, **changes: Any) -> RunConfig:
         return dataclasses.replace(self, **changes)

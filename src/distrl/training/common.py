@@ -21,7 +21,7 @@ from distrl.config import ConfigError, RunConfig, StrategyConfig
 from distrl.data.collector import Collector
 from distrl.env_names import portable_env_name, resolve_env_id
 from distrl.envs import VecEnv, make_run_env
-from distrl.evaluation import evaluate
+from distrl.evaluation import Evaluation, run_episodes
 from distrl.logs import Console, RunLogger
 from distrl.nets.agent import Agent
 from distrl.nets.recurrent import StatefulPolicy
@@ -30,6 +30,28 @@ from distrl.spaces import DictLayout, stored_layout
 from distrl.training.state import RunState, space_to_json
 
 EVAL_SEED_OFFSET = 1_000_000
+
+
+def _cap_note(result: Evaluation) -> str:
+    """What an evaluation line adds when the step cap stopped it."""
+    if not result.capped:
+        return ""
+    return f" ({result.finished} of {result.episodes} episodes: stopped at the cap of {result.max_steps:,} steps)"
+
+
+def _evaluation_summary(result: Evaluation | None) -> dict[str, Any]:
+    """summary.json's figures of the run's last evaluation (its final one): returns None where none finished."""
+    if result is None:
+        return {"final_eval_mean_return": None, "final_eval_std_return": None}
+    return {
+        "final_eval_mean_return": result.mean if result.finished else None,
+        "final_eval_std_return": result.std if result.finished else None,
+        "final_eval_episodes": result.episodes,
+        "final_eval_finished": result.finished,
+        "final_eval_steps": result.steps,
+        "final_eval_max_steps": result.max_steps,
+        "final_eval_s": result.seconds,
+    }
 
 
 def default_run_dir(run: RunConfig, env_id: str) -> Path:
@@ -73,6 +95,7 @@ class TrainerBase(RunState):
         self.obs_dim = int(np.prod(self.obs_shape))
         self.eval_s = 0.0
         self.last_eval: tuple[float, float] | None = None
+        self.last_evaluation: Evaluation | None = None
         self.last_metrics: dict[str, float] = {}
         self._eval_steps = -1
         self._eval_env: VecEnv | None = None
@@ -166,7 +189,8 @@ class TrainerBase(RunState):
         reached = 0.0
         if self.is_main:
             mean, _ = self.evaluate_now()
-            reached = float(self.run.target_return is not None and mean >= self.run.target_return)
+            complete = self.last_evaluation is not None and not self.last_evaluation.capped
+            reached = float(complete and self.run.target_return is not None and mean >= self.run.target_return)
             if self.stop_when is not None and self.stop_when(self.steps, mean):
                 reached = 1.0
         return bool(self.sync.all_sum(np.array([reached]))[0] > 0)
@@ -204,20 +228,29 @@ class TrainerBase(RunState):
         return self.iteration if self.run.iterations else self.steps
 
     def evaluate_now(self) -> tuple[float, float]:
-        """Deterministic evaluation over ``eval_episodes`` episodes; returns (mean, std)."""
+        """Deterministic evaluation over ``eval_episodes`` episodes, stopped at the run's cap on evaluation steps
+        (``RunConfig.eval_step_cap``); returns the (mean, std) of the episodes it finished (nan if none did)."""
         start = time.perf_counter()
         if self._eval_env is None:
             self._eval_env = make_run_env(self.run, self.run.eval_episodes, self.env_id, evaluation=True)
-        returns = evaluate(self.act_for_eval, self._eval_env, self.run.seed + EVAL_SEED_OFFSET)
-        self.last_eval = (float(returns.mean()), float(returns.std()))
+        label = f"eval at {self.steps:,} steps"
+        progress = self.console.episodes(label, self.run.eval_episodes) if self.console is not None else None
+        try:
+            result = run_episodes(
+                self.act_for_eval, self._eval_env, self.run.seed + EVAL_SEED_OFFSET, self.run.eval_step_cap, progress
+            )
+        finally:
+            if progress is not None:
+                progress.close()
+        self.last_evaluation = result
+        self.last_eval = (result.mean, result.std)
         self._eval_steps = self.steps
         self.eval_s += time.perf_counter() - start
-        if self.logger is not None:
-            self.logger.scalars(
-                {"eval/mean_return": self.last_eval[0], "eval/std_return": self.last_eval[1]}, self.steps
-            )
+        if self.logger is not None and result.finished:
+            self.logger.scalars({"eval/mean_return": result.mean, "eval/std_return": result.std}, self.steps)
         if self.console is not None:
-            self.console.line(f"eval at {self.steps:,} steps: {self.last_eval[0]:.1f} ± {self.last_eval[1]:.1f}")
+            outcome = f"{result.mean:.1f} ± {result.std:.1f}" if result.finished else "no episode finished"
+            self.console.line(f"{label}: {outcome}{_cap_note(result)}")
         return self.last_eval
 
     def env_name(self) -> str:
@@ -236,8 +269,7 @@ class TrainerBase(RunState):
             "eval_s": self.eval_s,
             "sps": self.steps / max(self.train_s, 1e-9),
             "final_mean_return": mean_return,
-            "final_eval_mean_return": self.last_eval[0] if self.last_eval else None,
-            "final_eval_std_return": self.last_eval[1] if self.last_eval else None,
+            **_evaluation_summary(self.last_evaluation),
             **self.extra_summary,
             **(self.collector.summary() if self.collector is not None else {}),
         }
@@ -269,14 +301,12 @@ class TrainerBase(RunState):
         done = [f"{self.steps:,} steps", f"{self.episodes:,} episodes"]
         if self.run.iterations:
             done.insert(0, f"{self.iteration:,} iterations")
-        ev = (
-            "no evaluation"
-            if summary["final_eval_mean_return"] is None
-            else f"eval return {summary['final_eval_mean_return']:.1f} ± {summary['final_eval_std_return']:.1f}"
-        )
+        evaluation = self.last_evaluation
+        ev = evaluation.headline() if evaluation is not None else "no evaluation"
+        account = f"; {evaluation.account()}" if evaluation is not None else ""
         return (
             f"done: {', '.join(done)} in {summary['train_s']:.1f}s training ({summary['sps']:,.0f} SPS), "
-            f"{summary['wall_s']:.1f}s total; {ev}; run dir {self.run_dir}"
+            f"{summary['wall_s']:.1f}s total; {ev}; run dir {self.run_dir}{account}"
         )
 
     def release(self) -> None:
