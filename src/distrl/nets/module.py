@@ -98,11 +98,7 @@ class ModuleAgent:
     def _views(self, tensor: torch.Tensor) -> dict[str, torch.Tensor]:
         """The module's parameters as views of ``tensor`` (the buffer's data, or the parameter itself
         when the forward pass must reach it through autograd)."""
-        out = {}
-        for name in self.params.shapes:
-            start, end = self.params.offsets[name]
-            out[name] = tensor[start:end].view(self.params.shapes[name])
-        return out
+        return self.params.views(tensor)
 
     def _call(self, views: dict[str, torch.Tensor], obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         with torch.autocast(self.device.type, dtype=self.autocast or torch.bfloat16, enabled=self.autocast is not None):

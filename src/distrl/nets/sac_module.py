@@ -50,7 +50,8 @@ def _buffer(module: nn.Module, device: torch.device, extra: dict[str, tuple[int,
 
 
 def _views(params: ParamBuffer, tensor: torch.Tensor, names: list[str]) -> dict[str, torch.Tensor]:
-    return {n: tensor[params.offsets[n][0] : params.offsets[n][1]].view(params.shapes[n]) for n in names}
+    views = params.views(tensor)
+    return {n: views[n] for n in names}
 
 
 def _autocast(device: torch.device, dtype: torch.dtype | None) -> AbstractContextManager[Any]:
