@@ -16,6 +16,7 @@ optuna = pytest.importorskip("optuna")
 
 from distrl.cli import main  # noqa: E402
 from distrl.config import ConfigError  # noqa: E402
+from distrl.tune.budget import fit_space, trial_steps  # noqa: E402
 from distrl.tune.space import build_space  # noqa: E402
 from distrl.tune.trial import LOG_FILE, RESULT_FILE  # noqa: E402
 
@@ -166,6 +167,60 @@ def test_a_preset_file_sets_the_run_as_its_values_say_and_flags_still_win(tmp_pa
 # ---- studies ----
 
 
+def test_the_space_keeps_only_what_a_trial_can_train_within_its_budget(tmp_path):
+    sac = fit_space("sac", build_space("sac"), {}, budget=20_000, evaluations=5)
+    assert sac.distributions["train_freq"].choices == (1, 4, 8, 16, 32, 64, 128, 256, 512)  # all <= 4000
+    assert sac.distributions["learning_starts"].choices == (0, 1000)  # 10000 would leave under half to learn
+    ppo = fit_space("ppo", build_space("ppo"), {"n_envs": 8}, budget=12_000, evaluations=5)
+    assert ppo.distributions["n_steps"].choices == (32, 64, 128, 256)  # 8 x 256 <= 12000 / 5 < 8 x 512
+    ranged = build_space(
+        "ppo",
+        str(_write(tmp_path / "s.json", {"n_steps": {"type": "int", "low": 16, "high": 4096, "step": 16}})),
+        defaults=False,
+    )
+    narrowed = fit_space("ppo", ranged, {"n_envs": 8}, budget=12_000, evaluations=5).distributions["n_steps"]
+    assert (narrowed.low, narrowed.high, narrowed.step) == (16, 288, 16)  # the last step with 8 x n_steps <= 2400
+    assert trial_steps("ppo", {"n_envs": 8, "n_steps": 256}, 12_000, 5) == 10_240  # whole rollouts, not past
+    assert trial_steps("sac", {"train_freq": 64}, 1000, 5) == 960
+    assert trial_steps("reinforce", {"episodes_per_iter": 8}, 1000, 5) == 1000  # episodes: known as they end
+    with pytest.raises(ConfigError, match=r"n_steps=256 × n_envs=16 = 4096 steps is not allowed with budget_steps="):
+        trial_steps("ppo", {"n_envs": 16, "n_steps": 256}, 12_000, 5)  # a space sampling n_envs can combine these
+
+
+@pytest.mark.parametrize(
+    "algo, space, budget, message",
+    [
+        ("ppo", None, 5000, "budget_steps=5000 is not allowed: must be >= 5120, one rollout (n_steps=32 × n_envs=32"),
+        ("sac", {"learning_starts": 1000}, 1500, "budget_steps=1500 is not allowed: must be >= 2001, more than twice"),
+    ],
+)
+def test_a_budget_no_trial_can_keep_is_refused_with_the_smallest_one(tmp_path, capsys, algo, space, budget, message):
+    env = "CartPole-v1" if algo == "ppo" else "Pendulum-v1"
+    flags = ["tune", algo, env, "--budget-steps", str(budget), "--study-dir", str(tmp_path / "study")]
+    if space is not None:
+        flags += ["--space", str(_write(tmp_path / "space.json", space))]
+    assert main(flags) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1, err
+    assert not (tmp_path / "study").exists()  # refused before anything started
+
+
+@pytest.mark.multiprocess
+def test_every_trial_trains_within_the_budget(tmp_path):
+    # 32 envs x (16, 64 or 256) steps a rollout: 256 cannot give each of 2 evaluations a rollout of 5000 / 2
+    space = {**SPACE, "n_steps": [16, 64, 256]}
+    flags = ["--evaluations", "2", "--pruner", "none", "--parallel", "2", "--eval-episodes", "2"]
+    assert main(_tune(tmp_path, *flags, space=space, trials=2, budget=5000)) == 0
+    trials = _study(tmp_path).get_trials()
+    assert all(t.distributions["n_steps"].choices == (16, 64) for t in trials)
+    for t in trials:
+        run = Path(t.user_attrs["run_dir"])
+        steps = json.loads((run / "summary.json").read_text())["total_steps"]
+        rollout = 32 * t.params["n_steps"]
+        assert 5000 - rollout < steps <= 5000 and steps % rollout == 0, (t.params, steps)
+        assert json.loads((run / "preset.json").read_text())["total_steps"] == steps == t.user_attrs["steps"]
+
+
 @pytest.mark.multiprocess
 def test_a_study_writes_its_database_results_and_a_best_preset_that_reproduces_the_best_trial(tmp_path, capsys):
     assert main(_tune(tmp_path, "--parallel", "2", "--startup-trials", "2")) == 0
@@ -180,7 +235,7 @@ def test_a_study_writes_its_database_results_and_a_best_preset_that_reproduces_t
         summary = json.loads((run / "summary.json").read_text())
         assert (run / "monitor.csv").exists() and (run / "model").is_dir()
         if t.state == States.COMPLETE:
-            assert summary["final_eval_mean_return"] == t.value and summary["total_steps"] >= 12_288
+            assert summary["final_eval_mean_return"] == t.value and summary["total_steps"] == 12_288  # 24 rollouts
         else:  # pruned at an evaluation before the end of the budget
             assert t.intermediate_values and summary["total_steps"] < 12_288
     d = tmp_path / "study"

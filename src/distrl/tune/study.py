@@ -17,10 +17,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from distrl import checkpoint
 from distrl.argv import parse_flags
 from distrl.config import ConfigError, require
 from distrl.env_names import resolve_env_id
 from distrl.presets import algo_configs, resolve_preset
+from distrl.tune.budget import fit_space, trial_steps
 from distrl.tune.runners import ProcessTrials, RayTrials
 from distrl.tune.space import Space, build_space
 from distrl.tune.trial import PRESET_FILE, SPEC_FILE, make_pruner
@@ -36,7 +38,10 @@ class TuneArgs:
     """Trials in the study, counting those an earlier run of the command finished (complete, pruned or
     failed); a study that has them all only writes its results again."""
     budget_steps: int = 50_000
-    """Environment steps each trial trains for."""
+    """Environment steps of each trial: a PPO or SAC trial trains the whole iterations (n_steps or train_freq
+    times n_envs steps) that fit in it, and never more; a REINFORCE trial ends with the iteration (of whole
+    episodes) that reaches it. Too small a budget for one iteration per evaluation is refused (see
+    distrl.tune.budget)."""
     parallel: int = 1
     """Trials running at once (a process each, or a Ray task each)."""
     storage: str = ""
@@ -136,17 +141,34 @@ class Tuner:
             "policy": args.policy,
             "device": args.device,
             "threads": args.threads,
+            "eval_max_steps": 0,  # a trial's value is its whole evaluation: no cap that ends it early
         }
         algo_configs(algo, env, args.preset, run=self.run_values)  # the env, preset and flags, checked once
         _, base = resolve_preset(algo, self.env_id, args.preset)
         base.pop("total_steps", None)
         self.base = {k: list(v) if isinstance(v, tuple) else v for k, v in base.items()}
+        self.space = fit_space(algo, self.space, self.base, args.budget_steps, args.evaluations)
         self.name = args.study or f"{algo}-{env.replace('/', '_').replace(':', '_')}"
         self.dir = Path(args.study_dir or Path("tune") / self.name)
+        if args.storage:
+            self._check_storage(args.storage)
+        checkpoint.check_writable_dir("study_dir", self.dir)
         (self.dir / "trials").mkdir(parents=True, exist_ok=True)
         self.storage = args.storage or f"sqlite:///{(self.dir / 'study.db').resolve()}"
         self.eval_every = max(1, args.budget_steps // args.evaluations)
         self.host = socket.gethostname()
+
+    def _check_storage(self, url: str) -> None:
+        """Open ``--storage`` now, before the study directory is made: a malformed URL, a missing database
+        driver or an unreachable server is one line naming it."""
+        try:
+            self.optuna.storages.RDBStorage(url).remove_session()
+        except Exception as exc:  # noqa: BLE001 - SQLAlchemy and the drivers raise many kinds
+            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ConfigError(
+                f"storage={url!r} cannot be opened ({reason}): must be a database URL Optuna can reach, "
+                "e.g. sqlite:///study.db or postgresql://user@host/db"
+            ) from None
 
     def run(self) -> int:
         optuna = self.optuna
@@ -254,12 +276,13 @@ class Tuner:
             "quiet": True,
         }
         try:
+            total_steps = trial_steps(self.algo, values, self.args.budget_steps, self.args.evaluations)
             algo_configs(self.algo, self.env, "none", run=run, params=values)
         except ConfigError as exc:  # sampled values the config refuses: a failed trial, the study goes on
             self._tell(trial.number, {"error": str(exc)})
             return
         trial_dir.mkdir(parents=True, exist_ok=True)
-        preset = {"algo": self.algo, "env": self.env_id, **values, "total_steps": self.args.budget_steps}
+        preset = {"algo": self.algo, "env": self.env_id, **values, "total_steps": total_steps}
         (trial_dir / PRESET_FILE).write_text(json.dumps(preset, indent=2) + "\n")
         spec = {
             "algo": self.algo,
