@@ -192,3 +192,21 @@ class FakeAle(gym.Env):
         if self.t % self.life_steps == 0:
             self.left -= 1
         return np.full((84, 84), self.t % 256, np.uint8), 3.0, self.left == 0, False, {}
+
+
+class WarnsWhileStepping(gym.Wrapper):
+    """Issues a library's kind of deprecation notice at its env's 10th step (during training, not at start)."""
+
+    def __init__(self, env: gym.Env):
+        super().__init__(env)
+        self.steps = 0
+
+    def step(self, action):
+        self.steps += 1
+        if self.steps == 10:
+            import warnings
+
+            warnings.warn(
+                "distrl_testenvs.WarnsWhileStepping is deprecated (a test notice)", FutureWarning, stacklevel=2
+            )
+        return self.env.step(action)

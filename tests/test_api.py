@@ -1,10 +1,11 @@
+import shutil
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 
-from distrl import PPO
+from distrl import PPO, SAC
 from distrl.config import ConfigError
 
 
@@ -12,12 +13,12 @@ def test_learn_save_load_predict(tmp_path):
     model = PPO("CartPole-v1", seed=0, n_envs=4, n_steps=32, batch_size=64, n_epochs=2).learn(1024)
     assert model.num_steps == 1024
     obs = np.array([0.01, -0.02, 0.03, 0.0], dtype=np.float32)
-    action = model.predict(obs)
-    assert action.shape == () and action in (0, 1)
+    action, state = model.predict(obs)
+    assert action.shape == () and action in (0, 1) and state is None
     model.save(tmp_path / "m")
     loaded = PPO.load(tmp_path / "m")
     batch = np.random.default_rng(0).normal(size=(16, 4)).astype(np.float32) * 0.05
-    np.testing.assert_array_equal(loaded.predict(batch), model.predict(batch))
+    np.testing.assert_array_equal(loaded.predict(batch)[0], model.predict(batch)[0])
     assert loaded.evaluate(3) == model.evaluate(3)
     model.close()
     loaded.close()
@@ -25,7 +26,7 @@ def test_learn_save_load_predict(tmp_path):
 
 def test_continuous_predict_is_clipped_to_bounds():
     model = PPO("Pendulum-v1", seed=0, n_envs=2, n_steps=16, batch_size=32, n_epochs=1, log_std_init=2.0).learn(64)
-    actions = model.predict(np.zeros((50, 3), np.float32), deterministic=False, rng=np.random.default_rng(0))
+    actions, _ = model.predict(np.zeros((50, 3), np.float32), deterministic=False, rng=np.random.default_rng(0))
     assert actions.shape == (50, 1) and np.abs(actions).max() <= 2.0
     model.close()
 
@@ -83,8 +84,10 @@ def test_a_factory_and_wrappers_from_the_api(tmp_path):
 
     name = run.env
     factory = env_names._OBJECTS.pop(name)  # as in a fresh process: the lambda is gone
+    shutil.copytree(tmp_path / "m", tmp_path / "copied")  # as if it came from another machine
     with pytest.raises(ConfigError, match="names code .* wrapper='distrl_testenvs:double_reward'"):
-        PPO.load(tmp_path / "m", env=GoRight)  # the wrapper the run names is not passed again
+        PPO.load(tmp_path / "copied", env=GoRight)  # the wrapper the run names is not passed again
+    PPO.load(tmp_path / "m", env=GoRight).close()  # saved by this user here: its wrapper loads unasked
     with pytest.raises(ConfigError, match="was a Python object given to the API .* PPO.load\\(path, env=...\\)"):
         PPO.load(tmp_path / "m", trust_code=True)
     env_names._OBJECTS[name] = factory
@@ -118,10 +121,10 @@ def test_a_users_network_class_is_recorded_by_name_and_loads_trusted_without_bei
     model = PPO("distrl_spaceenvs:SignsEnv", policy=TinyEncoder, n_envs=2, n_steps=16, batch_size=32).learn(64)
     assert model._trainer.run.policy == "distrl_spaceenvs:TinyEncoder"
     obs = np.array([[1, -1, 1], [-1, -1, 1]], np.float32)
-    expected = model.predict(obs)
+    expected, _ = model.predict(obs)
     model.save(tmp_path / "m")
     loaded = PPO.load(tmp_path / "m", trust_code=True)  # the run names distrl_spaceenvs: code
-    np.testing.assert_array_equal(loaded.predict(obs), expected)
+    np.testing.assert_array_equal(loaded.predict(obs)[0], expected)
     assert expected.shape == (2, 3)  # MultiDiscrete: one choice per part
 
 
@@ -136,7 +139,7 @@ def test_a_network_object_lives_in_this_process_only_and_load_says_how_to_pass_i
     assert out.returncode != 0 and "pass it again, e.g. PPO.load(path, policy=MyNet)" in out.stderr
     loaded = PPO.load(tmp_path / "m", policy=lambda o, a, c: TinyNet(4, 2))
     obs = np.zeros((3, 4), np.float32)
-    np.testing.assert_array_equal(loaded.predict(obs), model.predict(obs))
+    np.testing.assert_array_equal(loaded.predict(obs)[0], model.predict(obs)[0])
 
 
 def test_predict_takes_images_and_dict_observations_as_the_env_gives_them():
@@ -144,9 +147,100 @@ def test_predict_takes_images_and_dict_observations_as_the_env_gives_them():
 
     pixels = PPO("distrl_spaceenvs:QuadrantEnv", n_envs=2, n_steps=8, batch_size=16)
     image, _ = QuadrantEnv().reset(seed=0)
-    assert np.ndim(pixels.predict(image)) == 0 and pixels.predict(np.stack([image] * 3)).shape == (3,)
+    assert np.ndim(pixels.predict(image)[0]) == 0 and pixels.predict(np.stack([image] * 3))[0].shape == (3,)
     keyed = PPO("distrl_spaceenvs:DictSignEnv", n_envs=2, n_steps=8, batch_size=16)
     obs, _ = DictSignEnv().reset(seed=0)
-    one = keyed.predict(obs)
-    batch = keyed.predict({k: np.stack([v] * 2) for k, v in obs.items()})
+    one, _ = keyed.predict(obs)
+    batch, _ = keyed.predict({k: np.stack([v] * 2) for k, v in obs.items()})
     assert np.ndim(one) == 0 and batch.shape == (2,) and batch[0] == one
+
+
+CUE = "distrl_memoryenvs:CueEnv"
+
+
+@pytest.mark.parametrize(
+    "make, obs_dim",
+    [
+        (lambda: PPO("CartPole-v1", **TINY), 4),
+        (lambda: PPO(CUE, core="lstm", core_size=8, n_envs=2, n_steps=8, batch_size=8), 3),
+        (lambda: PPO(CUE, core="gru", core_size=8, n_envs=2, n_steps=8, batch_size=8), 3),
+        (lambda: SAC("Pendulum-v1", n_envs=1), 3),
+    ],
+    ids=["ppo", "ppo-lstm", "ppo-gru", "sac"],
+)
+def test_predict_returns_the_action_and_the_state_for_every_policy(make, obs_dim):
+    model = make()
+    obs = np.random.default_rng(0).uniform(-0.05, 0.05, (3, obs_dim)).astype(np.float32)
+    action, _ = model.predict(obs[0])
+    actions, state = model.predict(obs, deterministic=True)
+    one_by_one = np.stack([model.predict(o)[0] for o in obs])
+    assert np.shape(action) == np.shape(actions)[1:] and len(actions) == 3
+    np.testing.assert_allclose(actions, one_by_one, rtol=0, atol=1e-6)  # batched float sums may differ
+    if model.recurrent:
+        assert len(state) == (2 if model._trainer.cfg.core == "lstm" else 1)
+        assert all(s.shape == (1, 3, 8) for s in state)  # [layers, B, hidden], as given back with the next call
+        again, _ = model.predict(obs, state, episode_start=np.zeros(3, dtype=bool))
+        assert again.shape == actions.shape
+    else:
+        assert state is None and model.predict(obs, state=None, episode_start=[True] * 3)[1] is None
+    model.close()
+
+
+def test_predict_refuses_what_is_neither_one_observation_nor_a_batch():
+    model = PPO("CartPole-v1", **TINY)
+    with pytest.raises(ConfigError, match=r"^observation of shape \(3,\) is not allowed: \(4,\) .* or \(n, 4\)"):
+        model.predict(np.zeros(3, np.float32))
+    with pytest.raises(ConfigError, match=r"observation of shape \(2, 2, 4\) is not allowed"):
+        model.predict(np.zeros((2, 2, 4), np.float32))
+    with pytest.raises(ConfigError, match=r"observation=\(obs, info\) is not allowed: pass obs alone"):
+        model.predict((np.zeros(4, np.float32), {}))
+    with pytest.raises(ConfigError, match=r"episode_start of shape \(3,\) is not allowed for 2 observation\(s\)"):
+        model.predict(np.zeros((2, 4), np.float32), episode_start=[True] * 3)
+    model.close()
+    keyed = PPO("distrl_spaceenvs:DictSignEnv", **TINY)
+    obs = {"image": np.zeros((2, 8, 8, 1), np.uint8), "sign": np.zeros(1, np.float32)}
+    with pytest.raises(ConfigError, match=r"every key one observation, or every key a batch of the same size"):
+        keyed.predict(obs)
+    with pytest.raises(ConfigError, match=r"observation with keys \['image'\] is not allowed"):
+        keyed.predict({"image": obs["image"]})
+    keyed.close()
+    recurrent = PPO(CUE, core="lstm", core_size=8, n_envs=2, n_steps=8, batch_size=8)
+    _, state = recurrent.predict(np.zeros((2, 3), np.float32))
+    with pytest.raises(ConfigError, match=r"state of shapes \[\(1, 2, 8\), \(1, 2, 8\)\] is not allowed for 3 obs"):
+        recurrent.predict(np.zeros((3, 3), np.float32), state)
+    recurrent.close()
+
+
+def test_predict_carries_the_state_as_evaluation_and_the_player_do():
+    model = PPO("Pendulum-v1", core="lstm", core_size=8, n_envs=2, n_steps=8, batch_size=8, seed=0).learn(32)
+    T, N = 6, 2
+    obs = np.random.default_rng(1).uniform(-1, 1, (T, N, 3)).astype(np.float32)
+    starts = np.zeros((T, N), dtype=bool)
+    starts[0] = True
+    starts[3, 1] = True  # environment 1 begins a new episode at step 3
+    state, carried, evaluated = None, [], []
+    for t in range(T):
+        actions, state = model.predict(obs[t], state, episode_start=starts[t])
+        carried.append(actions)
+        evaluated.append(model._trainer.act_for_eval(obs[t], starts[t]))  # what `distrl eval` does
+    np.testing.assert_allclose(np.array(carried), np.array(evaluated), rtol=0, atol=1e-6)
+    player = model.player()
+    for n in range(N):
+        played = []
+        for t in range(T):
+            if starts[t, n]:
+                player.reset()
+            played.append(player(obs[t, n]))
+        np.testing.assert_allclose(np.array(played), np.array(carried)[:, n], rtol=0, atol=1e-6)
+    # the state matters: without it, every step would be an episode's first
+    stateless = np.array([model.predict(o)[0] for o in obs])
+    assert np.abs(stateless[1:] - np.array(carried)[1:]).max() > 1e-4
+    # episode_start restarts the state of the environments it marks, and only theirs
+    _, state = model.predict(obs[0])
+    restarted, _ = model.predict(obs[1], state, episode_start=[True, False])
+    fresh, _ = model.predict(obs[1])
+    kept, _ = model.predict(obs[1], state, episode_start=[False, False])
+    np.testing.assert_allclose(restarted[0], fresh[0], rtol=0, atol=1e-6)
+    np.testing.assert_allclose(restarted[1], kept[1], rtol=0, atol=1e-6)
+    assert np.abs(kept[0] - fresh[0]).max() > 1e-4
+    model.close()

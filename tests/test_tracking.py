@@ -225,3 +225,28 @@ def test_a_missing_tracker_package_is_one_line_exit_2_before_anything_starts(tmp
         "distrl: error: track='wandb' needs its package: pip install 'distrl[wandb]'"
     )
     assert not run.exists()
+
+
+@pytest.mark.parametrize(
+    ("track", "environment", "named"),
+    [
+        ("wandb", {}, "WANDB_API_KEY"),
+        ("mlflow", {"MLFLOW_TRACKING_URI": "http://127.0.0.1:9"}, "MLFLOW_TRACKING_URI"),  # discard port: refused
+        ("mlflow", {"MLFLOW_TRACKING_URI": "ftp://example.invalid/store"}, "MLFLOW_TRACKING_URI"),
+        ("mlflow", {"MLFLOW_TRACKING_URI": "sqlite:////proc/distrl/mlflow.db"}, "cannot be made"),
+    ],
+)
+def test_a_tracker_that_cannot_be_used_is_one_line_exit_2_before_the_run_directory(
+    tmp_path, capsys, monkeypatch, track, environment, named
+):
+    for variable in ("WANDB_MODE", "WANDB_API_KEY", "WANDB_IDENTITY_TOKEN_FILE", "MLFLOW_TRACKING_URI"):
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setenv("NETRC", str(tmp_path / "empty-netrc"))  # no stored wandb login
+    (tmp_path / "empty-netrc").write_text("")
+    for variable, value in environment.items():
+        monkeypatch.setenv(variable, value)
+    run_dir = tmp_path / "run"
+    code = main(["train", "ppo", "CartPole-v1", "--track", track, "--total-steps", "64", "--run-dir", str(run_dir)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and named in err[0] and f"track='{track}'" in err[0]
+    assert not run_dir.exists()

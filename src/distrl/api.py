@@ -2,7 +2,7 @@
 
 >>> model = PPO("CartPole-v1", seed=0, n_envs=8).learn(100_000)   # doctest: +SKIP
 >>> model.save("cartpole-ppo"); model = PPO.load("cartpole-ppo")    # doctest: +SKIP
->>> action = model.predict(obs, deterministic=True)                # doctest: +SKIP
+>>> action, _ = model.predict(obs, deterministic=True)             # doctest: +SKIP
 >>> SAC("Pendulum-v1", learning_rate=1e-3).learn(20_000).evaluate(10)  # doctest: +SKIP
 """
 
@@ -13,14 +13,16 @@ from typing import Any
 
 import numpy as np
 import torch
+from gymnasium import spaces
 
-from distrl import checkpoint
+from distrl import checkpoint, trust
 from distrl.config import ConfigError, RunConfig, split_by_config
 from distrl.env_names import env_kwargs_items, env_source, object_name, refuse_named_code, wrapper_names
 from distrl.envs import make_run_env
 from distrl.evaluation import evaluate
 from distrl.logs import Console
 from distrl.presets import algo_configs
+from distrl.spaces import stored_layout
 from distrl.training import (
     EVAL_SEED_OFFSET,
     OffPolicyTrainer,
@@ -119,27 +121,36 @@ class Model:
 
     def predict(
         self,
-        obs: Any,
-        deterministic: bool = True,
-        rng: np.random.Generator | None = None,
-        *,
+        observation: Any,
         state: Any = None,
         episode_start: Any = None,
-    ) -> Any:
-        """Env action(s) for one observation or a batch, as the env gives them: a vector or an image in
-        its own shape and dtype ([B, ...] for a batch), a Dict observation as a dict of such arrays.
+        deterministic: bool = True,
+        *,
+        rng: np.random.Generator | None = None,
+    ) -> tuple[Any, Any]:
+        """``(action, state)`` for one observation, ``(actions, state)`` for a batch, whatever the policy:
+        ``action, _ = model.predict(obs)``.
 
-        A recurrent policy returns ``(actions, state)``: pass ``state`` back with the next observation, and
-        ``episode_start`` (True per environment whose observation begins an episode) where one began;
-        without ``state`` every episode starts now. The state is a tuple of arrays [layers, B, hidden].
+        Args:
+            observation: as the env gives it (a vector or an image in its own shape and dtype, a Dict
+                observation as a dict of such arrays), or a batch of them ([B, ...] per array). It is a
+                batch when its shape is the observation space's with one more leading dimension.
+            state: the state the previous call returned, for a recurrent policy (``core='lstm'|'gru'``):
+                a tuple of arrays [layers, B, hidden]. None begins every episode now. A feed-forward
+                policy ignores it and returns None.
+            episode_start: one bool per environment (or one for a single observation), True where the
+                observation begins an episode: the state restarts there.
+            deterministic: the policy's mode (mean or most likely action) rather than a sample; True by
+                default, as :meth:`evaluate` acts.
+            rng: the generator samples are drawn from when ``deterministic=False``.
         """
-        batch, single = self._trainer.stored_batch(obs)
-        starts = None if episode_start is None else np.asarray(episode_start, dtype=bool).reshape(len(batch))
+        check_observation(observation, self._trainer.env.single_observation_space)
+        batch, single = self._trainer.stored_batch(observation)
+        starts = None if episode_start is None else start_flags(episode_start, len(batch))
         actions, state = self._act(
             batch, deterministic, rng if rng is not None else np.random.default_rng(), state, starts
         )
-        actions = actions[0] if single else actions
-        return (actions, state) if self.recurrent else actions
+        return (actions[0] if single else actions), state
 
     def evaluate(
         self, n_episodes: int = 10, deterministic: bool = True, seed: int | None = None
@@ -169,8 +180,7 @@ class Model:
 
     def save(self, path: str | Path) -> Path:
         """Write the model (weights, optimizer state, statistics, config) as a checkpoint directory."""
-        tensors, state = self._trainer.checkpoint_contents()
-        return checkpoint.save(Path(path), tensors, state)
+        return self._trainer.write_checkpoint(Path(path))
 
     @classmethod
     def load(
@@ -181,15 +191,17 @@ class Model:
         wrappers: Any = None,
         policy: Any = None,
         trust_code: bool = False,
+        env_kwargs: Any = None,
     ) -> Model:
         """Load a model saved by :meth:`save`, a checkpoint directory, or a run directory's newest checkpoint.
 
-        ``env``, ``wrappers`` and ``policy`` replace the run's (as in the constructor): needed when the model
-        was trained on Python objects that exist only in the process that trained it.
+        ``env``, ``wrappers``, ``policy`` and ``env_kwargs`` replace the run's (as in the constructor): needed
+        when the model was trained on Python objects that exist only in the process that trained it.
 
         Loading never unpickles, and it imports none of the code the run's config names (a custom env's
         'package.module:Name', wrappers, a policy factory) unless ``trust_code=True`` or you pass that
-        part again yourself: a run from someone else could name anything.
+        part again yourself: a run from someone else could name anything. Runs this user wrote on this
+        machine, with their config as written, need neither (see :mod:`distrl.trust`).
         """
         path = checkpoint.find_latest(Path(path))
         run_cfg, _, cfg, state = configs_from_checkpoint(path)
@@ -212,7 +224,9 @@ class Model:
         if policy is not None:
             run_cfg = run_cfg.replace(policy=policy_name(policy))
             own.append(run_cfg.policy)
-        refuse_named_code(run_cfg, f"checkpoint={str(path)!r}", trust_code, own)
+        if env_kwargs is not None:
+            run_cfg = run_cfg.replace(env_kwargs=env_kwargs_items(env_kwargs))
+        refuse_named_code(run_cfg, f"checkpoint={str(path)!r}", trust_code or trust.is_trusted(path, state), own)
         algo = state["algo"]
         if cls is not Model and algo != cls.algo:
             raise ConfigError(f"checkpoint={str(path)!r} holds a {algo!r} model; load it with {algo.upper()}.load")
@@ -241,6 +255,41 @@ def policy_name(policy: Any) -> str:
     return object_name(policy, getattr(policy, "__name__", type(policy).__name__).strip("<>"))
 
 
+def check_observation(observation: Any, space: spaces.Space) -> None:
+    """Refuse what is neither one observation of ``space`` nor a batch of them (one more leading dimension)."""
+    if isinstance(observation, tuple) and len(observation) == 2 and isinstance(observation[1], dict):
+        raise ConfigError(
+            "observation=(obs, info) is not allowed: pass obs alone, as `obs, info = env.reset()` gives it"
+        )
+    if isinstance(space, spaces.Dict):
+        keys = sorted(observation) if isinstance(observation, dict) else None
+        if keys != sorted(space.spaces):
+            raise ConfigError(f"observation with keys {keys} is not allowed: the keys must be {sorted(space.spaces)}")
+        shapes = {f"observation[{k!r}]": (np.shape(observation[k]), stored_layout(space[k])[0]) for k in keys}
+    else:
+        shapes = {"observation": (np.shape(observation), stored_layout(space)[0])}
+    for name, (got, want) in shapes.items():
+        if got != want and got[1:] != want:
+            batch = str(("n", *want)).replace("'", "")
+            raise ConfigError(f"{name} of shape {got} is not allowed: {want} (one observation) or {batch} (a batch)")
+    leading = {got[:1] if got != want else None for got, want in shapes.values()}
+    if len(leading) > 1:
+        raise ConfigError(
+            f"observation with shapes {[got for got, _ in shapes.values()]} is not allowed: every key "
+            "one observation, or every key a batch of the same size"
+        )
+
+
+def start_flags(episode_start: Any, n: int) -> np.ndarray:
+    """``episode_start`` as one bool per observation [n]."""
+    starts = np.asarray(episode_start, dtype=bool)
+    if starts.size != n:
+        raise ConfigError(
+            f"episode_start of shape {starts.shape} is not allowed for {n} observation(s): one bool each, shape ({n},)"
+        )
+    return starts.reshape(n)
+
+
 class PPO(Model):
     """Proximal Policy Optimization; hyperparameters as :class:`~distrl.config.PPOConfig`."""
 
@@ -264,10 +313,18 @@ class PPO(Model):
         obs = self._trainer.policy_obs(obs)
         if not agent.recurrent:
             return agent.env_action(agent.act(obs, noise)), None
+        initial = agent.initial_state(len(obs))
         if state is None:
-            state_t, starts = agent.initial_state(len(obs)), np.ones(len(obs), dtype=bool)
+            state_t, starts = initial, np.ones(len(obs), dtype=bool)
         else:
-            state_t = tuple(torch.as_tensor(np.asarray(s)).to(agent.device) for s in state)
+            state_t = tuple(
+                torch.as_tensor(np.asarray(s), dtype=i.dtype).to(agent.device) for s, i in zip(state, initial)
+            )
+            if len(state) != len(initial) or any(s.shape != i.shape for s, i in zip(state_t, initial)):
+                raise ConfigError(
+                    f"state of shapes {[np.shape(s) for s in state]} is not allowed for {len(obs)} observation(s): "
+                    f"{[tuple(i.shape) for i in initial]}, the state predict returned for as many observations"
+                )
         starts = np.zeros(len(obs), dtype=bool) if starts is None else starts
         actions, _, _, next_state = agent.act_state(obs, noise, state_t, starts)
         return agent.env_action(actions), tuple(s.cpu().numpy() for s in next_state)
@@ -313,7 +370,5 @@ class Player:
         self.state = None
 
     def __call__(self, obs: Any) -> Any:
-        batch, _ = self.model._trainer.stored_batch(obs)
-        starts = np.array([self.state is None])
-        actions, self.state = self.model._act(batch, self.deterministic, self.rng, self.state, starts)
-        return actions[0]
+        action, self.state = self.model.predict(obs, self.state, deterministic=self.deterministic, rng=self.rng)
+        return action

@@ -11,13 +11,14 @@ import copy
 import difflib
 import importlib
 import inspect
+import os
 from collections.abc import Callable, Iterable
 from functools import partial
 from typing import Any
 
 import gymnasium as gym
 
-from distrl.config import ConfigError, RunConfig, parse_env_kwargs
+from distrl.config import ConfigError, RunConfig, parse_env_kwargs, require_callable_as
 
 SHORT_NAMES = {
     "cartpole": "CartPole-v1",
@@ -88,6 +89,8 @@ def _register_ale() -> bool:
         import ale_py
     except ImportError:
         raise ConfigError("ALE/... ids need ale-py: pip install 'distrl[atari]'") from None
+    if not os.environ.get("DISTRL_DEBUG"):  # its start-up banner on every env made, unless --debug
+        ale_py.ALEInterface.setLoggerMode(ale_py.LoggerMode.Warning)
     gym.register_envs(ale_py)
     return True
 
@@ -170,7 +173,9 @@ def _load_wrapper(name: str) -> Callable[[gym.Env], gym.Env]:
 
 def apply_wrappers(env: gym.Env, wrappers: tuple[str, ...]) -> gym.Env:
     for name in wrappers:
-        wrapped = _load_wrapper(name)(env)
+        wrapper = _load_wrapper(name)
+        require_callable_as("wrappers", repr(name), wrapper, (env,), "a function fn(env) -> env")
+        wrapped = wrapper(env)
         if not isinstance(wrapped, gym.Env):
             env.close()
             raise ConfigError(
@@ -246,18 +251,30 @@ def named_code(run: RunConfig, cfg: Any = None) -> list[tuple[str, str]]:
     return found
 
 
-def refuse_named_code(run: RunConfig, source: str, trust_code: bool, own: Iterable[str] = (), cfg: Any = None) -> None:
+# How a user names each kind of code again themselves, on the command line and in Python.
+_OWN_FLAGS = {
+    "env": "ENV or --env (env=)",
+    "wrapper": "--wrapper (wrappers=)",
+    "policy": "--policy (policy=)",
+    "reward": "--reward",
+}
+
+
+def refuse_named_code(run: RunConfig, source: str, trusted: bool, own: Iterable[str] = (), cfg: Any = None) -> None:
     """Stop, before anything is imported, when a loaded run's config (read from ``source``) names code the
     user did not name themselves (``own``: what they passed again on the command line or to ``load``) and
-    did not allow with ``trust_code``: importing 'package.module:Name' runs that module, calling it runs more."""
+    that is not ``trusted`` (``--trust-code``, or a run this user wrote here; see :mod:`distrl.trust`):
+    importing 'package.module:Name' runs that module, calling it runs more."""
     own = set(own)
     foreign = [(field, name) for field, name in named_code(run, cfg) if name not in own]
-    if foreign and not trust_code:
+    if foreign and not trusted:
         listed = ", ".join(f"{field}={name!r}" for field, name in foreign)
+        flags = ", ".join(dict.fromkeys(_OWN_FLAGS[field] for field, _ in foreign))
         raise ConfigError(
-            f"{source} names code that loading it would import and run: {listed}; nothing was "
-            f"imported: allow it with {TRUST_FLAG} if you trust where the run came from, or name "
-            "your own (--env, --wrapper, --policy, --reward; env=, wrappers=, policy=)"
+            f"{source} names code that loading it would import and run: {listed}; nothing was imported, "
+            f"as the run was not written by you on this machine or its config changed since: if you trust "
+            f"where it came from, allow it once with `distrl trust RUN` or every time with {TRUST_FLAG}, "
+            f"or pass that code yourself: {flags}"
         )
 
 

@@ -17,7 +17,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from distrl.config import ALGO_CONFIGS, ConfigError, RunConfig, check_types
+from distrl.config import ALGO_CONFIGS, ConfigError, RunConfig, check_types, unknown_algo
 from distrl.env_names import is_atari
 
 # The network and normalisation of rl-baselines3-zoo's tuned MuJoCo v3 PPO entries (1M steps).
@@ -349,7 +349,7 @@ def algo_configs(
     from distrl.env_names import portable_env_name, resolve_env_id
 
     if algo not in ALGO_CONFIGS:
-        raise ConfigError(f"algo={algo!r} is not known: must be one of {', '.join(ALGO_CONFIGS)}")
+        raise unknown_algo(algo)
     cls = ALGO_CONFIGS[algo]
     if algo == "grpo":  # GRPO trains on group tasks and language models, not Gymnasium envs
         from distrl.tasks import TEXT_TASK, make_state_task

@@ -15,10 +15,13 @@ from __future__ import annotations
 
 import json
 import logging
+import netrc
 import os
+import socket
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 from distrl.config import ConfigError
 
@@ -121,13 +124,68 @@ class MlflowTracker:
 
 
 def check_trackers(names: tuple[str, ...]) -> None:
-    """Fail now, before any worker starts, if a tracker's package is missing."""
+    """Fail now, before the run directory is made or any worker starts, if a tracker cannot be used: its
+    package is missing, Weights & Biases has no API key, or MLflow's tracking URI is malformed or unreachable."""
     for name in names:
         module, extra = PACKAGES[name]
         try:
             __import__(module)
         except ImportError:
             raise ConfigError(f"track={name!r} needs its package: pip install 'distrl[{extra}]'") from None
+        problem = _wandb_problem() if name == "wandb" else _mlflow_problem()
+        if problem:
+            raise ConfigError(f"track={name!r}: {problem}")
+
+
+def _wandb_problem() -> str | None:
+    """Why ``wandb.init`` would stop for a login, if it would: no key in the environment or in ~/.netrc."""
+    if os.environ.get("WANDB_MODE", "").lower() in ("offline", "disabled", "dryrun") or os.environ.get("WANDB_API_KEY"):
+        return None
+    if os.environ.get("WANDB_IDENTITY_TOKEN_FILE"):
+        return None
+    host = urlparse(os.environ.get("WANDB_BASE_URL") or "https://api.wandb.ai").hostname or ""
+    try:
+        if netrc.netrc(os.environ.get("NETRC") or None).authenticators(host):
+            return None
+    except (OSError, netrc.NetrcParseError):
+        pass  # no ~/.netrc: no stored login
+    return (
+        f"no API key for {host}: set WANDB_API_KEY (or run `wandb login`), "
+        "or WANDB_MODE=offline to keep the records in the run directory"
+    )
+
+
+def _mlflow_problem() -> str | None:
+    """Why MLflow would refuse ``MLFLOW_TRACKING_URI``, if it would: a scheme it has no store for, a database
+    whose directory does not exist, a server that does not answer within 5 seconds."""
+    uri = os.environ.get("MLFLOW_TRACKING_URI")
+    if not uri:
+        return None  # the default, a database in the working directory
+    parsed = urlparse(uri)
+    where = f"MLFLOW_TRACKING_URI={uri!r}"
+    if parsed.scheme in ("http", "https"):
+        port = parsed.port or (443 if parsed.scheme == "https" else 80)
+        try:
+            socket.create_connection((parsed.hostname or "", port), timeout=5).close()
+        except OSError as exc:
+            return f"{where} does not answer ({exc.strerror or exc}): start the server or set another URI"
+        return None
+    if parsed.scheme == "sqlite" or parsed.scheme in ("", "file"):
+        path = Path(uri.removeprefix("sqlite:///").removeprefix("file://"))
+        folder = path.parent if parsed.scheme == "sqlite" else path
+        try:  # the store's directory is made now, as MLflow would make it at the run's start
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            return f"{where}: {folder} cannot be made ({exc.strerror or exc}): choose a writable location"
+        if not os.access(folder, os.W_OK):
+            return f"{where}: {folder} cannot be written: choose a writable location"
+        return None
+    if parsed.scheme not in ("databricks", "postgresql", "mysql", "mssql", "uc", "databricks-uc"):
+        return (
+            f"{where} has a scheme MLflow has no store for ({parsed.scheme!r}): "
+            "use http(s)://HOST:PORT, sqlite:///PATH or a directory"
+        )
+    return None
 
 
 def open_trackers(names: tuple[str, ...], run_dir: Path, project: str, config: dict[str, Any]) -> list[Any]:

@@ -1,4 +1,4 @@
-"""The ``distrl`` command: train, eval, plot, tune, bench.
+"""The ``distrl`` command: train, eval, plot, trust, tune, bench.
 
 User mistakes (a ConfigError) print one line on stderr and exit with status 2;
 ``--debug`` shows the traceback as well. Each command's flags and work live in a module of its own
@@ -8,6 +8,7 @@ User mistakes (a ConfigError) print one line on stderr and exit with status 2;
 from __future__ import annotations
 
 import inspect
+import os
 import sys
 import traceback
 
@@ -48,6 +49,7 @@ usage: distrl COMMAND ...
   distrl train ALGO ENV [flags]     train an agent; `distrl train ppo cartpole --help` lists the flags
   distrl eval RUN [flags]           evaluate a run directory or checkpoint; --record FILE.gif|.mp4
   distrl plot RUN [RUN ...] [flags] reward curves from Monitor files (distrl's or stable-baselines3's)
+  distrl trust RUN [RUN ...]        let a run from elsewhere import the code its config names
   distrl tune ALGO ENV [flags]      an Optuna study of ALGO's hyperparameters on ENV; writes best.json,
                                     a preset (distrl train ALGO ENV --preset best.json)
   distrl bench scaling ALGO ENV     the same training with 1, 2, ... workers, speedup against ideal
@@ -78,6 +80,8 @@ def usage() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if "--debug" in argv:  # the workers it starts see it too: libraries' banners stay on
+        os.environ["DISTRL_DEBUG"] = "1"
     try:
         return _dispatch(argv)
     except ConfigError as exc:
@@ -109,6 +113,10 @@ def _dispatch(argv: list[str]) -> int:
         from distrl.cli.runs import eval_command
 
         return eval_command(rest)
+    if command == "trust":
+        from distrl.cli.runs import trust_command
+
+        return trust_command(rest)
     if command == "plot":
         from distrl.cli.runs import plot_command
 
@@ -126,4 +134,6 @@ def _dispatch(argv: list[str]) -> int:
         from distrl.bench import scaling_command
 
         return scaling_command(rest[1:])
-    raise ConfigError(f"command={command!r} is not known: must be one of train, eval, plot, tune, bench, --version")
+    raise ConfigError(
+        f"command={command!r} is not known: must be one of train, eval, plot, trust, tune, bench, --version"
+    )

@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import tyro
 
@@ -21,8 +21,10 @@ class EvalArgs:
 
     path: tyro.conf.Positional[str]
     """Run directory (its newest checkpoint) or checkpoint directory."""
-    episodes: int = 10
-    """Episodes to run."""
+    episodes: Annotated[
+        int | None, tyro.conf.arg(metavar="INT", help_behavior_hint="(default: 10; with --record: 1)")
+    ] = None
+    """Episodes to run; a video is for watching, and every episode adds its frames to it."""
     stochastic: bool = False
     """Sample actions instead of taking the most likely one."""
     json: bool = False
@@ -35,15 +37,31 @@ class EvalArgs:
     """Write a video of the episodes (.gif or .mp4) instead of only printing returns."""
     env: str = ""
     """Evaluate on this env (id, short name or package.module:Name) instead of the run's."""
+    env_kwargs: tuple[str, ...] = ()
+    """Constructor arguments of the env as key=value, replacing the run's (--env-kwargs a=1 b=x)."""
+    wrappers: tuple[str, ...] = ()
+    """Wrappers ('package.module:function') replacing the run's: --wrappers A B, or --wrapper A --wrapper B."""
+    policy: str = ""
+    """The policy factory ('package.module:Name') the run was trained with, named by you instead of its config."""
     compare_untrained: bool = False
     """With --record: an untrained policy plays the same episodes beside the trained one."""
+    max_steps: int = 1000
+    """With --record: each episode stops after this many steps, if the env has not ended it (it says so)."""
     track: tuple[Tracker, ...] = ()
     """With --record: also log the video to the run's tracked runs (wandb, mlflow), as its training did."""
     trust_code: bool = False
     """Allow the code the run's config names (its env entry point, wrappers, policy factory) to be imported
-    and run; without it, a run that names code other than --env stops before importing anything."""
+    and run; without it, a run that names code stops before importing anything unless you wrote it on this
+    machine (see `distrl trust RUN`) or name that code yourself (--env, --wrapper, --policy)."""
     debug: bool = False
     """Show full tracebacks for errors."""
+
+    @property
+    def episodes_to_run(self) -> int:
+        """--episodes, or its default: one episode for a video (a person watches it), ten otherwise."""
+        if self.episodes is not None:
+            return self.episodes
+        return 1 if self.record else 10
 
 
 @dataclass(frozen=True)
@@ -70,26 +88,41 @@ class PlotArgs:
 def eval_command(argv: list[str]) -> int:
     from distrl.api import Model
 
-    args = parse_flags(EvalArgs, merge_repeated(argv, "--track", "--track"), prog="distrl eval")
-    if args.episodes <= 0:
+    argv = merge_repeated(merge_repeated(argv, "--track", "--track"), "--wrapper", "--wrappers")
+    args = parse_flags(EvalArgs, argv, prog="distrl eval")
+    if args.episodes_to_run <= 0:
         raise ConfigError(f"episodes={args.episodes} is not allowed: must be > 0")
     if args.track and not args.record:
         raise ConfigError(f"track={args.track!r} is not allowed without --record: eval logs a recorded video")
-    model = Model.load(args.path, device=args.device, env=args.env or None, trust_code=args.trust_code)
+    if args.track:
+        from distrl.tracking import check_trackers
+
+        check_trackers(args.track)  # before the recording, not after it
+    model = Model.load(
+        args.path,
+        device=args.device,
+        env=args.env or None,
+        wrappers=args.wrappers or None,
+        policy=args.policy or None,
+        env_kwargs=args.env_kwargs or None,
+        trust_code=args.trust_code,
+    )
     try:
         if args.record:
             return _record(model, args)
-        mean, std = model.evaluate(args.episodes, deterministic=not args.stochastic, seed=args.seed)
+        mean, std = model.evaluate(args.episodes_to_run, deterministic=not args.stochastic, seed=args.seed)
     finally:
         model.close()
     if args.json:
-        print(json.dumps({"mean_return": mean, "std_return": std, "episodes": args.episodes}))
+        print(json.dumps({"mean_return": mean, "std_return": std, "episodes": args.episodes_to_run}))
     else:
-        print(f"{mean:.2f} ± {std:.2f} over {args.episodes} episodes")
+        print(f"{mean:.2f} ± {std:.2f} over {args.episodes_to_run} episodes")
     return 0
 
 
 def _record(model: Any, args: EvalArgs) -> int:
+    import sys
+
     from distrl.config import parse_env_kwargs
     from distrl.envs import make_single_env
     from distrl.video import record
@@ -113,15 +146,25 @@ def _record(model: Any, args: EvalArgs) -> int:
             atari_wrappers=run.atari_wrappers,
             evaluation=True,
         )
-        recording = record(make, policies, Path(args.record), args.episodes, seed, labels=labels)
+        recording = record(
+            make,
+            policies,
+            Path(args.record),
+            args.episodes_to_run,
+            seed,
+            max_steps=args.max_steps,
+            labels=labels,
+            progress=sys.stderr,
+        )
     finally:
         if untrained is not None:
             untrained.close()
     panes = " | ".join(
-        f"{label} (returns {', '.join(f'{r:,.1f}' for r in returns)})"
-        for label, returns in zip(labels, recording.returns)
+        f"{label} (returns {', '.join(f'{r:,.1f}' + ('*' if c else '') for r, c in zip(returns, cut))})"
+        for label, returns, cut in zip(labels, recording.returns, recording.cut)
     )
-    print(f"wrote {args.record}: {recording.frames} frames, {args.episodes} episode(s): {panes}")
+    note = f"; * cut at --max-steps {args.max_steps:,}" if any(any(c) for c in recording.cut) else ""
+    print(f"wrote {args.record}: {recording.frames:,} frames, {args.episodes_to_run} episode(s): {panes}{note}")
     if args.track:
         _track_video(model, args)
     return 0
@@ -155,4 +198,38 @@ def plot_command(argv: list[str]) -> int:
     else:
         reward_curves(runs, args.x, args.smooth, Path(args.out), args.title)
     print(f"wrote {args.out}")
+    return 0
+
+
+def trust_command(argv: list[str]) -> int:
+    """``distrl trust RUN [RUN ...]``: let runs from elsewhere load the code their config names (see distrl.trust)."""
+    from distrl import trust
+    from distrl.config import ALGO_CONFIGS, RunConfig, from_dict
+    from distrl.env_names import named_code
+
+    if not argv or argv[0] in ("-h", "--help"):
+        print(f"usage: distrl trust RUN [RUN ...]\n\n{trust.__doc__}")
+        return 0 if argv else 2
+    for run in argv:
+        paths = checkpoint.checkpoints_of(Path(run))
+        if not paths:
+            checkpoint.find_latest(Path(run))  # says what is wrong with it
+        named: dict[tuple[str, str], None] = {}
+        for path in paths:
+            state = checkpoint.read_state(path)
+            config = state.get("config", {})
+            algo = state.get("algo", "ppo")
+            if algo not in ALGO_CONFIGS:
+                raise ConfigError(f"checkpoint={str(path)!r} holds an unknown algorithm {algo!r}")
+            names = named_code(from_dict(RunConfig, config["run"]), from_dict(ALGO_CONFIGS[algo], config[algo]))
+            named.update(dict.fromkeys(names))
+            if names:
+                problem = trust.remember(path, state)
+                if problem is not None:
+                    raise ConfigError(f"run={run!r}: {problem}")
+        if named:
+            listed = ", ".join(f"{field}={name!r}" for field, name in named)
+            print(f"trusted {run} ({len(paths)} checkpoint(s)): loading it may import and run {listed}")
+        else:
+            print(f"{run} names no code: it loads without being trusted")
     return 0

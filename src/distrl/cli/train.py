@@ -12,10 +12,19 @@ from typing import Any
 
 import tyro
 
-from distrl import checkpoint
+from distrl import checkpoint, trust
 from distrl.argv import flag_value, merge_repeated, parse_flags, set_flag
 from distrl.cli import ALGOS
-from distrl.config import ConfigError, GRPOConfig, PPOConfig, REINFORCEConfig, RunConfig, SACConfig, StrategyConfig
+from distrl.config import (
+    ConfigError,
+    GRPOConfig,
+    PPOConfig,
+    REINFORCEConfig,
+    RunConfig,
+    SACConfig,
+    StrategyConfig,
+    unknown_algo,
+)
 from distrl.env_names import portable_env_name, refuse_named_code, resolve_env_id
 from distrl.presets import algo_configs, preset_names
 from distrl.tasks import TEXT_TASK
@@ -64,7 +73,7 @@ def train_command(argv: list[str]) -> int:
     """``distrl train ALGO ENV [flags]`` (``argv`` starts at ALGO)."""
     algo = argv[0]
     if algo not in ALGOS:
-        raise ConfigError(f"algo={algo!r} is not known: must be one of {', '.join(ALGOS)}")
+        raise unknown_algo(algo)
     if flag_value(argv, "--resume") == "auto":
         argv = set_flag(argv, "--resume", checkpoint.auto_resume(flag_value(argv, "--run-dir")))
     if len(argv) < 2 or argv[1].startswith("-"):
@@ -84,10 +93,9 @@ def train_command(argv: list[str]) -> int:
     strategy = StrategyConfig()
     if resume_arg:
         resume_path = checkpoint.find_latest(Path(resume_arg))
-        run_cfg, strategy, cfg, _ = configs_from_checkpoint(resume_path)
-        refuse_named_code(
-            run_cfg, f"checkpoint={str(resume_path)!r}", "--trust-code" in rest, own=(env, *rest), cfg=cfg
-        )
+        run_cfg, strategy, cfg, state = configs_from_checkpoint(resume_path)
+        trusted = "--trust-code" in rest or trust.is_trusted(resume_path, state)
+        refuse_named_code(run_cfg, f"checkpoint={str(resume_path)!r}", trusted, own=(env, *rest), cfg=cfg)
         if algo == "grpo" or run_cfg.algo == "grpo":  # group tasks are names, not Gymnasium ids
             if env != run_cfg.env:
                 raise ConfigError(f"env={env!r} differs from the resumed run's env {run_cfg.env!r}")
@@ -129,22 +137,36 @@ def train_command(argv: list[str]) -> int:
         )
     if not run.run_dir:  # every worker must agree on the run directory: fix it before launching
         run = run.replace(run_dir=str(default_run_dir(run, resolve_env_id(run.env))))
-    if args.strategy.strategy == "single":
+    with checkpoint.removed_after_a_mistake(Path(run.run_dir)):
+        return _train(algo, env, rest, run, args.strategy, algo_cfg, resume_path)
+
+
+def _train(
+    algo: str,
+    env: str,
+    rest: list[str],
+    run: RunConfig,
+    strategy: StrategyConfig,
+    algo_cfg: Any,
+    resume_path: Path | None,
+) -> int:
+    """Train a Gymnasium env's agent under ``strategy`` in ``run.run_dir``."""
+    if strategy.strategy == "single":
         run_training(run, algo_cfg, resume_path)
-    elif args.strategy.strategy in ("actor-learner", "pipeline"):
+    elif strategy.strategy in ("actor-learner", "pipeline"):
         from distrl.strategies.actor_learner import WorkerError, run_actor_learner
         from distrl.strategies.pipeline_ppo import run_async_ppo
         from distrl.strategies.pool import GeneratorFailed, PipelineStalled
 
         checkpoint.check_new_run_dir(Path(run.run_dir), resume_path)
-        runner = run_actor_learner if args.strategy.strategy == "actor-learner" else run_async_ppo
+        runner = run_actor_learner if strategy.strategy == "actor-learner" else run_async_ppo
         try:
-            runner(run, args.strategy, algo_cfg, Path(run.run_dir), resume_path)
+            runner(run, strategy, algo_cfg, Path(run.run_dir), resume_path)
         except (WorkerError, GeneratorFailed, PipelineStalled) as exc:
             print(f"distrl: error: {exc}", file=sys.stderr)
             raise SystemExit(1) from None
     else:
-        run_ddp(run, args.strategy, algo_cfg, resume_path, ["train", algo, env, *rest, "--run-dir", run.run_dir])
+        run_ddp(run, strategy, algo_cfg, resume_path, ["train", algo, env, *rest, "--run-dir", run.run_dir])
     return 0
 
 

@@ -5,7 +5,15 @@ of range raises :class:`ConfigError` whose message names the field, the value an
 is allowed, so the command line can print it as one line and exit with status 2.
 """
 
-from distrl.config.algos import ALGO_CONFIGS, ActorCriticNet, GRPOConfig, PPOConfig, REINFORCEConfig, SACConfig
+from distrl.config.algos import (
+    ALGO_CONFIGS,
+    ActorCriticNet,
+    GRPOConfig,
+    PPOConfig,
+    REINFORCEConfig,
+    SACConfig,
+    unknown_algo,
+)
 from distrl.config.base import (
     Activation,
     ConfigError,
@@ -25,6 +33,7 @@ from distrl.config.base import (
     check_types,
     from_dict,
     require,
+    require_callable_as,
     split_by_config,
     to_dict,
 )
@@ -32,6 +41,7 @@ from distrl.config.run import RunConfig, StrategyConfig, parse_env_kwargs, scale
 
 __all__ = [
     "ALGO_CONFIGS",
+    "unknown_algo",
     "Activation",
     "ActorCriticNet",
     "ConfigError",
@@ -58,6 +68,7 @@ __all__ = [
     "from_dict",
     "parse_env_kwargs",
     "require",
+    "require_callable_as",
     "scaled",
     "split_by_config",
     "to_dict",

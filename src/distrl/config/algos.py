@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from distrl.config.base import (
     Activation,
+    ConfigError,
     Core,
     Encoder,
     GRPOLoss,
@@ -384,3 +385,30 @@ class GRPOConfig:
 
 
 ALGO_CONFIGS: dict[str, type] = {"ppo": PPOConfig, "sac": SACConfig, "reinforce": REINFORCEConfig, "grpo": GRPOConfig}
+
+# What distrl has that comes closest to an algorithm it does not have, for the refusal to say.
+_CLOSEST = {
+    "a2c": "ppo with --n-epochs 1 --batch-size n_steps*n_envs (one synchronous actor-critic step per rollout)",
+    "appo": "ppo --strategy actor-learner (asynchronous rollout workers, one learner; no V-trace correction)",
+    "impala": "ppo --strategy actor-learner (asynchronous rollout workers, one learner; no V-trace correction)",
+    "trpo": "ppo (a clipped surrogate in place of the trust region)",
+    "mappo": "ppo on one agent's view (no multi-agent envs yet)",
+    "ddpg": "sac (continuous actions, off-policy, twin critics)",
+    "td3": "sac (continuous actions, off-policy, twin critics)",
+    "dqn": "ppo for discrete actions (distrl has no value-based algorithm yet); sac for continuous ones",
+    "rloo": "grpo (group-relative advantages, no critic)",
+    "dapo": "grpo (group-relative advantages, clipped ratio)",
+    "vpg": "reinforce",
+}
+
+
+def unknown_algo(algo: str) -> ConfigError:
+    """The one-line refusal of an algorithm name, saying what distrl has that comes closest."""
+    import difflib
+
+    message = f"algo={algo!r} is not known: must be one of {', '.join(ALGO_CONFIGS)}"
+    key = algo.lower().replace("-", "").replace("_", "")
+    if key in _CLOSEST:
+        return ConfigError(f"{message}; the closest distrl has: {_CLOSEST[key]}")
+    close = difflib.get_close_matches(algo.lower(), ALGO_CONFIGS, n=1, cutoff=0.6)
+    return ConfigError(f"{message}; did you mean {close[0]}?" if close else message)

@@ -126,3 +126,16 @@ def _type_name(hint: Any, plural: bool = False) -> str:
         return "null"
     name = {int: "integer", float: "number", bool: "boolean (true/false)", str: "string"}.get(hint, str(hint))
     return f"{name}s" if plural else f"an {name}" if name[0] in "aeiou" else f"a {name}"
+
+
+def require_callable_as(field: str, name: str, fn: Any, args: tuple[Any, ...], shape: str) -> None:
+    """Raise a ConfigError naming ``field`` and ``name`` when ``fn`` cannot take ``args`` (read from its
+    signature before it is called, so a mistake in the user's own code is not mistaken for this)."""
+    import inspect
+
+    try:
+        inspect.signature(fn).bind(*args)
+    except ValueError:  # no signature to read (some built-ins): the call itself will say
+        return
+    except TypeError as exc:
+        raise ConfigError(f"{field}={name} is not allowed: must be {shape} ({exc})") from None

@@ -21,7 +21,7 @@ import torch
 from gymnasium import spaces
 from torch import nn
 
-from distrl.config import ActorCriticNet, ConfigError
+from distrl.config import ActorCriticNet, ConfigError, require_callable_as
 from distrl.env_names import MEMORY, remembered, shown_name
 from distrl.nets.actor_critic import ActorCritic
 from distrl.nets.agent import Agent
@@ -114,6 +114,9 @@ def build_module(
             if cfg.ortho_init:
                 net.init_orthogonal(torch.Generator().manual_seed(seed))
             return net
+        if not isinstance(source, nn.Module):
+            args = (observation_space, action_space, cfg)
+            require_callable_as("policy", _name(policy), source, args, FACTORY_SHAPE)
         module = source if isinstance(source, nn.Module) else source(observation_space, action_space, cfg)
         if not isinstance(module, nn.Module):
             raise ConfigError(f"policy={_name(policy)} returned {type(module).__name__}, not a torch.nn.Module")
@@ -172,6 +175,9 @@ def make_agent(
         device,
         autocast=torch.bfloat16 if precision == "bf16" else None,
     )
+
+
+FACTORY_SHAPE = "a torch.nn.Module class or function taking (observation_space, action_space, config)"
 
 
 def _name(policy: PolicySource) -> str:
@@ -242,6 +248,9 @@ def make_sac_networks(
         if source is None:
             made: Any = make_encoder(observation_space, cfg.encoder)
         else:
+            if not isinstance(source, (nn.Module, tuple)):
+                args = (observation_space, action_space, cfg)
+                require_callable_as("policy", _name(policy), source, args, FACTORY_SHAPE)
             made = source if isinstance(source, (nn.Module, tuple)) else source(observation_space, action_space, cfg)
         if isinstance(made, tuple) and len(made) == 2 and all(isinstance(m, nn.Module) for m in made):
             actor_module, critic_module = made

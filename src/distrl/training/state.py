@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,10 +16,12 @@ import torch
 from gymnasium import spaces
 
 import distrl
-from distrl import checkpoint
+from distrl import checkpoint, trust
 from distrl.config import ALGO_CONFIGS, ConfigError, RunConfig, StrategyConfig, from_dict, to_dict
+from distrl.env_names import named_code
 from distrl.logs import MONITOR_FILE, Console, RunLogger, write_json_atomic
 from distrl.protocols import LocalSync, Sync
+from distrl.quiet import route_to_run_log
 
 
 def resolve_device(device: str) -> torch.device:
@@ -156,11 +159,15 @@ class RunState:
     def begin(self, resume_path: Path | None) -> None:
         """Load the checkpoint to resume from and say so, or clear the episodes an unfinished earlier start
         left in the run directory (killed before its first checkpoint). On the main worker only."""
+        if self.logger is not None and not self.run.debug:  # other libraries' warnings: in the run, not on screen
+            self.restore_warnings = route_to_run_log(self.logger.run_dir)
         if resume_path is not None:
             self.load_checkpoint(resume_path)
             self.report(resumed_line(f"{self.progress_unit()} {self.steps:,}", resume_path))
         elif self.logger is not None:
             self.logger.start_afresh()
+
+    restore_warnings: Callable[[], None] | None = None
 
     def progress_unit(self) -> str:
         """What ``steps`` counts: environment steps, or a learner's steps."""
@@ -210,9 +217,12 @@ class RunState:
 
     def finish(self, wall_s: float) -> dict[str, Any]:
         """Final evaluation, model and summary.json (main worker), then close; ``wall_s`` is this
-        process's time, to which a resumed run adds its earlier processes' (``wall_before``)."""
+        process's time up to here, to which the end's collection and final evaluation are added, and a
+        resumed run adds its earlier processes' (``wall_before``)."""
+        ending = time.perf_counter()
         self.extra_summary.update(self.end_collection())
         evaluation = self.final_evaluation() if self.is_main else {}
+        wall_s += time.perf_counter() - ending  # the end line's "total" includes the final evaluation
         summary = {**self.summary(), **evaluation, "wall_s": self.wall_before + wall_s}
         if self.run_dir is not None and (self.is_main or self.keeps_worker_state):
             self.save_checkpoint(self.run_dir / checkpoint.MODEL_DIR)
@@ -238,6 +248,9 @@ class RunState:
         if self.logger is not None:
             self.logger.close()
             self.logger = None
+        if self.restore_warnings is not None:
+            self.restore_warnings()
+            self.restore_warnings = None
 
     # ---- checkpoints and the start-up broadcast ----
 
@@ -297,8 +310,7 @@ class RunState:
         if target is None and self.run_dir is not None:
             target = self.run_dir / checkpoint.CHECKPOINTS_DIR / f"step-{self.steps:012d}"
         if self.is_main and target is not None:
-            tensors, state = self.checkpoint_contents()
-            written = checkpoint.save(target, tensors, state)
+            written = self.write_checkpoint(target)
             self.after_checkpoint(target)
         if self.sync.world_size > 1 and self.keeps_worker_state:
             self.sync.all_sum(np.zeros(1))  # a barrier: past it, the main worker has written the directory
@@ -307,6 +319,20 @@ class RunState:
         if path is None:
             self.start_segment()
         return written
+
+    def write_checkpoint(self, path: Path) -> Path:
+        """Write the checkpoint's tensors and state at ``path``. A run whose config names code (a custom env,
+        wrappers, a policy factory, rewards) is recorded as this user's, to load without --trust-code."""
+        tensors, state = self.checkpoint_contents()
+        written = checkpoint.save(path, tensors, state)
+        if named_code(self.run, self.cfg) and not self.trust_failed:
+            problem = trust.remember(written, state)
+            if problem is not None:  # said once: loading this run will ask for --trust-code
+                self.trust_failed = True
+                self.report(f"{problem}; evaluating this run will need --trust-code")
+        return written
+
+    trust_failed = False
 
     def after_checkpoint(self, path: Path) -> None:
         """Hook: write what does not belong in the checkpoint's tensors (a replay buffer)."""

@@ -1,0 +1,59 @@
+"""Every name or address a user passes that is not what it must be is one line naming the flag, exit 2,
+before anything is written: a corpus of such mistakes, each run through the command line."""
+
+import pytest
+
+from distrl.cli import main
+
+SMALL = ["--total-steps", "64", "--n-envs", "1", "--n-steps", "64", "--batch-size", "64", "--eval-episodes", "1"]
+TUNE = ["--trials", "1", "--budget-steps", "6000"]
+
+CORPUS = [
+    # (command line, the flag the line must name)
+    (["train", "ppo", "NotAnEnv-v0"], "env="),
+    (["train", "ppo", "distrl_testenvs:NotAnEnv"], "env="),
+    (["train", "ppo", "distrl_testenvs:returns_none"], "env="),
+    (["train", "ppo", "nosuchmodule:Env"], "env="),
+    (["train", "ppo", "distrl_testenvs:missing_attr"], "env="),
+    (["train", "ppo", "os:getcwd"], "env="),
+    (["train", "ppo", "CartPole-v1", "--wrapper", "distrl_testenvs:broken_wrapper"], "wrappers"),
+    (["train", "ppo", "CartPole-v1", "--wrapper", "nosuch:wrap"], "wrappers"),
+    (["train", "ppo", "CartPole-v1", "--wrapper", "distrl_testenvs:NotAnEnv"], "wrappers"),
+    (["train", "ppo", "CartPole-v1", "--wrapper", "os:getcwd"], "wrappers"),
+    (["train", "ppo", "CartPole-v1", "--wrapper", "notamodulepath"], "wrappers"),
+    (["train", "ppo", "CartPole-v1", "--policy", "distrl_spaceenvs:not_a_module"], "policy="),
+    (["train", "ppo", "CartPole-v1", "--policy", "distrl_spaceenvs:TinyNet"], "policy="),
+    (["train", "ppo", "CartPole-v1", "--policy", "os:getcwd"], "policy="),
+    (["train", "sac", "Pendulum-v1", "--policy", "os:getcwd"], "policy="),
+    (["train", "ppo", "CartPole-v1", "--policy", "nosuch:net"], "policy="),
+    (["train", "ppo", "CartPole-v1", "--env-kwargs", "nosuchkwarg=1"], "env_kwargs="),
+    (["train", "ppo", "CartPole-v1", "--preset", "/nonexistent.json"], "preset="),
+    (["train", "ppo", "CartPole-v1", "--run-dir", "/proc/distrl/run"], "run_dir="),
+    (["train", "ppo", "CartPole-v1", "--run-dir", "{file}"], "run_dir="),
+    (["train", "ppo", "CartPole-v1", "--run-dir", "{file}/run"], "run_dir="),
+    (["train", "ppo", "CartPole-v1", "--strategy", "ddp", "--workers", "2", "--run-dir", "{file}/run"], "run_dir="),
+    (["train", "ppo", "CartPole-v1", "--strategy", "actor-learner", "--ray-address", "not-an-address"], "ray_address="),
+    (["train", "grpo", "bandit", "--reward", "nosuch:reward"], "rewards="),
+    (["train", "appo", "CartPole-v1"], "algo="),
+    (["tune", "ppo", "CartPole-v1", *TUNE, "--storage", "not-a-url"], "storage="),
+    (["tune", "ppo", "CartPole-v1", *TUNE, "--storage", "sqlite:////proc/distrl/study.db"], "storage="),
+    (["tune", "ppo", "CartPole-v1", *TUNE, "--study-dir", "{file}/study"], "study_dir="),
+    (["eval", "/nonexistent"], "run="),
+    (["eval", "{file}"], "run="),
+    (["plot", "{file}"], "run="),
+    (["trust", "/nonexistent"], "run="),
+]
+
+
+@pytest.mark.parametrize(("argv", "flag"), CORPUS, ids=[" ".join(argv[:4]) for argv, _ in CORPUS])
+def test_a_mistaken_name_is_one_line_exit_2_and_writes_nothing(tmp_path, monkeypatch, capsys, argv, flag):
+    monkeypatch.chdir(tmp_path)
+    afile = tmp_path / "afile"
+    afile.write_text("not a directory\n")
+    argv = [a.replace("{file}", str(afile)) for a in argv]
+    if argv[:2] == ["train", "ppo"]:
+        argv = [*argv, *SMALL]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("distrl: error: ") and flag in err[0], err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]  # nothing written (runs/, a study, a database)
