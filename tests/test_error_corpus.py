@@ -1,6 +1,9 @@
 """Every name or address a user passes that is not what it must be is one line naming the flag, exit 2,
 before anything is written: a corpus of such mistakes, each run through the command line."""
 
+import subprocess
+import sys
+
 import pytest
 
 from distrl.cli import main
@@ -32,7 +35,6 @@ CORPUS = [
     (["train", "ppo", "CartPole-v1", "--run-dir", "{file}"], "run_dir="),
     (["train", "ppo", "CartPole-v1", "--run-dir", "{file}/run"], "run_dir="),
     (["train", "ppo", "CartPole-v1", "--strategy", "ddp", "--workers", "2", "--run-dir", "{file}/run"], "run_dir="),
-    (["train", "ppo", "CartPole-v1", "--strategy", "actor-learner", "--ray-address", "not-an-address"], "ray_address="),
     (["train", "grpo", "bandit", "--reward", "nosuch:reward"], "rewards="),
     (["train", "appo", "CartPole-v1"], "algo="),
     (["tune", "ppo", "CartPole-v1", *TUNE, "--storage", "not-a-url"], "storage="),
@@ -57,3 +59,14 @@ def test_a_mistaken_name_is_one_line_exit_2_and_writes_nothing(tmp_path, monkeyp
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("distrl: error: ") and flag in err[0], err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]  # nothing written (runs/, a study, a database)
+
+
+def test_a_malformed_ray_address_is_one_line_exit_2(tmp_path):
+    """In a process of its own: an in-process Ray instance left by another test would be used as it is."""
+    argv = ["train", "ppo", "CartPole-v1", "--strategy", "actor-learner", "--ray-address", "not-an-address", *SMALL]
+    done = subprocess.run(
+        [sys.executable, "-m", "distrl", *argv], capture_output=True, text=True, timeout=120, cwd=tmp_path
+    )
+    err = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(err) == 1 and "ray_address='not-an-address'" in err[0], done.stderr
+    assert list(tmp_path.iterdir()) == []

@@ -6,8 +6,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -28,12 +26,6 @@ def own_run(tmp_path_factory):
     flags += ["--checkpoint-every", "64", "--eval-episodes", "1", "--run-dir", str(run_dir), "--quiet"]
     assert main(["train", "ppo", "CartPole-v1", *OWN_CODE, *flags]) == 0
     return run_dir
-
-
-def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "distrl", *args], capture_output=True, text=True, timeout=300, check=False
-    )
 
 
 def edit_config(run: Path, **fields) -> None:
@@ -69,28 +61,29 @@ def test_an_edited_config_is_refused_until_trusted(own_run, tmp_path, capsys):
     assert main(["eval", str(edited), "--episodes", "1"]) == 2
 
 
-def test_every_flag_the_refusal_names_is_accepted(own_run, tmp_path):
+def test_every_flag_the_refusal_names_is_accepted(own_run, tmp_path, capsys):
     copy = tmp_path / "copy"
     shutil.copytree(own_run, copy)
-    refused = cli("eval", str(copy), "--episodes", "1")
-    assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1
-    message = refused.stderr
-    suggested = set(re.findall(r"--[a-z-]+", message.split("pass that code yourself:")[1]))
+    assert main(["eval", str(copy), "--episodes", "1"]) == 2
+    message = capsys.readouterr().err.strip().splitlines()
+    assert len(message) == 1
+    suggested = set(re.findall(r"--[a-z-]+", message[0].split("pass that code yourself:")[1]))
     assert suggested == {"--wrapper", "--policy"}
-    # the refusal's ways out, each taken: trust-code, trust, and naming the code yourself
-    assert cli("eval", str(copy), "--episodes", "1", "--trust-code").returncode == 0
-    named = cli("eval", str(copy), "--episodes", "1", *OWN_CODE)
-    assert named.returncode == 0, named.stderr
-    resumed = cli("train", "ppo", "CartPole-v1", "--resume", str(copy), *OWN_CODE, "--total-steps", "192", "--quiet")
-    assert resumed.returncode == 0, resumed.stderr
+    # the refusal's ways out, each taken: trust-code, and naming the code yourself (eval and resume)
+    assert main(["eval", str(copy), "--episodes", "1", "--trust-code"]) == 0
+    assert main(["eval", str(copy), "--episodes", "1", *OWN_CODE]) == 0
+    resumed = ["train", "ppo", "CartPole-v1", "--resume", str(copy), *OWN_CODE, "--total-steps", "192", "--quiet"]
+    assert main(resumed) == 0
 
 
-def test_eval_env_kwargs_replace_the_runs(own_run):
-    plain = cli("eval", str(own_run), "--episodes", "2", "--json")
+def test_eval_env_kwargs_replace_the_runs(own_run, capsys):
+    capsys.readouterr()
+    assert main(["eval", str(own_run), "--episodes", "2", "--json"]) == 0
+    plain = json.loads(capsys.readouterr().out)
     # CartPole's sutton_barto_reward pays 0 per step and -1 at the end: the return turns non-positive
-    changed = cli("eval", str(own_run), "--episodes", "2", "--json", "--env-kwargs", "sutton_barto_reward=true")
-    assert plain.returncode == 0 and changed.returncode == 0, changed.stderr
-    assert json.loads(plain.stdout)["mean_return"] > 0 >= json.loads(changed.stdout)["mean_return"]
+    assert main(["eval", str(own_run), "--episodes", "2", "--json", "--env-kwargs", "sutton_barto_reward=true"]) == 0
+    changed = json.loads(capsys.readouterr().out)
+    assert plain["mean_return"] > 0 >= changed["mean_return"]
 
 
 def test_a_store_that_cannot_be_written_does_not_stop_a_run(tmp_path, monkeypatch):

@@ -343,6 +343,7 @@ def test_a_killed_study_resumes_without_losing_or_repeating_a_trial(tmp_path):
 
 
 @pytest.mark.multiprocess
+@pytest.mark.slow  # the Ray runner; the process runner is what the default run proves
 def test_trials_run_as_ray_tasks(tmp_path, capsys):
     pytest.importorskip("ray")
     assert main(_tune(tmp_path, "--engine", "ray", "--parallel", "2", "--trials", "2", "--pruner", "none")) == 0

@@ -243,9 +243,12 @@ def test_a_resumed_run_goes_on_exactly_as_the_uninterrupted_one(lm, tmp_path):
     shutil.rmtree(run_dir / "model")
     assert main(["train", "grpo", "--resume", str(step3), "--reward", "distrl_lm:reversal", "--quiet"]) == 0
     assert largest_difference(whole, policy(run_dir)) == 0.0
-    # a resumed run's config names its reward's code: without --reward again (or --trust-code), nothing runs
+    # a run's config names its reward's code: copied from elsewhere, it resumes only with --reward again
+    # (or --trust-code, or `distrl trust`); where it was written, it resumes as it is
+    elsewhere = tmp_path / "copied"
+    shutil.copytree(run_dir, elsewhere)
     refused = subprocess.run(
-        [sys.executable, "-m", "distrl", "train", "grpo", "--resume", str(run_dir)],
+        [sys.executable, "-m", "distrl", "train", "grpo", "--resume", str(elsewhere)],
         capture_output=True,
         text=True,
         timeout=120,
