@@ -23,6 +23,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from distrl.checkpoint import run_dir_of
+
 STORE_ENV = "DISTRL_TRUST_STORE"
 FORMAT = "distrl-trust"
 
@@ -43,8 +45,6 @@ def config_digest(state: dict[str, Any]) -> str:
 
 def _key(checkpoint_path: Path) -> str:
     """The run directory a checkpoint belongs to (its own path when it stands alone), absolute."""
-    from distrl.checkpoint import run_dir_of
-
     path = Path(checkpoint_path)
     return str((run_dir_of(path) or path).resolve())
 
