@@ -210,6 +210,7 @@ def test_a_dict_observation_round_trips_through_its_packed_row():
         assert value.numpy().dtype == np.asarray(batch[key]).dtype or key == "room"
 
 
+@pytest.mark.slow  # learning
 @pytest.mark.parametrize(
     "env,steps,target",
     [

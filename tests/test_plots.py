@@ -217,6 +217,7 @@ def test_record_needs_a_gif_or_mp4_name(tmp_path, capsys):
         record("CartPole-v1", [lambda obs: 0], tmp_path / "v.avi")
 
 
+@pytest.mark.slow  # the bench tool; every strategy it times runs in the default suite
 @pytest.mark.multiprocess
 def test_bench_scaling_writes_figures_and_chart(tmp_path):
     out = tmp_path / "bench"

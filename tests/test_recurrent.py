@@ -226,6 +226,7 @@ def test_a_leaking_state_would_be_caught():
     assert abs(leaked - rollout.values[t, n]) > 1e-4
 
 
+@pytest.mark.slow  # learning
 @pytest.mark.parametrize("algo, core", [("ppo", "lstm"), ("ppo", "gru"), ("reinforce", "lstm")])
 def test_a_memory_task_is_solved_with_a_core_and_not_without(algo, core):
     if algo == "ppo":
