@@ -204,8 +204,8 @@ def plot_command(argv: list[str]) -> int:
 def trust_command(argv: list[str]) -> int:
     """``distrl trust RUN [RUN ...]``: let runs from elsewhere load the code their config names (see distrl.trust)."""
     from distrl import trust
-    from distrl.config import ALGO_CONFIGS, RunConfig, from_dict
     from distrl.env_names import named_code
+    from distrl.training.state import configs_from_state
 
     if not argv or argv[0] in ("-h", "--help"):
         print(f"usage: distrl trust RUN [RUN ...]\n\n{trust.__doc__}")
@@ -216,12 +216,9 @@ def trust_command(argv: list[str]) -> int:
             checkpoint.find_latest(Path(run))  # says what is wrong with it
         named: dict[tuple[str, str], None] = {}
         for path in paths:
-            state = checkpoint.read_state(path)
-            config = state.get("config", {})
-            algo = state.get("algo", "ppo")
-            if algo not in ALGO_CONFIGS:
-                raise ConfigError(f"checkpoint={str(path)!r} holds an unknown algorithm {algo!r}")
-            names = named_code(from_dict(RunConfig, config["run"]), from_dict(ALGO_CONFIGS[algo], config[algo]))
+            state = checkpoint.read_state(path)  # the config alone: the tensors are not needed
+            run_cfg, _, algo_cfg = configs_from_state(path, state)
+            names = named_code(run_cfg, algo_cfg)
             named.update(dict.fromkeys(names))
             if names:
                 problem = trust.remember(path, state)

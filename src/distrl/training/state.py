@@ -52,6 +52,11 @@ def space_to_json(space: spaces.Space) -> dict[str, Any]:
 def configs_from_checkpoint(path: Path) -> tuple[RunConfig, StrategyConfig, Any, dict[str, Any]]:
     """The run, strategy and (requested) algorithm configs stored in a checkpoint, and its JSON state."""
     _, state = checkpoint.load(path)
+    return (*configs_from_state(path, state), state)
+
+
+def configs_from_state(path: Path, state: dict[str, Any]) -> tuple[RunConfig, StrategyConfig, Any]:
+    """The run, strategy and (requested) algorithm configs a checkpoint's JSON state records."""
     config = state["config"]
     algo = state.get("algo", "ppo")
     if algo not in ALGO_CONFIGS:
@@ -60,7 +65,6 @@ def configs_from_checkpoint(path: Path) -> tuple[RunConfig, StrategyConfig, Any,
         from_dict(RunConfig, config["run"]),
         from_dict(StrategyConfig, config["strategy"]),
         from_dict(ALGO_CONFIGS[algo], config[algo]),
-        state,
     )
 
 
