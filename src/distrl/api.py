@@ -193,7 +193,8 @@ class Model:
         trust_code: bool = False,
         env_kwargs: Any = None,
     ) -> Model:
-        """Load a model saved by :meth:`save`, a checkpoint directory, or a run directory's newest checkpoint.
+        """Load a model saved by :meth:`save`, a checkpoint directory, or a run directory's newest intact checkpoint
+        (a damaged newer one is skipped, saying so on stderr).
 
         ``env``, ``wrappers``, ``policy`` and ``env_kwargs`` replace the run's (as in the constructor): needed
         when the model was trained on Python objects that exist only in the process that trained it.
@@ -203,7 +204,7 @@ class Model:
         part again yourself: a run from someone else could name anything. Runs this user wrote on this
         machine, with their config as written, need neither (see :mod:`distrl.trust`).
         """
-        path = checkpoint.find_latest(Path(path))
+        path = checkpoint.newest_intact(Path(path))
         run_cfg, _, cfg, state = configs_from_checkpoint(path)
         if state["algo"] == "grpo":
             home = checkpoint.run_dir_of(path)

@@ -2,21 +2,26 @@
 
 A checkpoint is a directory with ``tensors.safetensors`` and ``state.json``. It is
 written to a temporary sibling directory and renamed into place, so a crash leaves
-either the previous checkpoint or the new one, never half of one.
+either the previous checkpoint or the new one, never half of one. Its state records the
+tensor file's sha256, checked when it is loaded.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import hashlib
 import json
 import os
+import re
 import shutil
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 from distrl.config import ConfigError
@@ -27,43 +32,113 @@ TENSORS = "tensors.safetensors"
 STATE = "state.json"
 CHECKPOINTS_DIR = "checkpoints"
 MODEL_DIR = "model"
+DIGEST = "tensors_sha256"
+CHUNK = 1 << 20
 
 
 def save(path: Path, tensors: dict[str, torch.Tensor], state: dict[str, Any]) -> Path:
-    """Write a checkpoint directory atomically; returns its path."""
+    """Write a checkpoint directory atomically, with its tensor file's sha256 in its state; returns its path.
+
+    A failure to write is an OSError (with ``errno`` and ``filename`` where known); it leaves no temporary
+    directory behind, and a checkpoint already at ``path`` as it was."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
+    old = path.parent / f".{path.name}.old-{os.getpid()}"
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.exists() and not path.is_dir():  # a file in the way is not a checkpoint to replace
+            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(path))
+        for leftover in (tmp, old):  # of an earlier process with this pid
+            if leftover.exists():
+                shutil.rmtree(leftover)
+        tmp.mkdir()
         contiguous = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
-        save_file(contiguous, str(tmp / TENSORS), metadata={"format": FORMAT})
-        (tmp / STATE).write_text(json.dumps({"format": FORMAT, "format_version": FORMAT_VERSION, **state}, indent=1))
-        old = path.parent / f".{path.name}.old-{os.getpid()}"
-        if path.exists():
+        _write_tensors(contiguous, tmp / TENSORS)
+        recorded = {"format": FORMAT, "format_version": FORMAT_VERSION, **state, DIGEST: sha256_of(tmp / TENSORS)}
+        (tmp / STATE).write_text(json.dumps(recorded, indent=1))
+        replaced = path.exists()
+        if replaced:
             os.replace(path, old)
-        os.replace(tmp, path)
-        if old.exists():
-            shutil.rmtree(old)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp)
+        try:
+            os.replace(tmp, path)
+        except OSError:
+            if replaced:
+                with contextlib.suppress(OSError):  # the error to raise is the one above
+                    os.replace(old, path)
+            raise
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)  # the error to raise is the one that stopped the write
+        raise
+    if replaced:
+        shutil.rmtree(old, ignore_errors=True)  # the new checkpoint is in place; a hidden leftover is harmless
     return path
 
 
+def _write_tensors(tensors: dict[str, torch.Tensor], file: Path) -> None:
+    """safetensors' writer, whose failures are OSErrors here as for every other file."""
+    try:
+        save_file(tensors, str(file), metadata={"format": FORMAT})
+    except SafetensorError as exc:
+        found = re.search(r"os error (\d+)", str(exc))
+        code = int(found.group(1)) if found else errno.EIO
+        raise OSError(code, os.strerror(code), str(file)) from exc
+
+
+def sha256_of(file: Path) -> str:
+    """The sha256 of a file (hex), read in chunks."""
+    digest = hashlib.sha256()
+    with open(file, "rb") as f:
+        while chunk := f.read(CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
 def load(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """Read a checkpoint directory; a missing, truncated or foreign one is a ConfigError."""
+    """Read a checkpoint directory; a missing, truncated, damaged or foreign one is a ConfigError."""
     path = Path(path)
     if not path.exists():
         raise ConfigError(f"checkpoint={str(path)!r} does not exist")
-    state = read_state(path)
+    state = _intact_state(path)
     try:
         tensors = load_file(str(path / TENSORS))
     except (SafetensorError, OSError, ValueError) as exc:
         raise ConfigError(f"checkpoint={str(path)!r}: {TENSORS} is truncated or corrupt ({exc})") from None
     return tensors, state
+
+
+def verify(path: Path) -> str | None:
+    """Why the checkpoint at ``path`` is not intact (its state unreadable or foreign, its tensor file missing,
+    truncated or changed since it was written), or None when it is. One without a recorded sha256 (written
+    before distrl recorded it) is intact when its state and its tensor file's header read."""
+    try:
+        _intact_state(Path(path))
+    except ConfigError as exc:
+        return str(exc)
+    return None
+
+
+def _intact_state(path: Path) -> dict[str, Any]:
+    """A checkpoint's state, once its tensor file is found whole and unchanged; a ConfigError otherwise."""
+    state = read_state(path)
+    file = path / TENSORS
+    try:
+        with safe_open(str(file), framework="pt"):  # reads the header alone: a truncated file fails here
+            pass
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise ConfigError(f"checkpoint={str(path)!r}: {TENSORS} is truncated or corrupt ({exc})") from None
+    recorded = state.get(DIGEST)
+    if recorded is None:
+        return state
+    try:
+        found = sha256_of(file)
+    except OSError as exc:
+        raise ConfigError(f"checkpoint={str(path)!r}: {TENSORS} cannot be read ({exc.strerror or exc})") from None
+    if found != recorded:
+        raise ConfigError(
+            f"checkpoint={str(path)!r}: {TENSORS} is damaged (sha256 differs from the one recorded when it was "
+            "written): resume from an earlier checkpoint of the run, or restore this one from a copy"
+        )
+    return state
 
 
 def read_state(path: Path) -> dict[str, Any]:
@@ -106,26 +181,86 @@ def checkpoints_of(run_or_checkpoint: Path) -> list[Path]:
     path = Path(run_or_checkpoint)
     if (path / STATE).exists():
         return [path]
-    found = sorted(p for p in (path / CHECKPOINTS_DIR).glob("step-*") if p.is_dir())
-    return found + ([path / MODEL_DIR] if (path / MODEL_DIR).is_dir() else [])
+    return _periodic(path) + ([path / MODEL_DIR] if (path / MODEL_DIR).is_dir() else [])
 
 
-def find_latest(run_or_checkpoint: Path) -> Path:
-    """The checkpoint to load from a run directory (newest by steps) or a checkpoint path."""
+def _periodic(run_dir: Path) -> list[Path]:
+    """A run's periodic checkpoints ``RUN/checkpoints/step-*``, by name."""
+    return sorted(p for p in (run_dir / CHECKPOINTS_DIR).glob("step-*") if p.is_dir())
+
+
+def _newest_first(paths: list[Path]) -> list[Path]:
+    """Checkpoints by steps, newest first; those whose state does not read come last, by name."""
+    steps = {p: _steps_of(p) for p in paths}
+    readable = sorted((p for p in paths if steps[p] >= 0), key=lambda p: steps[p], reverse=True)
+    unreadable = sorted((p for p in paths if steps[p] < 0), key=lambda p: p.name, reverse=True)
+    return readable + unreadable
+
+
+def _candidates(run_or_checkpoint: Path) -> list[Path]:
+    """The checkpoints to load from a run directory, newest first, or the checkpoint path itself alone."""
     path = Path(run_or_checkpoint)
     if not path.exists():
         raise ConfigError(f"run={str(path)!r} does not exist")
     if (path / STATE).exists() or (path / TENSORS).exists():
-        return path
+        return [path]
     candidates = checkpoints_of(path)
     if not candidates:
         raise ConfigError(
             f"run={str(path)!r} holds no distrl checkpoint (looked for {MODEL_DIR}/ and {CHECKPOINTS_DIR}/step-*)"
         )
-    readable = [p for p in candidates if _steps_of(p) >= 0]
-    if not readable:  # let load() say what is wrong with the newest one
-        return max(candidates, key=lambda p: p.name)
-    return max(readable, key=_steps_of)
+    return _newest_first(candidates)
+
+
+def find_latest(run_or_checkpoint: Path) -> Path:
+    """The checkpoint to load from a run directory (newest by steps) or a checkpoint path."""
+    return _candidates(run_or_checkpoint)[0]
+
+
+def find_intact(run_or_checkpoint: Path) -> tuple[Path, list[str]]:
+    """The newest intact checkpoint of a run directory, and a note for each newer one skipped as damaged.
+
+    A checkpoint path is not replaced by another: a damaged one is a ConfigError, as is a run with no
+    intact checkpoint."""
+    path = Path(run_or_checkpoint)
+    candidates = _candidates(path)
+    problems = []
+    for candidate in candidates:
+        problem = verify(candidate)
+        if problem is None:
+            return candidate, [f"skipped {newer}" for newer in problems]
+        if candidate == path:  # named itself: the user asked for this one
+            raise ConfigError(problem)
+        problems.append(problem)
+    raise ConfigError(
+        f"run={str(path)!r} holds no intact checkpoint ({len(problems)} damaged); the newest: {problems[0]}"
+    )
+
+
+def newest_intact(run_or_checkpoint: Path) -> Path:
+    """:func:`find_intact`'s checkpoint, each skipped one named on stderr (``--resume RUN``, ``distrl eval RUN``)."""
+    path, skipped = find_intact(run_or_checkpoint)
+    for note in skipped:
+        print(f"distrl: note: {note}; going on from {path}", file=sys.stderr)
+    return path
+
+
+def prune(run_dir: Path, keep: int) -> list[Path]:
+    """Remove all but the newest ``keep`` periodic checkpoints of a run (by steps); returns those removed.
+
+    ``keep <= 0`` keeps them all; the final model is never removed. Each is renamed to a hidden name before
+    it is deleted, so one left half-deleted by a crash is never taken for a checkpoint."""
+    if keep <= 0:
+        return []
+    removed = []
+    for path in _newest_first(_periodic(Path(run_dir)))[keep:]:
+        hidden = path.parent / f".{path.name}.removing-{os.getpid()}"
+        if hidden.exists():  # of an earlier process with this pid
+            shutil.rmtree(hidden)
+        os.replace(path, hidden)
+        shutil.rmtree(hidden)
+        removed.append(path)
+    return removed
 
 
 def auto_resume(run_dir: str | None) -> str:
