@@ -65,14 +65,15 @@ def ray_session(
             else:
                 # address="local": the run's own instance, whatever other cluster RAY_ADDRESS or an address file
                 # left by an earlier `ray start` points at (without it Ray would try to join that one).
-                ray.init(
-                    address="local",
-                    num_cpus=num_cpus or os.cpu_count(),
-                    include_dashboard=False,
-                    _node_ip_address="127.0.0.1",
-                    _system_config={"max_direct_call_object_size": INLINE_RESULT_BYTES},
-                    **kwargs,
-                )
+                with _loopback_node_address():
+                    ray.init(
+                        address="local",
+                        num_cpus=num_cpus or os.cpu_count(),
+                        include_dashboard=False,
+                        _node_ip_address="127.0.0.1",
+                        _system_config={"max_direct_call_object_size": INLINE_RESULT_BYTES},
+                        **kwargs,
+                    )
         started = True
         if run_dir is not None:
             _link_session_logs(ray, run_dir)
@@ -81,6 +82,31 @@ def ray_session(
     finally:
         if started:
             ray.shutdown()
+
+
+@contextmanager
+def _loopback_node_address() -> Iterator[None]:
+    """Keep the embedded instance's node address at 127.0.0.1, so that every one of its servers listens on
+    loopback only.
+
+    On Linux Ray replaces a loopback ``_node_ip_address`` with the machine's outward address
+    (``ray._private.services.resolve_ip_for_localhost``) unless ``ray_constants.ENABLE_RAY_CLUSTER`` is off,
+    as it is by default on macOS and Windows; its GCS, raylet, workers and agents then listen on every
+    interface. Ray reads the flag as the driver starts the instance only, so it is off for ``ray.init`` alone.
+    """
+    try:
+        import ray._private.ray_constants as constants
+    except ImportError:
+        constants = None
+    if constants is None or not hasattr(constants, "ENABLE_RAY_CLUSTER"):
+        yield
+        return
+    saved = constants.ENABLE_RAY_CLUSTER
+    constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        constants.ENABLE_RAY_CLUSTER = saved
 
 
 @contextmanager
