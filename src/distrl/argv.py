@@ -42,6 +42,23 @@ def set_flag(argv: list[str], flag: str, value: str) -> list[str]:
     return out
 
 
+TIME_UNITS = {"s": 1, "min": 60, "h": 3600}
+
+
+def checkpoint_every_time(argv: list[str]) -> list[str]:
+    """``--checkpoint-every 10min`` (or 90s, 2h) as ``--checkpoint-every-s 600``; a step count stays as it is."""
+    value = flag_value(argv, "--checkpoint-every")
+    if value is None or re.fullmatch(r"[0-9_]+", value):
+        return argv
+    match = re.fullmatch(r"([0-9]+(?:\.[0-9]+)?)(s|min|h)", value)
+    if match is None:
+        raise ConfigError(
+            f"checkpoint_every={value!r} is not allowed: must be a step count (50000) or a time (90s, 10min, 2h)"
+        )
+    seconds = float(match[1]) * TIME_UNITS[match[2]]
+    return [*set_flag(argv, "--checkpoint-every", ""), "--checkpoint-every-s", f"{seconds:g}"]
+
+
 def merge_repeated(argv: list[str], flag: str, into: str) -> list[str]:
     """``--wrapper A --wrapper B`` as ``--wrappers A B`` (tyro keeps only the last of a repeated flag)."""
     values: list[str] = []

@@ -1,7 +1,8 @@
 """The ``distrl`` command: train, eval, plot, trust, tune, bench.
 
-User mistakes (a ConfigError) print one line on stderr and exit with status 2;
-``--debug`` shows the traceback as well. Each command's flags and work live in a module of its own
+User mistakes (a ConfigError) print one line on stderr and exit with status 2; a run that cannot write
+its directory (a full disk) one line and status 1; a run stopped by a signal at its checkpoint one line and
+128 + the signal's number. ``--debug`` shows the traceback as well. Each command's flags and work live in a module of its own
 (``train``; ``runs`` for eval and plot; ``distrl.tune`` and ``distrl.bench``), imported when it is asked for.
 """
 
@@ -17,6 +18,8 @@ import tyro
 from distrl import __version__
 from distrl.config import ConfigError
 from distrl.env_names import SHORT_NAMES
+from distrl.preemption import Stopped
+from distrl.rundir import WriteFailed
 
 ALGOS = ("ppo", "sac", "reinforce", "grpo")
 
@@ -89,6 +92,15 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exc()
         print(f"distrl: error: {exc}", file=sys.stderr)
         return 2
+    except WriteFailed as exc:
+        if "--debug" in argv:
+            traceback.print_exc()
+        print(f"distrl: error: {exc}", file=sys.stderr)
+        return 1
+    except Stopped as exc:
+        if str(exc):
+            print(f"distrl: {exc}", file=sys.stderr)
+        return exc.exit_status
     except KeyboardInterrupt:
         print("distrl: interrupted", file=sys.stderr)
         return 130

@@ -12,8 +12,8 @@ from typing import Any
 
 import tyro
 
-from distrl import checkpoint, trust
-from distrl.argv import flag_value, merge_repeated, parse_flags, set_flag
+from distrl import checkpoint, preemption, rundir, trust
+from distrl.argv import checkpoint_every_time, flag_value, merge_repeated, parse_flags, set_flag
 from distrl.cli import ALGOS
 from distrl.config import (
     ConfigError,
@@ -70,7 +70,12 @@ TRAIN_ARGS = {"ppo": PPOTrainArgs, "sac": SACTrainArgs, "reinforce": REINFORCETr
 
 
 def train_command(argv: list[str]) -> int:
-    """``distrl train ALGO ENV [flags]`` (``argv`` starts at ALGO)."""
+    """``distrl train ALGO ENV [flags]`` (``argv`` starts at ALGO): SIGTERM and SIGINT stop it at a checkpoint."""
+    with preemption.stop_signals_caught():
+        return _train_command(argv)
+
+
+def _train_command(argv: list[str]) -> int:
     algo = argv[0]
     if algo not in ALGOS:
         raise unknown_algo(algo)
@@ -88,11 +93,12 @@ def train_command(argv: list[str]) -> int:
             raise ConfigError(f"ENV is missing: distrl train {algo} ENV [flags], e.g. distrl train {algo} CartPole-v1")
     env, rest = argv[1], merge_repeated(argv[2:], "--wrapper", "--wrappers")
     rest = merge_repeated(merge_repeated(rest, "--reward", "--rewards"), "--track", "--track")
+    rest = checkpoint_every_time(rest)
     resume_arg = flag_value(rest, "--resume")
     resume_path = None
     strategy = StrategyConfig()
     if resume_arg:
-        resume_path = checkpoint.find_latest(Path(resume_arg))
+        resume_path = checkpoint.newest_intact(Path(resume_arg))
         run_cfg, strategy, cfg, state = configs_from_checkpoint(resume_path)
         trusted = "--trust-code" in rest or trust.is_trusted(resume_path, state)
         refuse_named_code(run_cfg, f"checkpoint={str(resume_path)!r}", trusted, own=(env, *rest), cfg=cfg)
@@ -128,17 +134,25 @@ def train_command(argv: list[str]) -> int:
         from distrl.tracking import check_trackers
 
         check_trackers(run.track)
-    if algo == "grpo":
-        return _train_grpo(run, args.strategy, algo_cfg, resume_path, ["train", algo, env, *rest])
-    if args.strategy.strategy == "pipeline" and algo != "ppo":
+    if args.strategy.strategy == "pipeline" and algo not in ("ppo", "grpo"):
         raise ConfigError(
             f"strategy='pipeline' is not available for {algo}: it runs ppo on Gymnasium envs "
             "and grpo on group tasks (distrl train grpo bandit --strategy pipeline)"
         )
     if not run.run_dir:  # every worker must agree on the run directory: fix it before launching
-        run = run.replace(run_dir=str(default_run_dir(run, resolve_env_id(run.env))))
-    with checkpoint.removed_after_a_mistake(Path(run.run_dir)):
-        return _train(algo, env, rest, run, args.strategy, algo_cfg, resume_path)
+        run = run.replace(run_dir=str(default_run_dir(run, run.env if algo == "grpo" else resolve_env_id(run.env))))
+    run_dir = Path(run.run_dir)
+    command = ["train", algo, env, *rest]
+    with checkpoint.removed_after_a_mistake(run_dir), rundir.held_here(run_dir, command):
+        try:
+            if algo == "grpo":
+                return _train_grpo(run, args.strategy, algo_cfg, resume_path, command)
+            return _train(algo, env, rest, run, args.strategy, algo_cfg, resume_path)
+        except OSError as exc:
+            failure = rundir.write_failure(exc, run_dir)
+            if failure is None:
+                raise
+            raise failure from None
 
 
 def _train(
@@ -179,8 +193,6 @@ def _train_grpo(
 
     if strategy.strategy not in ("single", "ddp", "pipeline"):
         raise ConfigError(f"strategy={strategy.strategy!r} is not available for grpo: must be single, ddp or pipeline")
-    if not run.run_dir:  # every worker must agree on the run directory: fix it before launching
-        run = run.replace(run_dir=str(default_run_dir(run, run.env)))
     run_dir = Path(run.run_dir)
     if strategy.strategy == "ddp":
         run_ddp(run, strategy, cfg, resume_path, [*argv, "--run-dir", run.run_dir])
@@ -220,7 +232,7 @@ def run_ddp(
 
     run_dir = Path(run.run_dir)
     if in_distributed_env():
-        return _as_rank(run_worker, run, strategy, cfg, run_dir, resume_path)
+        return _as_rank(run_dir, run_worker, run, strategy, cfg, run_dir, resume_path)
     launch.check_before_launch(run, strategy, cfg, resume_path)
     try:
         if strategy.launcher == "spark":
@@ -245,14 +257,17 @@ def run_ddp(
     return None
 
 
-def _as_rank(fn, *args):  # noqa: ANN001, ANN202
-    """Run a rank's work; report an exception on one line naming the rank, then fail."""
+def _as_rank(run_dir: Path, fn, *args):  # noqa: ANN001, ANN202
+    """Run a rank's work; report an exception on one line naming the rank, then fail (a user's mistake, a stop
+    on a signal and a failed write of ``run_dir`` go up, to be told as they are in one process)."""
     rank = os.environ.get("RANK", "?")
     try:
         return fn(*args)
-    except ConfigError:
+    except (ConfigError, preemption.Stopped):
         raise
     except Exception as exc:  # noqa: BLE001 - a rank's failure must name the rank
+        if rundir.write_failure(exc, run_dir) is not None:
+            raise
         traceback.print_exc()
         print(f"distrl: error: rank {rank}: {type(exc).__name__}: {exc}", file=sys.stderr)
         raise SystemExit(1) from None

@@ -108,7 +108,12 @@ class RunConfig:
     """Vector env: native (gymnasium's vector entry point), sync, async, or envpool (its C++ pool, for
     Atari and the tasks it lists; pip install 'distrl[envpool]'); auto prefers native."""
     checkpoint_every: int = 0
-    """Save a checkpoint every this many steps (0: only the final model)."""
+    """Save a checkpoint every this many steps (0: only the final model). A time also works, for clusters that
+    preempt on the clock: --checkpoint-every 10min (or 90s, 2h) sets --checkpoint-every-s."""
+    checkpoint_every_s: float = 0.0
+    """Also save a checkpoint once this many seconds have passed since the last one (0: never by time)."""
+    keep_checkpoints: int = 0
+    """Keep only the newest N periodic checkpoints (the final model is always kept); 0 keeps all."""
     resume: str = ""
     """Continue the run in this directory from its latest checkpoint, or from this checkpoint: with
     RUN/checkpoints/step-N, run RUN goes on from step N. auto: the newest checkpoint in --run-dir if
@@ -158,6 +163,8 @@ class RunConfig:
         require(self.iterations >= 0, "iterations", self.iterations, ">= 0")
         require(self.seed >= 0, "seed", self.seed, ">= 0")
         require(self.checkpoint_every >= 0, "checkpoint_every", self.checkpoint_every, ">= 0")
+        require(self.checkpoint_every_s >= 0, "checkpoint_every_s", self.checkpoint_every_s, ">= 0 seconds")
+        require(self.keep_checkpoints >= 0, "keep_checkpoints", self.keep_checkpoints, ">= 0 (0: keep all)")
         require(self.eval_every >= 0, "eval_every", self.eval_every, ">= 0")
         if self.eval_max_steps is not None:
             require(

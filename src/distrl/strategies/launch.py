@@ -24,9 +24,11 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from distrl import preemption
+from distrl.rundir import HELD_BY_LAUNCHER
 from distrl.strategies.ray_engine import free_port
 
-STOP_GRACE_S = 5.0
+STOPPED_STATUSES = {128 + int(signum) for signum in preemption.STOP_SIGNALS}
 PEERS_GRACE_S = 2.0
 """After the first rank fails, how long to wait for the others' own errors before choosing whom to name."""
 
@@ -76,8 +78,10 @@ def check_gpus_per_rank(device: str, strategy: Any) -> None:
         )
 
 
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
-    """Linux: deliver SIGKILL to this worker if the launcher dies, so no worker is orphaned."""
+def _start_worker() -> None:  # pragma: no cover - runs in the child between fork and exec
+    """A process group of its own, so that a terminal's Ctrl-C reaches the launcher alone (which passes it on
+    once); on Linux, SIGKILL to this worker if the launcher dies, so no worker is orphaned."""
+    os.setpgrp()
     try:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except OSError:
@@ -123,7 +127,10 @@ def error_line(tail: Iterable[str]) -> str:
 
 
 def launch_local(argv: list[str], workers: int, timeout_s: float) -> None:
-    """Run ``python -m distrl *argv`` as ``workers`` ranks on this machine; raise WorkerFailed on failure."""
+    """Run ``python -m distrl *argv`` as ``workers`` ranks on this machine; raise WorkerFailed on failure.
+
+    The launcher holds the run directory's lock for its ranks. A stop signal it receives goes to rank 0, which
+    makes every rank stop at the same checkpoint; then the launcher raises Stopped. A second one kills them."""
     port = free_port()
     base = dict(
         os.environ,
@@ -132,9 +139,10 @@ def launch_local(argv: list[str], workers: int, timeout_s: float) -> None:
         WORLD_SIZE=str(workers),
         LOCAL_WORLD_SIZE=str(workers),
         PYTHONUNBUFFERED="1",
+        **{HELD_BY_LAUNCHER: "1"},
     )
     procs: list[_Worker] = []
-    preexec = _die_with_parent if sys.platform.startswith("linux") else None
+    preexec = _start_worker if sys.platform.startswith("linux") else os.setpgrp
     try:
         for rank in range(workers):
             env = dict(base, RANK=str(rank), LOCAL_RANK=str(rank))
@@ -149,15 +157,21 @@ def launch_local(argv: list[str], workers: int, timeout_s: float) -> None:
 
 def _wait_all(procs: list[_Worker]) -> None:
     running = list(procs)
+    passed_on = 0
     while running:
+        if preemption.requested() and not passed_on:
+            passed_on = preemption.requested()
+            procs[0].process.send_signal(passed_on)  # rank 0 tells the others in its next all-reduce
         for worker in list(running):
             code = worker.process.poll()
             if code is None:
                 continue
             running.remove(worker)
-            if code != 0:
+            if code != 0 and not (passed_on and code in STOPPED_STATUSES):
                 raise WorkerFailed(_root_cause(procs))
         time.sleep(0.05)
+    if passed_on:
+        raise preemption.Stopped(passed_on)  # rank 0 has said where it stopped
 
 
 def _root_cause(procs: list[_Worker]) -> str:
@@ -187,16 +201,12 @@ def blame(errors: dict[int, str]) -> str:
 
 
 def _stop_all(procs: list[_Worker]) -> None:
+    """Kill the workers still running: a rank catches SIGTERM to stop at a checkpoint, not at once."""
     alive = [w for w in procs if w.process.poll() is None]
     for worker in alive:
-        worker.process.terminate()
-    deadline = time.monotonic() + STOP_GRACE_S
+        worker.process.kill()
     for worker in alive:
-        try:
-            worker.process.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            worker.process.kill()
-            worker.process.wait()
+        worker.process.wait()
 
 
 def launch_ray(

@@ -184,6 +184,15 @@ class TrainerBase(RunState):
             return False
         return self.steps // every > (self.steps - per_iteration) // every
 
+    def end_of_iteration(self, per_iteration: int, votes: np.ndarray, more: bool) -> bool:
+        """After an iteration of ``per_iteration`` steps, with the summed stop votes: a stop signal's checkpoint,
+        else the periodic evaluation and checkpoint; True to end the loop (stopped, or target reached)."""
+        if votes[0] > 0:
+            return self.checkpoint_or_stop(False, votes, more)
+        if self._crossed(self.run.eval_every, per_iteration) and self._evaluate_and_check_target():
+            return True
+        return self.checkpoint_or_stop(self._crossed(self.run.checkpoint_every, per_iteration), votes, more)
+
     def _evaluate_and_check_target(self) -> bool:
         """Evaluate on the main worker; True (on every worker) once the target return is reached."""
         reached = 0.0

@@ -75,9 +75,11 @@ class EpisodicTrainer(TrainerBase):
             start = time.perf_counter()
             batch = self.collector.collect(self.cfg.episodes_per_iter, self.policy_version)
             # Episodes differ in length: every rank counts every rank's steps, or they would stop apart.
-            counts = np.zeros(1 + self.sync.world_size)
+            counts = np.zeros(3 + self.sync.world_size)
             counts[0], counts[1 + self.sync.rank] = batch.steps, batch.n_episodes
-            counts = self.sync.all_sum(counts)
+            counts[-2:] = self.stop_votes()
+            summed = self.sync.all_sum(counts)
+            counts, votes = summed[:-2], summed[-2:]
             self.steps += int(counts[0])
             self.episodes += int(counts[1:].sum())
             update_start = time.perf_counter()
@@ -101,11 +103,8 @@ class EpisodicTrainer(TrainerBase):
                     f"loss {metrics['losses/policy_loss']:.4f}, {int(counts[1:].sum())} episodes, "
                     f"{self.steps:,} steps"
                 )
-            per_iteration = int(counts[0])
-            if self._crossed(self.run.eval_every, per_iteration) and self._evaluate_and_check_target():
+            if self.end_of_iteration(int(counts[0]), votes, self.steps < total):
                 break
-            if self._crossed(self.run.checkpoint_every, per_iteration) and self.steps < total:
-                self.save_checkpoint()
         return self.summary()
 
     def summary(self) -> dict[str, Any]:

@@ -203,12 +203,13 @@ class GroupTrainer(RunState):
             self._log(batch, metrics)
             if self._reached_target():
                 break
-            if (
-                self.run.checkpoint_every
-                and self.version % self.run.checkpoint_every == 0
-                and self.version < cfg.learner_steps
+            votes = self.stop_votes()
+            votes = self.sync.all_sum(votes) if self.sync.world_size > 1 else votes
+            every = self.run.checkpoint_every
+            if self.checkpoint_or_stop(
+                bool(every) and self.version % every == 0, votes, self.version < cfg.learner_steps
             ):
-                self.save_checkpoint()
+                break
 
     def start_segment(self) -> None:
         """Nothing to restart: a step's prompts and randomness follow from its number."""

@@ -106,9 +106,11 @@ class OffPolicyTrainer(TrainerBase):
                 returns.extend(step.episode_returns.tolist())
                 lengths.extend(step.episode_lengths.tolist())
             self.steps += per_iteration
-            episodes = np.zeros(self.sync.world_size)
-            episodes[self.sync.rank] = len(returns)
-            episodes = self.sync.all_sum(episodes) if self.sync.world_size > 1 else episodes
+            counts = np.zeros(self.sync.world_size + 2)
+            counts[self.sync.rank] = len(returns)
+            counts[-2:] = self.stop_votes()
+            counts = self.sync.all_sum(counts) if self.sync.world_size > 1 else counts
+            episodes, votes = counts[:-2], counts[-2:]
             self.episodes += int(episodes.sum())
             update_start = time.perf_counter()
             metrics: dict[str, float] = {}
@@ -118,10 +120,8 @@ class OffPolicyTrainer(TrainerBase):
                     metrics = self.algo.update(batch, self.sync)
             self._end_iteration(start, update_start, updated=bool(metrics))
             self._log(returns, lengths, episodes, metrics)
-            if self._crossed(self.run.eval_every, per_iteration) and self._evaluate_and_check_target():
+            if self.end_of_iteration(per_iteration, votes, self.steps < total):
                 break
-            if self._crossed(self.run.checkpoint_every, per_iteration) and self.steps < total:
-                self.save_checkpoint()
         return self.summary()
 
     def act_for_eval(self, obs: np.ndarray, starts: np.ndarray) -> np.ndarray:

@@ -152,17 +152,15 @@ class OnPolicyTrainer(TrainerBase):
                 }
             )
             self._log(rollout.episode_returns, rollout.episode_lengths, totals["episodes"], metrics)
-            if self._crossed(self.run.eval_every, per_iteration) and self._evaluate_and_check_target():
+            if self.end_of_iteration(per_iteration, totals["votes"], self.steps < total):
                 break
-            if self._crossed(self.run.checkpoint_every, per_iteration) and self.steps < total:
-                self.save_checkpoint()
         return self.summary()
 
     def _sum_over_workers(self, rollout: Rollout, batch: RolloutBatch) -> dict[str, np.ndarray]:
         """One all-reduce per iteration for every count and statistic the workers must share.
 
-        Steps, valid samples, per-worker episode counts, advantage moments and the
-        normalisers' moments travel together: a collective costs about a millisecond on
+        Steps, valid samples, per-worker episode counts, advantage moments, the
+        normalisers' moments and the stop votes travel together: a collective costs about a millisecond on
         small machines, so they are batched. Updates the normalisers.
         """
         episodes = np.zeros(self.sync.world_size)
@@ -172,6 +170,7 @@ class OnPolicyTrainer(TrainerBase):
             "samples": np.array([rollout.valid.sum()]),
             "episodes": episodes,
             "advantages": self.algo.advantage_moments(batch),
+            "votes": self.stop_votes(),
         }
         if self.cfg.normalize_obs:
             parts["obs"] = rollout.obs_moments

@@ -6,6 +6,7 @@ environment trainers add their envs in ``common.py``, GRPO's trainer its task in
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -16,7 +17,7 @@ import torch
 from gymnasium import spaces
 
 import distrl
-from distrl import checkpoint, trust
+from distrl import checkpoint, preemption, trust
 from distrl.config import ALGO_CONFIGS, ConfigError, RunConfig, StrategyConfig, from_dict, to_dict
 from distrl.env_names import named_code
 from distrl.logs import MONITOR_FILE, Console, RunLogger, write_json_atomic
@@ -135,6 +136,10 @@ class RunState:
         self.console = None
         """Progress and events on the terminal: a run directory's main worker has one; the API's
         ``learn(progress_bar=True)`` lends one for its call."""
+        self.stopped_by = 0
+        """The signal this run stopped on after its checkpoint (see :mod:`distrl.preemption`), or 0."""
+        self._last_checkpoint_at = time.monotonic()
+        preemption.reinstall()  # after an engine's start (Ray's driver takes SIGTERM)
 
     def state_tensors(self) -> dict[str, torch.Tensor]:
         raise NotImplementedError
@@ -222,7 +227,10 @@ class RunState:
     def finish(self, wall_s: float) -> dict[str, Any]:
         """Final evaluation, model and summary.json (main worker), then close; ``wall_s`` is this
         process's time up to here, to which the end's collection and final evaluation are added, and a
-        resumed run adds its earlier processes' (``wall_before``)."""
+        resumed run adds its earlier processes' (``wall_before``). A run stopped by a signal has written its
+        checkpoint instead: it closes and raises :class:`~distrl.preemption.Stopped`."""
+        if self.stopped_by:
+            self.stop()
         ending = time.perf_counter()
         self.extra_summary.update(self.end_collection())
         evaluation = self.final_evaluation() if self.is_main else {}
@@ -242,6 +250,22 @@ class RunState:
         self.close()
         return summary
 
+    def stop(self) -> None:
+        """End a run stopped by a signal: say where it stopped, flush and close everything, raise Stopped."""
+        at = f"{self.progress_unit()} {self.steps:,}"
+        message = ""
+        if self.is_main and self.run_dir is not None:
+            written = self.run_dir / checkpoint.CHECKPOINTS_DIR / f"step-{self.steps:012d}"
+            message = (
+                f"stopped by {preemption.name(self.stopped_by)} at {at}: checkpoint {written}; "
+                f"continue with --resume {self.run_dir}"
+            )
+            self.report(message)
+            if self.console is not None:
+                self.console.close(self.progress_done())
+        self.close()
+        raise preemption.Stopped(self.stopped_by, message)
+
     def release(self) -> None:
         """Hook: close what the trainer holds besides its logs (envs, workers, actors)."""
 
@@ -250,8 +274,12 @@ class RunState:
             self.console.close()
         self.release()
         if self.logger is not None:
-            self.logger.close()
-            self.logger = None
+            logger, self.logger = self.logger, None
+            try:
+                logger.close()
+            except OSError:
+                if sys.exc_info()[0] is None:  # closing after a failure (a full disk): that failure is the news
+                    raise
         if self.restore_warnings is not None:
             self.restore_warnings()
             self.restore_warnings = None
@@ -316,6 +344,9 @@ class RunState:
         if self.is_main and target is not None:
             written = self.write_checkpoint(target)
             self.after_checkpoint(target)
+            if path is None and self.run.keep_checkpoints:
+                checkpoint.prune(target.parent.parent, self.run.keep_checkpoints)
+        self._last_checkpoint_at = time.monotonic()
         if self.sync.world_size > 1 and self.keeps_worker_state:
             self.sync.all_sum(np.zeros(1))  # a barrier: past it, the main worker has written the directory
             if not self.is_main and target is not None:
@@ -323,6 +354,23 @@ class RunState:
         if path is None:
             self.start_segment()
         return written
+
+    def stop_votes(self) -> np.ndarray:
+        """This worker's part of the all-reduce each iteration already makes, so that every worker decides alike:
+        [a stop signal came here, the main worker's clock says a checkpoint is due (--checkpoint-every-s)]."""
+        every_s = self.run.checkpoint_every_s
+        due = self.is_main and every_s > 0 and time.monotonic() - self._last_checkpoint_at >= every_s
+        return np.array([float(preemption.requested() > 0), float(due)])
+
+    def checkpoint_or_stop(self, due_by_steps: bool, votes: np.ndarray, more: bool) -> bool:
+        """After an iteration, with the summed :meth:`stop_votes`: write a checkpoint if one is due by steps or
+        by the clock and ``more`` steps are to come, or if a worker got a stop signal; True to stop here."""
+        stop = votes[0] > 0
+        if stop or (more and (due_by_steps or votes[1] > 0)):
+            self.save_checkpoint()
+        if stop:
+            self.stopped_by = preemption.requested() or int(preemption.STOP_SIGNALS[0])
+        return stop
 
     def write_checkpoint(self, path: Path) -> Path:
         """Write the checkpoint's tensors and state at ``path``. A run whose config names code (a custom env,

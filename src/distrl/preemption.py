@@ -1,0 +1,83 @@
+"""Stopping a run on a signal: a cluster's preemption (SIGTERM, then SIGKILL some seconds later) or Ctrl-C.
+
+``distrl train`` catches SIGTERM and SIGINT. The first asks the run to stop at its next checkpoint: the
+training loops look at :func:`requested` once per iteration, every worker agrees on the iteration (the
+flag travels in the all-reduce the iteration already makes), the checkpoint is written, the logs are
+flushed and the process exits with 128 + the signal's number (143 for SIGTERM, 130 for SIGINT), as a
+process killed by it would. A second signal stops at once. The Python API leaves signals alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import sys
+import threading
+from collections.abc import Iterator
+from types import FrameType
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+_requested = 0
+"""The first stop signal this process received, 0 while none has come."""
+_catching = False
+
+
+class Stopped(Exception):
+    """The run wrote a checkpoint and stopped on a signal; the message (empty on workers that are not the
+    main one) is printed as one line, and the exit status is 128 + the signal's number."""
+
+    def __init__(self, signum: int, message: str = ""):
+        super().__init__(message)
+        self.signum = signum
+
+    @property
+    def exit_status(self) -> int:
+        return 128 + self.signum
+
+
+@contextlib.contextmanager
+def stop_signals_caught() -> Iterator[None]:
+    """While the block runs, SIGTERM and SIGINT ask this process's run to stop at its next checkpoint; the
+    handlers before it are put back after. Outside the main thread nothing changes."""
+    global _catching, _requested
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
+    _catching, _requested = True, 0
+    reinstall()
+    try:
+        yield
+    finally:
+        _catching, _requested = False, 0
+        for signum, handler in before.items():
+            signal.signal(signum, handler)
+
+
+def reinstall() -> None:
+    """Put the handlers back if this process catches stop signals (after Ray or another library took them)."""
+    if _catching and threading.current_thread() is threading.main_thread():
+        for signum in STOP_SIGNALS:
+            signal.signal(signum, _on_signal)
+
+
+def requested() -> int:
+    """The stop signal received, or 0."""
+    return _requested
+
+
+def name(signum: int) -> str:
+    return signal.Signals(signum).name
+
+
+def _on_signal(signum: int, frame: FrameType | None) -> None:
+    global _requested
+    if _requested:
+        print(f"distrl: second {name(signum)}: stopping at once, without a checkpoint", file=sys.stderr)
+        raise SystemExit(128 + signum)
+    _requested = signum
+    print(
+        f"distrl: {name(signum)} received: stopping at the next checkpoint (send it again to stop at once)",
+        file=sys.stderr,
+    )
