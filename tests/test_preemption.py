@@ -78,12 +78,17 @@ def episodes(run_dir):
         pytest.param("ddp", 128, signal.SIGINT, True, id="ddp-Ctrl-C"),
         pytest.param("ddp", 128, signal.SIGTERM, False, id="ddp-SIGTERM", marks=pytest.mark.slow),
         pytest.param("actor-learner", 128, signal.SIGTERM, False, id="actor-learner-SIGTERM"),
+        # ranks as Ray actors: the driver passes the signal to rank 0 (Ray's workers block SIGINT; rank 0 unblocks it)
+        pytest.param("ddp-ray", 128, signal.SIGINT, True, id="ddp-ray-launcher-Ctrl-C", marks=pytest.mark.slow),
     ],
 )
 def test_a_stopped_run_checkpoints_exits_and_resumes_to_the_uninterrupted_result(
     tmp_path, strategy, per_iteration, signum, group
 ):
-    spread = [] if strategy == "single" else ["--strategy", strategy, "--workers", "2"]
+    spread = {
+        "single": [],
+        "ddp-ray": ["--strategy", "ddp", "--launcher", "ray", "--workers", "2"],
+    }.get(strategy, ["--strategy", strategy, "--workers", "2"])
     stopped_dir, whole_dir = tmp_path / "stopped", tmp_path / "whole"
 
     whole = subprocess.Popen(  # the same run, never stopped, beside it
@@ -117,6 +122,11 @@ def test_a_stopped_run_checkpoints_exits_and_resumes_to_the_uninterrupted_result
 def test_the_first_signal_asks_for_a_stop_and_a_second_stops_at_once():
     before = signal.getsignal(signal.SIGTERM)
     with preemption.stop_signals_caught():
+        with pytest.raises(SystemExit) as at_once:  # nothing listens yet (no trainer): nothing to checkpoint
+            os.kill(os.getpid(), signal.SIGTERM)
+        assert at_once.value.code == 128 + signal.SIGTERM
+    with preemption.stop_signals_caught():
+        preemption.listen()  # as a trainer does
         assert preemption.requested() == 0
         os.kill(os.getpid(), signal.SIGTERM)
         assert preemption.requested() == signal.SIGTERM  # the run goes on to its checkpoint
@@ -166,3 +176,16 @@ def test_a_bad_checkpoint_time_is_one_line(tmp_path):
         "distrl: error: checkpoint_every='10mins' is not allowed: must be a step count (50000) or a time (90s, 10min, 2h)"
     ]
     assert not (tmp_path / "r").exists()
+
+
+def test_a_pipeline_run_checkpoints_while_its_generators_run_and_stops_on_a_signal(tmp_path):
+    """The pipeline's generators are under way at every checkpoint: their fragments finish into the buffer before
+    the new segment starts (a checkpoint used to fail there), and a stop signal ends the run at one."""
+    run = tmp_path / "run"
+    args = train_args(run, 128, "--strategy", "pipeline", "--workers", "2")
+    stopped = stop_after_first_checkpoint(args, run)
+    assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr_text
+    assert "stopped by SIGTERM at step" in stopped.stderr_text
+    resumed = distrl("train", "ppo", SLOW, "--resume", str(run), "--quiet")
+    assert resumed.returncode == 0, resumed.stderr
+    assert (run / "model").is_dir()

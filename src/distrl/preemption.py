@@ -4,7 +4,9 @@
 training loops look at :func:`requested` once per iteration, every worker agrees on the iteration (the
 flag travels in the all-reduce the iteration already makes), the checkpoint is written, the logs are
 flushed and the process exits with 128 + the signal's number (143 for SIGTERM, 130 for SIGINT), as a
-process killed by it would. A second signal stops at once. The Python API leaves signals alone.
+process killed by it would. A second signal stops at once, and so does the first while nothing in the
+process can stop at a checkpoint (before its trainer exists, or a launcher that cannot pass the signal on):
+what can is said by :func:`listen`. The Python API leaves signals alone.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 _requested = 0
 """The first stop signal this process received, 0 while none has come."""
 _catching = False
+_listening = False
 
 
 class Stopped(Exception):
@@ -40,17 +43,17 @@ class Stopped(Exception):
 def stop_signals_caught() -> Iterator[None]:
     """While the block runs, SIGTERM and SIGINT ask this process's run to stop at its next checkpoint; the
     handlers before it are put back after. Outside the main thread nothing changes."""
-    global _catching, _requested
+    global _catching, _requested, _listening
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     before = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
-    _catching, _requested = True, 0
+    _catching, _requested, _listening = True, 0, False
     reinstall()
     try:
         yield
     finally:
-        _catching, _requested = False, 0
+        _catching, _requested, _listening = False, 0, False
         for signum, handler in before.items():
             signal.signal(signum, handler)
 
@@ -60,6 +63,12 @@ def reinstall() -> None:
     if _catching and threading.current_thread() is threading.main_thread():
         for signum in STOP_SIGNALS:
             signal.signal(signum, _on_signal)
+
+
+def listen() -> None:
+    """Say that this process now acts on a stop request (a trainer's loop, a launcher that passes it on)."""
+    global _listening
+    _listening = True
 
 
 def requested() -> int:
@@ -73,8 +82,9 @@ def name(signum: int) -> str:
 
 def _on_signal(signum: int, frame: FrameType | None) -> None:
     global _requested
-    if _requested:
-        print(f"distrl: second {name(signum)}: stopping at once, without a checkpoint", file=sys.stderr)
+    if _requested or not _listening:
+        which = "second " if _requested else ""
+        print(f"distrl: {which}{name(signum)}: stopping at once, without a checkpoint", file=sys.stderr)
         raise SystemExit(128 + signum)
     _requested = signum
     print(

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from distrl import preemption
 from distrl.algos.ppo import UPDATE_METRICS, PackedBatch, PPOAlgo
 from distrl.config import ConfigError, PPOConfig, RunConfig, StrategyConfig
 from distrl.data.normalize import ObsNormalizer, RewardScaler
@@ -220,6 +221,7 @@ def run_trainer(
 
     world, rank = dist.get_world_size(), dist.get_rank()
     trainers = world - 1
+    preemption.listen()  # a stop signal here waits for the player's STOP, which follows its checkpoint
     probe = make_run_env(run, 1)
     obs_space, action_space = probe.single_observation_space, probe.single_action_space
     probe.close()

@@ -26,7 +26,7 @@ from typing import Any
 
 from distrl import preemption
 from distrl.rundir import HELD_BY_LAUNCHER
-from distrl.strategies.ray_engine import free_port
+from distrl.strategies.ray_engine import RankStopped, free_port
 
 STOPPED_STATUSES = {128 + int(signum) for signum in preemption.STOP_SIGNALS}
 PEERS_GRACE_S = 2.0
@@ -143,6 +143,7 @@ def launch_local(argv: list[str], workers: int, timeout_s: float) -> None:
     )
     procs: list[_Worker] = []
     preexec = _start_worker if sys.platform.startswith("linux") else os.setpgrp
+    preemption.listen()
     try:
         for rank in range(workers):
             env = dict(base, RANK=str(rank), LOCAL_RANK=str(rank))
@@ -220,7 +221,10 @@ def launch_ray(
     worker_gpus: float = 0.0,
     debug: bool = False,
 ) -> Any:
-    """Run ``worker_fn(*args)`` as ``workers`` Ray actors forming one process group; returns rank 0's result."""
+    """Run ``worker_fn(*args)`` as ``workers`` Ray actors forming one process group; returns rank 0's result.
+
+    A stop signal goes to rank 0 when it runs on this node (every rank then stops at the same checkpoint and
+    this raises Stopped); with rank 0 on another node it stops the job at once."""
     from distrl.strategies.ray_engine import RankActor, ray_session
 
     with ray_session(ray_address, run_dir, debug=debug) as ray:
@@ -233,18 +237,28 @@ def launch_ray(
         try:
             host, port = ray.get(actors[0].rendezvous_address.remote(), timeout=timeout_s)
             refs = [actor.run.remote(host, port, worker_fn, *args) for actor in actors]
+            if ray.get(places[0])["node"] == ray.get_runtime_context().get_node_id():
+                preemption.listen()
             results = _wait_ray(ray, refs, places)
         finally:
             for actor in actors:
                 ray.kill(actor)
+        if isinstance(results[0], RankStopped):
+            raise preemption.Stopped(results[0].signum, results[0].message)
         return results[0]
 
 
 def _wait_ray(ray: Any, refs: list, places: list | None = None) -> list:
     pending = list(refs)
     results: dict[int, Any] = {}
+    passed_on = False
     while pending:
-        done, pending = ray.wait(pending, num_returns=1)
+        if preemption.requested() and not passed_on and places:  # rank 0 runs here: see launch_ray
+            os.kill(ray.get(places[0])["pid"], preemption.requested())
+            passed_on = True
+        done, pending = ray.wait(pending, num_returns=1, timeout=0.1)
+        if not done:
+            continue
         try:
             results[refs.index(done[0])] = ray.get(done[0])
         except Exception:  # noqa: BLE001 - any actor failure ends the job, named by rank

@@ -77,8 +77,10 @@ class AsyncCollector:
         return {**payload, "params": self.engine.weights(payload["version"], payload["params"])}
 
     def reset(self, seed: int, segment: int = 0) -> None:
-        if self.pool.in_flight:
-            raise RuntimeError("reset() while generations are under way")
+        """Start a segment (at the start, after a checkpoint): the generations under way finish into the buffer
+        first (their steps count, as at the end), then every generator restarts its episodes."""
+        for _, fragment in self.pool.drain():
+            self._add(fragment)
         self.seed, self.segment = seed, segment
         self.startup_s += self.pool.ready()
         for pending in [self.engine.call(a, "reset", seed, segment) for a in self.pool.actors]:

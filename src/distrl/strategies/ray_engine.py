@@ -9,14 +9,17 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import signal
 import socket
 import sys
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from distrl import preemption
 from distrl.config import ConfigError
 
 INLINE_RESULT_BYTES = 512 * 1024
@@ -75,6 +78,7 @@ def ray_session(
                         **kwargs,
                     )
         started = True
+        preemption.reinstall()  # Ray's driver takes SIGTERM as it starts
         if run_dir is not None:
             _link_session_logs(ray, run_dir)
     try:
@@ -168,8 +172,17 @@ def _link_session_logs(ray: Any, run_dir: Path) -> None:
         link.symlink_to(session_dir / "logs")
 
 
+@dataclass(frozen=True)
+class RankStopped:
+    """What a rank actor returns when its run stopped on a signal at a checkpoint."""
+
+    signum: int
+    message: str
+
+
 class RankActor:
-    """A Ray actor that runs one rank of a torch.distributed group."""
+    """A Ray actor that runs one rank of a torch.distributed group; it catches stop signals as ``distrl train``
+    does (the launcher passes one on to rank 0)."""
 
     def __init__(self, rank: int, world_size: int):
         self.rank = rank
@@ -195,4 +208,12 @@ class RankActor:
             LOCAL_RANK="0",
             LOCAL_WORLD_SIZE="1",
         )
-        return fn(*args)
+        blocked = signal.pthread_sigmask(signal.SIG_UNBLOCK, preemption.STOP_SIGNALS)  # Ray's workers block SIGINT
+        try:
+            with preemption.stop_signals_caught():
+                try:
+                    return fn(*args)
+                except preemption.Stopped as stopped:
+                    return RankStopped(stopped.signum, str(stopped))
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)

@@ -140,6 +140,7 @@ class RunState:
         """The signal this run stopped on after its checkpoint (see :mod:`distrl.preemption`), or 0."""
         self._last_checkpoint_at = time.monotonic()
         preemption.reinstall()  # after an engine's start (Ray's driver takes SIGTERM)
+        preemption.listen()
 
     def state_tensors(self) -> dict[str, torch.Tensor]:
         raise NotImplementedError
