@@ -189,3 +189,31 @@ def test_a_pipeline_run_checkpoints_while_its_generators_run_and_stops_on_a_sign
     resumed = distrl("train", "ppo", SLOW, "--resume", str(run), "--quiet")
     assert resumed.returncode == 0, resumed.stderr
     assert (run / "model").is_dir()
+
+
+@pytest.mark.parametrize("algo", ["ppo", "reinforce", "sac", "grpo"])
+def test_every_training_loop_stops_at_a_checkpoint_when_asked(tmp_path, monkeypatch, algo):
+    """Each loop (on-policy, episodic, off-policy, group) reads the stop request in its iteration's votes, writes a
+    checkpoint at that iteration's step and ends with Stopped; the request arrives at the 5th iteration here."""
+    from distrl.config import GRPOConfig, REINFORCEConfig, SACConfig
+    from distrl.training import make_trainer
+
+    asked = iter(range(10_000))
+    monkeypatch.setattr(preemption, "requested", lambda: signal.SIGTERM if next(asked) >= 4 else 0)
+    env = {"ppo": "CartPole-v1", "reinforce": "CartPole-v1", "sac": "Pendulum-v1", "grpo": "toy"}[algo]
+    cfg = {
+        "ppo": PPOConfig(n_envs=2, n_steps=16, batch_size=32, n_epochs=1),
+        "reinforce": REINFORCEConfig(n_envs=2, episodes_per_iter=2),
+        "sac": SACConfig(n_envs=1, learning_starts=2, batch_size=8, buffer_size=100),
+        "grpo": GRPOConfig(learner_steps=50),
+    }[algo]
+    run = RunConfig(env=env, algo=algo, total_steps=100_000, seed=0, quiet=True, run_dir=str(tmp_path))
+    trainer = make_trainer(algo, run, cfg, run_dir=tmp_path)
+    with pytest.raises(preemption.Stopped) as stopped:
+        trainer.run_to_end(None, time.perf_counter())
+    assert stopped.value.signum == signal.SIGTERM and stopped.value.exit_status == 143
+    written = sorted((tmp_path / "checkpoints").glob("step-*"))
+    assert [int(p.name.split("-")[1]) for p in written] == [trainer.steps]
+    assert trainer.steps > 0 and trainer.iteration == 5
+    assert f"stopped by SIGTERM at {trainer.progress_unit()} {trainer.steps:,}" in (tmp_path / "events.log").read_text()
+    assert not (tmp_path / "model").exists()

@@ -48,6 +48,14 @@ def held(run_dir: Path, command: list[str] | None = None) -> Iterator[None]:
             f"run_dir={str(run_dir)!r} is in use by a running run ({_describe(holder)}): wait for it to end, "
             "stop it, or choose another --run-dir"
         ) from None
+    except OSError as exc:  # a filesystem without locks (some network mounts)
+        handle.close()
+        print(
+            f"distrl: note: {run_dir} cannot be locked ({exc.strerror}): nothing stops a second run there",
+            file=sys.stderr,
+        )
+        yield
+        return
     left = _holder(handle)
     if left:
         print(

@@ -7,13 +7,16 @@ import pytest
 def ray_local():
     """One local Ray instance for every Ray test of the session."""
     ray = pytest.importorskip("ray")
-    ray.init(
-        address="local",
-        num_cpus=4,
-        include_dashboard=False,
-        _node_ip_address="127.0.0.1",
-        logging_level=logging.WARNING,
-        log_to_driver=False,
-    )
+    from distrl.strategies.ray_engine import loopback_node_address
+
+    with loopback_node_address():  # listening on 127.0.0.1 only, as distrl's embedded instance does
+        ray.init(
+            address="local",
+            num_cpus=4,
+            include_dashboard=False,
+            _node_ip_address="127.0.0.1",
+            logging_level=logging.WARNING,
+            log_to_driver=False,
+        )
     yield ray
     ray.shutdown()

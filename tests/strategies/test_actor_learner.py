@@ -226,3 +226,24 @@ def test_two_workers_solve_cartpole(tmp_path, algo):
     )
     assert result.returncode == 0, result.stderr
     assert json.loads((run_dir / "summary.json").read_text())["final_eval_mean_return"] >= 475
+
+
+def test_overheads_keep_flat_memory_an_exact_largest_and_a_sampled_median():
+    """A run of any length keeps at most ``keep`` overheads: exact below that, a uniform sample above it."""
+    import numpy as np
+
+    from distrl.strategies.actors import Overheads
+
+    short = Overheads(keep=100)
+    for x in (0.003, 0.001, 0.002):
+        short.add(x)
+    assert short.summary() == {"overhead_ms_median": 2.0, "overhead_ms_max": 3.0}
+    long = Overheads(keep=1000)
+    values = np.random.default_rng(0).permutation(np.arange(100_000)) / 1e6  # 0 to 99.999 ms, median 50 ms
+    for x in values:
+        long.add(float(x))
+    assert len(long.sample) == 1000 and long.count == 100_000
+    summary = long.summary()
+    assert summary["overhead_ms_max"] == pytest.approx(99.999)
+    assert abs(summary["overhead_ms_median"] - 50.0) < 5.0  # a sample of 1,000: the median's error is about 1.6 ms
+    assert Overheads().summary() == {}

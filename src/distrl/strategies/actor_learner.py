@@ -32,10 +32,10 @@ from distrl.strategies.actors import (
     ActorDied,
     ActorEngine,
     ActorRaised,
+    Overheads,
     RayActors,
     as_array,
     failure_note,
-    overhead_summary,
     replace_actor,
     resolve_placements,
     spend_restart,
@@ -247,7 +247,7 @@ class RemoteCollector:
         self.failures: list[Failure] = []
         self.seed, self.segment = trainer.run.seed, 0
         self.last_overhead_s = 0.0
-        self.overheads: list[float] = []
+        self.overheads = Overheads()
         self.actors = [self._spawn(i, 0) for i in range(self.n_workers)]
         self.places = [[engine.call(actor, "where")] for actor in self.actors]
         """Per worker, a pending ``where`` for each actor it has had (see :meth:`finish`)."""
@@ -308,7 +308,7 @@ class RemoteCollector:
         parts = [unpack_batch(results[i]) for i in range(self.n_workers)]
         merged = merge_episode_batches(parts) if self.algo == "reinforce" else merge_rollouts(parts)
         self.last_overhead_s = max(0.0, time.perf_counter() - start - merged.collect_s)
-        self.overheads.append(self.last_overhead_s)
+        self.overheads.add(self.last_overhead_s)
         return merged
 
     def _replace(self, worker: int, exc: ActorDied | ActorRaised) -> None:
@@ -331,7 +331,7 @@ class RemoteCollector:
 
     def summary(self) -> dict[str, Any]:
         """Per-iteration transport overhead (weights out, scheduling, results back)."""
-        return overhead_summary(self.overheads)
+        return self.overheads.summary()
 
     def finish(self) -> dict[str, Any]:
         """For summary.json: where each rollout worker ran (every actor it has had, the replaced ones first)."""

@@ -237,8 +237,7 @@ def launch_ray(
         try:
             host, port = ray.get(actors[0].rendezvous_address.remote(), timeout=timeout_s)
             refs = [actor.run.remote(host, port, worker_fn, *args) for actor in actors]
-            if ray.get(places[0])["node"] == ray.get_runtime_context().get_node_id():
-                preemption.listen()
+            preemption.listen()
             results = _wait_ray(ray, refs, places)
         finally:
             for actor in actors:
@@ -253,8 +252,8 @@ def _wait_ray(ray: Any, refs: list, places: list | None = None) -> list:
     results: dict[int, Any] = {}
     passed_on = False
     while pending:
-        if preemption.requested() and not passed_on and places:  # rank 0 runs here: see launch_ray
-            os.kill(ray.get(places[0])["pid"], preemption.requested())
+        if preemption.requested() and not passed_on and places:
+            _pass_on_to_rank_0(ray, places[0], preemption.requested())
             passed_on = True
         done, pending = ray.wait(pending, num_returns=1, timeout=0.1)
         if not done:
@@ -264,6 +263,19 @@ def _wait_ray(ray: Any, refs: list, places: list | None = None) -> list:
         except Exception:  # noqa: BLE001 - any actor failure ends the job, named by rank
             raise WorkerFailed(_ray_root_cause(ray, refs, places)) from None
     return [results[r] for r in range(len(refs))]
+
+
+def _pass_on_to_rank_0(ray: Any, place: Any, signum: int) -> None:
+    """Send the stop signal to rank 0's process if it runs on this node; else stop the job at once."""
+    try:
+        where = ray.get(place, timeout=5.0)
+        here = where.get("node") == ray.get_runtime_context().get_node_id()
+    except Exception:  # noqa: BLE001 - rank 0 cannot say where it runs: no checkpoint can be asked of it
+        here = False
+    if not here:
+        print(f"distrl: rank 0 runs on another node: {preemption.name(signum)} stops the job at once", file=sys.stderr)
+        raise SystemExit(128 + signum)
+    os.kill(where["pid"], signum)
 
 
 def _ray_root_cause(ray: Any, refs: list, places: list | None) -> str:

@@ -18,7 +18,7 @@ import numpy as np
 
 from distrl.config import ConfigError, RunConfig, StrategyConfig
 from distrl.data.replay import VersionedReplay
-from distrl.strategies.actors import ActorEngine, RayActors, overhead_summary
+from distrl.strategies.actors import ActorEngine, Overheads, RayActors
 from distrl.strategies.pipeline import PipelineStats, actor_engine
 from distrl.strategies.pool import GeneratorPool
 
@@ -66,7 +66,7 @@ class AsyncCollector:
         self.pool = GeneratorPool(engine, strategy.workers, spawn, request, strategy, self.events)
         self.queue_size = strategy.queue_size or strategy.workers
         self.pending_steps, self.pending_returns, self.pending_lengths = 0, [], []
-        self.overheads: list[float] = []
+        self.overheads = Overheads()
         self.last_overhead_s = 0.0
         self.last_metrics: dict[str, float] = {}
         """Per-iteration figures the trainer logs to TensorBoard with its own."""
@@ -128,7 +128,7 @@ class AsyncCollector:
         )
         self.pending_steps, self.pending_returns, self.pending_lengths = 0, [], []
         self.last_overhead_s = rollout.collect_s  # the learner's wait for data
-        self.overheads.append(self.last_overhead_s)
+        self.overheads.add(self.last_overhead_s)
         self.last_metrics = {
             "pipeline/policy_lag": float(policy_version - version),
             "pipeline/queue_depth": float(self.stats.queue_depth),
@@ -142,7 +142,7 @@ class AsyncCollector:
 
     def summary(self) -> dict[str, Any]:
         """The learner's waits for data, per fragment."""
-        return overhead_summary(self.overheads)
+        return self.overheads.summary()
 
     def finish(self) -> dict[str, Any]:
         """Drain the generations under way into the buffer; the pipeline's figures for summary.json.

@@ -68,7 +68,7 @@ def ray_session(
             else:
                 # address="local": the run's own instance, whatever other cluster RAY_ADDRESS or an address file
                 # left by an earlier `ray start` points at (without it Ray would try to join that one).
-                with _loopback_node_address():
+                with loopback_node_address():
                     ray.init(
                         address="local",
                         num_cpus=num_cpus or os.cpu_count(),
@@ -89,7 +89,7 @@ def ray_session(
 
 
 @contextmanager
-def _loopback_node_address() -> Iterator[None]:
+def loopback_node_address() -> Iterator[None]:
     """Keep the embedded instance's node address at 127.0.0.1, so that every one of its servers listens on
     loopback only.
 
