@@ -119,12 +119,14 @@ from distrl.strategies.ray_engine import ray_session
 from ray._private.authentication.authentication_utils import is_token_auth_enabled
 
 with ray_session("") as ray:
-    gcs = ray.get_runtime_context().gcs_address
+    # the instance listens on loopback only (test_ray_loopback.py): the token guards connections made there
+    gcs = "127.0.0.1:" + ray.get_runtime_context().gcs_address.rsplit(":", 1)[1]
     mine = psutil.Process().children(recursive=True)
     # A process outside the run: no token in its environment or its home directory.
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
     env["HOME"] = sys.argv[1]
     env["RAY_gcs_server_port_wait_time_s"] = "1"  # one attempt: a refused one is retried each second for 20 s
+    env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # keep 127.0.0.1 as it is, not the machine's outward address
     outside = subprocess.run([sys.executable, "-c", f"import ray; ray.init(address={gcs!r}); print('connected')"],
                              env=env, capture_output=True, text=True, timeout=120)
     print(json.dumps({"token": is_token_auth_enabled(), "processes": len(mine),
