@@ -14,6 +14,7 @@ from safetensors import SafetensorError
 
 from distrl import checkpoint, rundir
 from distrl.cli import main
+from test_checkpoint_integrity import flip_a_byte
 
 SLOW = "distrl_testenvs:SlowCartPole"
 
@@ -208,18 +209,11 @@ def test_a_run_directory_that_cannot_be_made_is_refused_before_any_rank_starts(t
 # ---- damaged checkpoints, retention ----
 
 
-def _damage(path):
-    tensors = path / checkpoint.TENSORS
-    data = bytearray(tensors.read_bytes())
-    data[len(data) // 2] ^= 0xFF
-    tensors.write_bytes(bytes(data))
-
-
 def test_a_damaged_checkpoint_is_named_and_resume_falls_back_to_the_newest_intact_one(tmp_path):
     run = tmp_path / "run"
     assert distrl(*short_run(run, "--checkpoint-every", "128", "--total-steps", "384")).returncode == 0
-    _damage(run / "model")
-    _damage(run / "checkpoints" / f"step-{256:012d}")
+    flip_a_byte(run / "model")
+    flip_a_byte(run / "checkpoints" / f"step-{256:012d}")
 
     named = distrl("eval", str(run / "model"), "--episodes", "1")
     assert named.returncode == 2

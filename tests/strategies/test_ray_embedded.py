@@ -8,28 +8,16 @@ makes touch no other Ray on the machine.
 
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
-
-from distributed import kill_processes_naming
 
 pytest.importorskip("ray")
 psutil = pytest.importorskip("psutil")
 
 pytestmark = pytest.mark.multiprocess
-
-
-@pytest.fixture
-def ray_tmp():
-    path = tempfile.mkdtemp(prefix="rt", dir="/tmp")  # short: Ray's socket paths live under it
-    yield path
-    kill_processes_naming(path)  # a `ray start` cluster of the test, by its temp dir
-    shutil.rmtree(path, ignore_errors=True)
 
 
 def _train(run_dir: Path, ray_tmp: str) -> subprocess.CompletedProcess:

@@ -9,27 +9,15 @@ other Ray instance of the test session is measured in its place.
 import ipaddress
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 
 import pytest
-
-from distributed import kill_processes_naming
 
 pytest.importorskip("ray")
 psutil = pytest.importorskip("psutil")
 
 pytestmark = pytest.mark.multiprocess
-
-
-@pytest.fixture
-def ray_tmp():
-    path = tempfile.mkdtemp(prefix="rt", dir="/tmp")  # short: Ray's socket paths live under it
-    yield path
-    kill_processes_naming(path)
-    shutil.rmtree(path, ignore_errors=True)
 
 
 LISTENERS = r"""
