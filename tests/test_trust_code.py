@@ -86,6 +86,7 @@ def test_eval_resume_and_load_refuse_a_run_that_names_code_and_import_nothing(tr
     with pytest.raises(ConfigError, match=rf"names code that loading it would import and run: .*{name}.*--trust-code"):
         PPO.load(crafted)
     assert main(["eval", str(crafted), "--episodes", "1"]) == 2
+    assert main(["export", str(crafted)]) == 2 and not (crafted / "export").exists()
     assert main(["train", "ppo", "CartPole-v1", "--resume", str(crafted), "--total-steps", "192", "--quiet"]) == 2
     assert not marker.exists() and "distrl_marker" not in sys.modules
 

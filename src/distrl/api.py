@@ -15,11 +15,12 @@ import numpy as np
 import torch
 from gymnasium import spaces
 
-from distrl import checkpoint, trust
+from distrl import checkpoint, export, trust
 from distrl.config import ConfigError, RunConfig, split_by_config
 from distrl.env_names import env_kwargs_items, env_source, object_name, refuse_named_code, wrapper_names
 from distrl.envs import make_run_env
 from distrl.evaluation import evaluate
+from distrl.export import Export, Format
 from distrl.logs import Console
 from distrl.presets import algo_configs
 from distrl.spaces import stored_layout
@@ -117,6 +118,18 @@ class Model:
         starts: np.ndarray | None = None,
     ) -> tuple[np.ndarray, Any]:
         """Env actions for a batch, and the next state of a recurrent policy (None otherwise)."""
+        noise = None if deterministic else self._noise(rng, len(obs))
+        return self._actions(obs, noise, state, starts)
+
+    def _noise(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        """Sampling noise for ``n`` observations: what :meth:`_actions` turns into sampled actions."""
+        raise NotImplementedError
+
+    def _actions(
+        self, obs: np.ndarray, noise: np.ndarray | None, state: Any = None, starts: np.ndarray | None = None
+    ) -> tuple[np.ndarray, Any]:
+        """Env actions for a batch of stored observations with the caller's noise (None: deterministic), and the
+        next state of a recurrent policy (None otherwise)."""
         raise NotImplementedError
 
     def predict(
@@ -173,6 +186,46 @@ class Model:
             env.close()
         return float(returns.mean()), float(returns.std())
 
+    def export(
+        self,
+        path: str | Path,
+        format: Format = "onnx",
+        stochastic: bool = False,
+        observations: int = 256,
+        seed: int | None = None,
+    ) -> Export:
+        """Write the acting policy as one ONNX or TorchScript graph at ``path``, checked against this model.
+
+        The graph takes observations as the env gives them (a Dict one input per key) and returns the env's action:
+        the run's observation normalisation, the network and the action's post-processing are inside it (see
+        :mod:`distrl.export.graph`). ``stochastic`` adds a ``noise`` input the action is sampled from. Before the
+        file takes its name, the graph (run with onnxruntime or TorchScript) and this model act on ``observations``
+        observations of the run's evaluation env: identical choices, continuous actions within 1e-5, or
+        :class:`~distrl.export.ExportCheckFailed` and nothing written. ``PATH.json`` beside it describes it.
+        """
+        trainer = self._trainer
+        n_envs = max(1, min(8, observations))
+        env = make_run_env(trainer.run, n_envs, trainer.env_id, evaluation=True)
+        about = {"algo": self.algo, "env": trainer.env_id, "steps": self.num_steps}
+        try:
+            return export.write(
+                self._graph(stochastic),
+                Path(path),
+                format,
+                env,
+                self._actions,
+                self._noise,
+                observations,
+                trainer.run.seed + EVAL_SEED_OFFSET if seed is None else seed,
+                about,
+            )
+        finally:
+            env.close()
+
+    def _graph(self, stochastic: bool) -> export.ActingGraph:
+        """The acting policy as a module for tracing (see :mod:`distrl.export.graph`)."""
+        raise NotImplementedError
+
     def player(self, deterministic: bool = True) -> Player:
         """A policy for one environment, step by step, carrying a recurrent policy's state (``reset()``
         when an episode begins); e.g. for recording videos."""
@@ -192,9 +245,12 @@ class Model:
         policy: Any = None,
         trust_code: bool = False,
         env_kwargs: Any = None,
+        precision: str | None = None,
     ) -> Model:
         """Load a model saved by :meth:`save`, a checkpoint directory, or a run directory's newest intact checkpoint
         (a damaged newer one is skipped, saying so on stderr).
+
+        ``precision`` replaces the run's (fp32 or bf16): an export is checked against the float32 policy.
 
         ``env``, ``wrappers``, ``policy`` and ``env_kwargs`` replace the run's (as in the constructor): needed
         when the model was trained on Python objects that exist only in the process that trained it.
@@ -233,7 +289,8 @@ class Model:
             raise ConfigError(f"checkpoint={str(path)!r} holds a {algo!r} model; load it with {algo.upper()}.load")
         model_cls = cls if cls is not Model else MODELS[algo]
         model = model_cls.__new__(model_cls)
-        model._trainer = make_trainer(algo, run_cfg.replace(device=device, quiet=True), cfg, run_dir=None)
+        run_cfg = run_cfg.replace(device=device, quiet=True, precision=precision or run_cfg.precision)
+        model._trainer = make_trainer(algo, run_cfg, cfg, run_dir=None)
         model._trainer.load_checkpoint(path)
         return model
 
@@ -301,16 +358,18 @@ class PPO(Model):
     def recurrent(self) -> bool:
         return self._trainer.agent.recurrent
 
-    def _act(
-        self,
-        obs: np.ndarray,
-        deterministic: bool,
-        rng: np.random.Generator,
-        state: Any = None,
-        starts: np.ndarray | None = None,
+    def _noise(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        return self._trainer.agent.spec.draw_noise(rng, (n,))
+
+    def _graph(self, stochastic: bool) -> export.ActingGraph:
+        trainer = self._trainer
+        space = trainer.env.single_observation_space
+        return export.policy_graph(trainer.agent, space, trainer.obs_normalizer, stochastic)
+
+    def _actions(
+        self, obs: np.ndarray, noise: np.ndarray | None, state: Any = None, starts: np.ndarray | None = None
     ) -> tuple[np.ndarray, Any]:
         agent = self._trainer.agent
-        noise = None if deterministic else agent.spec.draw_noise(rng, (len(obs),))
         obs = self._trainer.policy_obs(obs)
         if not agent.recurrent:
             return agent.env_action(agent.act(obs, noise)), None
@@ -337,16 +396,18 @@ class SAC(Model):
     algo = "sac"
     _trainer: OffPolicyTrainer
 
-    def _act(
-        self,
-        obs: np.ndarray,
-        deterministic: bool,
-        rng: np.random.Generator,
-        state: Any = None,
-        starts: np.ndarray | None = None,
+    def _noise(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        return rng.standard_normal((n, self._trainer.action_dim), dtype=np.float32)
+
+    def _graph(self, stochastic: bool) -> export.ActingGraph:
+        trainer = self._trainer
+        env = trainer.env
+        return export.sac_graph(trainer.algo.actor, env.single_observation_space, env.single_action_space, stochastic)
+
+    def _actions(
+        self, obs: np.ndarray, noise: np.ndarray | None, state: Any = None, starts: np.ndarray | None = None
     ) -> tuple[np.ndarray, Any]:
         trainer = self._trainer
-        noise = None if deterministic else rng.standard_normal((len(obs), trainer.action_dim), dtype=np.float32)
         return trainer.to_env(trainer.algo.actor.act(obs, noise)), None
 
 

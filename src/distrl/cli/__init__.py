@@ -1,7 +1,7 @@
-"""The ``distrl`` command: train, eval, plot, trust, tune, bench.
+"""The ``distrl`` command: train, eval, export, plot, trust, tune, bench.
 
 User mistakes (a ConfigError) print one line on stderr and exit with status 2; a run that cannot write
-its directory (a full disk) one line and status 1; a run stopped by a signal at its checkpoint one line and
+its directory (a full disk), or an export whose graph does not act as the policy does, one line and status 1; a run stopped by a signal at its checkpoint one line and
 128 + the signal's number. ``--debug`` shows the traceback as well. Each command's flags and work live in a module of its own
 (``train``; ``runs`` for eval and plot; ``distrl.tune`` and ``distrl.bench``), imported when it is asked for.
 """
@@ -18,6 +18,7 @@ import tyro
 from distrl import __version__
 from distrl.config import ConfigError
 from distrl.env_names import SHORT_NAMES
+from distrl.export import ExportCheckFailed
 from distrl.preemption import Stopped
 from distrl.rundir import WriteFailed
 
@@ -51,6 +52,7 @@ usage: distrl COMMAND ...
 
   distrl train ALGO ENV [flags]     train an agent; `distrl train ppo cartpole --help` lists the flags
   distrl eval RUN [flags]           evaluate a run directory or checkpoint; --record FILE.gif|.mp4
+  distrl export RUN [flags]         the policy as one ONNX (--format onnx) or TorchScript graph, checked
   distrl plot RUN [RUN ...] [flags] reward curves from Monitor files (distrl's or stable-baselines3's)
   distrl trust RUN [RUN ...]        let a run from elsewhere import the code its config names
   distrl tune ALGO ENV [flags]      an Optuna study of ALGO's hyperparameters on ENV; writes best.json,
@@ -92,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exc()
         print(f"distrl: error: {exc}", file=sys.stderr)
         return 2
-    except WriteFailed as exc:
+    except (WriteFailed, ExportCheckFailed) as exc:
         if "--debug" in argv:
             traceback.print_exc()
         print(f"distrl: error: {exc}", file=sys.stderr)
@@ -125,6 +127,10 @@ def _dispatch(argv: list[str]) -> int:
         from distrl.cli.runs import eval_command
 
         return eval_command(rest)
+    if command == "export":
+        from distrl.cli.runs import export_command
+
+        return export_command(rest)
     if command == "trust":
         from distrl.cli.runs import trust_command
 
@@ -147,5 +153,5 @@ def _dispatch(argv: list[str]) -> int:
 
         return scaling_command(rest[1:])
     raise ConfigError(
-        f"command={command!r} is not known: must be one of train, eval, plot, trust, tune, bench, --version"
+        f"command={command!r} is not known: must be one of train, eval, export, plot, trust, tune, bench, --version"
     )

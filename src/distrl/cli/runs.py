@@ -1,4 +1,4 @@
-"""``distrl eval`` and ``distrl plot``: the commands that read finished runs."""
+"""``distrl eval``, ``distrl export`` and ``distrl plot``: the commands that read finished runs."""
 
 from __future__ import annotations
 
@@ -16,11 +16,46 @@ from distrl.config import ConfigError, Device, Tracker
 
 
 @dataclass(frozen=True)
-class EvalArgs:
-    """Evaluate a trained model: prints mean ± std of the return."""
+class RunArgs:
+    """A trained run to load, and the code it may load (the flags eval and export share)."""
 
     path: tyro.conf.Positional[str]
     """Run directory (its newest checkpoint) or checkpoint directory."""
+    env: str = ""
+    """Use this env (id, short name or package.module:Name) instead of the run's."""
+    env_kwargs: tuple[str, ...] = ()
+    """Constructor arguments of the env as key=value, replacing the run's (--env-kwargs a=1 b=x)."""
+    wrappers: tuple[str, ...] = ()
+    """Wrappers ('package.module:function') replacing the run's: --wrappers A B, or --wrapper A --wrapper B."""
+    policy: str = ""
+    """The policy factory ('package.module:Name') the run was trained with, named by you instead of its config."""
+    trust_code: bool = False
+    """Allow the code the run's config names (its env entry point, wrappers, policy factory) to be imported
+    and run; without it, a run that names code stops before importing anything unless you wrote it on this
+    machine (see `distrl trust RUN`) or name that code yourself (--env, --wrapper, --policy)."""
+    debug: bool = False
+    """Show full tracebacks for errors."""
+
+    def load(self, device: str, precision: str | None = None) -> Any:
+        """The run's model, loaded under the trust rule."""
+        from distrl.api import Model
+
+        return Model.load(
+            self.path,
+            device=device,
+            env=self.env or None,
+            wrappers=self.wrappers or None,
+            policy=self.policy or None,
+            env_kwargs=self.env_kwargs or None,
+            trust_code=self.trust_code,
+            precision=precision,
+        )
+
+
+@dataclass(frozen=True)
+class EvalArgs(RunArgs):
+    """Evaluate a trained model: prints mean ± std of the return."""
+
     episodes: Annotated[
         int | None, tyro.conf.arg(metavar="INT", help_behavior_hint="(default: 10; with --record: 1)")
     ] = None
@@ -35,26 +70,12 @@ class EvalArgs:
     """Device to load the model on."""
     record: str = ""
     """Write a video of the episodes (.gif or .mp4) instead of only printing returns."""
-    env: str = ""
-    """Evaluate on this env (id, short name or package.module:Name) instead of the run's."""
-    env_kwargs: tuple[str, ...] = ()
-    """Constructor arguments of the env as key=value, replacing the run's (--env-kwargs a=1 b=x)."""
-    wrappers: tuple[str, ...] = ()
-    """Wrappers ('package.module:function') replacing the run's: --wrappers A B, or --wrapper A --wrapper B."""
-    policy: str = ""
-    """The policy factory ('package.module:Name') the run was trained with, named by you instead of its config."""
     compare_untrained: bool = False
     """With --record: an untrained policy plays the same episodes beside the trained one."""
     max_steps: int = 1000
     """With --record: each episode stops after this many steps, if the env has not ended it (it says so)."""
     track: tuple[Tracker, ...] = ()
     """With --record: also log the video to the run's tracked runs (wandb, mlflow), as its training did."""
-    trust_code: bool = False
-    """Allow the code the run's config names (its env entry point, wrappers, policy factory) to be imported
-    and run; without it, a run that names code stops before importing anything unless you wrote it on this
-    machine (see `distrl trust RUN`) or name that code yourself (--env, --wrapper, --policy)."""
-    debug: bool = False
-    """Show full tracebacks for errors."""
 
     @property
     def episodes_to_run(self) -> int:
@@ -62,6 +83,25 @@ class EvalArgs:
         if self.episodes is not None:
             return self.episodes
         return 1 if self.record else 10
+
+
+@dataclass(frozen=True)
+class ExportArgs(RunArgs):
+    """Write a trained policy as one ONNX or TorchScript graph (observation normalisation, network and action
+    post-processing inside), checked against the policy on the run's environment, with FILE.json describing it."""
+
+    format: Literal["onnx", "torchscript"] = "onnx"
+    """onnx (run it with onnxruntime or any ONNX runtime) or torchscript (torch.jit.load, C++ libtorch)."""
+    out: str = ""
+    """File to write; empty: RUN/export/policy.onnx (policy.pt for torchscript; policy-stochastic.* with
+    --stochastic)."""
+    stochastic: bool = False
+    """Sample actions: the graph takes a 'noise' input (uniforms for choices, standard normals for a Box) and
+    samples from it as distrl does; without it the graph takes the most likely action (argmax, mean)."""
+    observations: int = 256
+    """Observations of the run's environment the written graph and the policy are compared on."""
+    seed: int | None = None
+    """Seed of the check's environments and noise (default: the run's evaluation seed)."""
 
 
 @dataclass(frozen=True)
@@ -86,8 +126,6 @@ class PlotArgs:
 
 
 def eval_command(argv: list[str]) -> int:
-    from distrl.api import Model
-
     argv = merge_repeated(merge_repeated(argv, "--track", "--track"), "--wrapper", "--wrappers")
     args = parse_flags(EvalArgs, argv, prog="distrl eval")
     if args.episodes_to_run <= 0:
@@ -98,15 +136,7 @@ def eval_command(argv: list[str]) -> int:
         from distrl.tracking import check_trackers
 
         check_trackers(args.track)  # before the recording, not after it
-    model = Model.load(
-        args.path,
-        device=args.device,
-        env=args.env or None,
-        wrappers=args.wrappers or None,
-        policy=args.policy or None,
-        env_kwargs=args.env_kwargs or None,
-        trust_code=args.trust_code,
-    )
+    model = args.load(args.device)
     try:
         if args.record:
             return _record(model, args)
@@ -117,6 +147,29 @@ def eval_command(argv: list[str]) -> int:
         print(json.dumps({"mean_return": mean, "std_return": std, "episodes": args.episodes_to_run}))
     else:
         print(f"{mean:.2f} ± {std:.2f} over {args.episodes_to_run} episodes")
+    return 0
+
+
+def export_command(argv: list[str]) -> int:
+    from distrl.export import default_path
+
+    args = parse_flags(ExportArgs, merge_repeated(argv, "--wrapper", "--wrappers"), prog="distrl export")
+    if args.observations <= 0:
+        raise ConfigError(f"observations={args.observations} is not allowed: must be > 0")
+    model = args.load("cpu", precision="fp32")  # the graph computes in float32: so does the policy it is checked on
+    try:
+        loaded = checkpoint.newest_intact(Path(args.path))
+        out = (
+            Path(args.out)
+            if args.out
+            else default_path(checkpoint.run_dir_of(loaded) or loaded, args.format, args.stochastic)
+        )
+        written = model.export(out, args.format, args.stochastic, args.observations, args.seed)
+    finally:
+        model.close()
+    size = written.path.stat().st_size
+    print(f"wrote {written.path} ({args.format}, {size / 1024:,.0f} KiB) and {written.metadata}")
+    print(written.check.line())
     return 0
 
 

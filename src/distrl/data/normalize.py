@@ -95,6 +95,11 @@ class ObsNormalizer:
         self._mean = self.stats.mean.astype(np.float32)
         self._inv_std = (1.0 / np.sqrt(self.stats.var + self.eps)).astype(np.float32)
 
+    def affine(self) -> tuple[np.ndarray, np.ndarray]:
+        """The float32 mean and 1/std that :meth:`__call__` applies (over the vector parts, side by side, for
+        a Dict), for a graph that normalises as acting does."""
+        return self._mean, self._inv_std
+
     def __call__(self, obs: np.ndarray) -> np.ndarray:
         obs = np.asarray(obs).astype(self.dtype, copy=False)
         if not self.enabled:

@@ -163,7 +163,11 @@ class DictEncoder(nn.Module):
         self.features_dim = sum(e.features_dim for e in self.encoders.values())  # type: ignore[misc]
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        parts = self.layout.unpack(obs)
+        return self.encode(self.layout.unpack(obs))
+
+    def encode(self, parts: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Features of the parts themselves, each [B, *shape] in its own dtype: what an exported graph,
+        which takes one input per key, calls (neither ONNX nor TorchScript can reinterpret packed bytes)."""
         return torch.cat([encoder(parts[key]) for key, encoder in self.encoders.items()], -1)
 
 

@@ -19,6 +19,7 @@ from gymnasium import spaces
 
 from distrl.config import ConfigError, RunConfig, StrategyConfig
 from distrl.data.collector import Collector
+from distrl.data.normalize import ObsNormalizer
 from distrl.env_names import portable_env_name, resolve_env_id
 from distrl.envs import VecEnv, make_run_env
 from distrl.evaluation import Evaluation, run_episodes
@@ -71,6 +72,8 @@ class TrainerBase(RunState):
     """Whether --iterations bounds this trainer's runs (else it trains for total_steps)."""
     collector: Collector | None = None
     """What collects this trainer's experience, where it has one (SAC steps its environments itself)."""
+    obs_normalizer: ObsNormalizer | None = None
+    """The observation normaliser :meth:`policy_obs` applies, where the run has one (PPO's ``--normalize-obs``)."""
 
     def __init__(
         self,
