@@ -175,6 +175,20 @@ def test_a_dict_observation_is_one_input_per_key_with_its_parts_normalised(tmp_p
     assert_acts_as_predict(sac, tmp_path / "sac.pt", observations("distrl_spaceenvs:DictTargetEnv", 64))
 
 
+def test_a_user_module_is_traced_and_one_that_fixes_the_batch_size_fails_the_check(tmp_path):
+    model = PPO("CartPole-v1", seed=0, n_envs=2, n_steps=16, batch_size=32, policy="distrl_spaceenvs:TinyEncoder")
+    model.export(tmp_path / "encoder.onnx")
+    assert_acts_as_predict(model, tmp_path / "encoder.onnx", observations("CartPole-v1", 50))
+    # TinyNet reshapes with len(obs): traced, the batch size becomes a constant of the graph
+    model = PPO("CartPole-v1", seed=0, n_envs=2, n_steps=16, batch_size=32, policy="distrl_spaceenvs:tiny_net")
+    for fmt in ("onnx", "torchscript"):
+        with pytest.raises(
+            ExportCheckFailed, match=r"fails on a batch of \d+ after being traced with a batch of 2 .*len\(obs\)"
+        ):
+            model.export(tmp_path / f"net.{fmt}", format=fmt)
+        assert not list(tmp_path.glob("net.*")) and not list(tmp_path.glob(".net*"))
+
+
 def test_a_multidiscrete_action_is_one_choice_per_part(tmp_path):
     model = PPO("distrl_spaceenvs:SignsEnv", seed=0, n_envs=2, n_steps=16, batch_size=32).learn(64)
     model.export(tmp_path / "policy.onnx")
@@ -257,3 +271,14 @@ def test_the_command_writes_beside_the_run_and_refuses_bad_flags(tmp_path, capsy
     assert main(["export", str(run), "--observations", "0"]) == 2
     assert "observations=0 is not allowed: must be > 0" in capsys.readouterr().err
     assert main(["export", str(tmp_path / "nothing")]) == 2
+    # a graph that does not act as the policy: status 1, one line, nothing written
+    net = tmp_path / "net"
+    assert (
+        main(["train", "ppo", "CartPole-v1", "--run-dir", str(net), "--policy", "distrl_spaceenvs:tiny_net", *flags])
+        == 0
+    )
+    capsys.readouterr()
+    assert main(["export", str(net)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("distrl: error: the exported graph fails on a batch of")
+    assert not (net / "export" / "policy.onnx").exists()

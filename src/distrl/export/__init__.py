@@ -205,7 +205,13 @@ def _check(
             inputs += [*graph_state, starts.astype(np.float32)]
         if drawn is not None:
             inputs.append(np.ascontiguousarray(drawn, dtype=np.float32))
-        out = run(inputs)
+        out = _run_batch(run, graph, inputs)
+        if not seen:  # one row alone too: a third batch size, beside the tracing's and the environments'
+            alone = _run_batch(run, graph, [_first_row(x, port.shape) for x, port in zip(inputs, graph.inputs)])
+            if not np.array_equal(alone[0], out[0][:1]) and not np.allclose(
+                alone[0], out[0][:1], rtol=0, atol=TOLERANCE
+            ):
+                mismatched += 1
         exported, graph_state = out[0], list(out[1:])
         expected = np.asarray(actions).reshape(exported.shape)
         diff = np.abs(exported.astype(np.float64) - expected.astype(np.float64)).reshape(len(exported), -1).max(1)
@@ -215,6 +221,30 @@ def _check(
         step = env.step(actions)
         obs, starts = step.obs, ~step.valid
     return Check(seen, mismatched, worst, discrete, time.perf_counter() - start)
+
+
+def _run_batch(
+    run: Callable[[list[np.ndarray]], list[np.ndarray]], graph: ActingGraph, inputs: list[np.ndarray]
+) -> list[np.ndarray]:
+    """The graph's outputs; a graph that fails on a batch of another size than it was traced with is a failed
+    check, with what usually causes it."""
+    try:
+        return run(inputs)
+    except Exception as exc:  # noqa: BLE001 - onnxruntime and TorchScript raise their own kinds
+        rows = len(inputs[0])
+        reason = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+        raise ExportCheckFailed(
+            f"the exported graph fails on a batch of {rows} after being traced with a batch of "
+            f"{len(graph.examples()[0])} ({reason}): a module that takes the batch size as a Python number "
+            "(len(obs), int(obs.shape[0])) is traced with it as a constant; use obs.shape[0] or reshape(-1, ...) "
+            "in the module's forward"
+        ) from None
+
+
+def _first_row(x: np.ndarray, shape: tuple[int | str, ...]) -> np.ndarray:
+    """The first row of an input, along its batch axis."""
+    axis = shape.index("batch")
+    return np.ascontiguousarray(np.take(x, [0], axis=axis))
 
 
 def _states(graph: ActingGraph) -> list[Any]:
