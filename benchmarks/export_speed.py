@@ -173,7 +173,11 @@ def main() -> None:
         "stable-baselines3 (same network) in Python; random observations, one thread each, actions per second "
         f"over {args.seconds:g} s of calls, medians of {args.repeats} processes each. Raw figures: "
         f"[{RESULTS.relative_to(BENCHMARKS_MD.parent)}]({RESULTS.relative_to(BENCHMARKS_MD.parent)}).\n\n"
-        f"{table}\n"
+        f"{table}\n\n"
+        "The exported graph is the policy alone, with no Python between calls; `predict` checks the observation "
+        "and converts between numpy and torch on every call, and for a module policy (the CNN) binds the flat "
+        "buffer's weights to the module (`torch.func.functional_call`). The ONNX process also holds no torch: "
+        "its peak RSS is the deployment's footprint.\n"
     )
     write_section("distrl export: an ONNX policy against predict", body)
 
