@@ -56,7 +56,10 @@ usage: distrl COMMAND ...
   distrl plot RUN [RUN ...] [flags] reward curves from Monitor files (distrl's or stable-baselines3's)
   distrl trust RUN [RUN ...]        let a run from elsewhere import the code its config names
   distrl tune ALGO ENV [flags]      an Optuna study of ALGO's hyperparameters on ENV; writes best.json,
-                                    a preset (distrl train ALGO ENV --preset best.json)
+                                    a preset (distrl train ALGO ENV --preset best.json); --scheduler pbt:
+                                    population-based training on Ray Tune
+  distrl tune report STUDY_DIR      a PBT study's results again: lineage and schedule plots, best.json
+  distrl tune replay STUDY_DIR      the best PBT member's hyperparameter schedule, trained as one run
   distrl bench scaling ALGO ENV     the same training with 1, 2, ... workers, speedup against ideal
 
   distrl --version                  the installed version

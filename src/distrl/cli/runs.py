@@ -258,7 +258,7 @@ def trust_command(argv: list[str]) -> int:
     """``distrl trust RUN [RUN ...]``: let runs from elsewhere load the code their config names (see distrl.trust)."""
     from distrl import trust
     from distrl.env_names import named_code
-    from distrl.training.state import configs_from_state
+    from distrl.training.recorded import configs_from_state
 
     if not argv or argv[0] in ("-h", "--help"):
         print(f"usage: distrl trust RUN [RUN ...]\n\n{trust.__doc__}")

@@ -10,7 +10,8 @@ from distrl.training.episodic import EpisodicTrainer
 from distrl.training.group import GroupTrainer
 from distrl.training.off_policy import OffPolicyTrainer
 from distrl.training.on_policy import OnPolicyTrainer
-from distrl.training.state import RunState, configs_from_checkpoint, resolve_device
+from distrl.training.recorded import configs_from_checkpoint
+from distrl.training.state import RunState, resolve_device
 
 TRAINERS: dict[str, Any] = {
     "ppo": OnPolicyTrainer,

@@ -28,7 +28,8 @@ from distrl.nets.agent import Agent
 from distrl.nets.recurrent import StatefulPolicy
 from distrl.protocols import Sync
 from distrl.spaces import DictLayout, stored_layout
-from distrl.training.state import RunState, space_to_json
+from distrl.training.recorded import space_to_json
+from distrl.training.state import RunState
 
 EVAL_SEED_OFFSET = 1_000_000
 

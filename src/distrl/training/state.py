@@ -14,11 +14,10 @@ from typing import Any
 
 import numpy as np
 import torch
-from gymnasium import spaces
 
 import distrl
 from distrl import checkpoint, preemption, trust
-from distrl.config import ALGO_CONFIGS, ConfigError, RunConfig, StrategyConfig, from_dict, to_dict
+from distrl.config import ConfigError, RunConfig, StrategyConfig, to_dict
 from distrl.env_names import named_code
 from distrl.logs import MONITOR_FILE, Console, RunLogger, write_json_atomic
 from distrl.protocols import LocalSync, Sync
@@ -37,36 +36,6 @@ def set_cpu_options(run: RunConfig) -> None:
     """This process's torch CPU settings for a run: intra-op threads and subnormal flushing."""
     torch.set_num_threads(run.threads)  # default 1: for small networks a second thread only contends
     torch.set_flush_denormal(run.flush_denormal)
-
-
-def space_to_json(space: spaces.Space) -> dict[str, Any]:
-    if isinstance(space, spaces.Discrete):
-        return {"type": "Discrete", "n": int(space.n)}
-    if isinstance(space, spaces.MultiDiscrete):
-        return {"type": "MultiDiscrete", "nvec": np.asarray(space.nvec).tolist()}
-    if isinstance(space, spaces.MultiBinary):
-        return {"type": "MultiBinary", "n": np.asarray(space.n).tolist()}
-    assert isinstance(space, spaces.Box)
-    return {"type": "Box", "low": space.low.tolist(), "high": space.high.tolist(), "shape": list(space.shape)}
-
-
-def configs_from_checkpoint(path: Path) -> tuple[RunConfig, StrategyConfig, Any, dict[str, Any]]:
-    """The run, strategy and (requested) algorithm configs stored in a checkpoint, and its JSON state."""
-    _, state = checkpoint.load(path)
-    return (*configs_from_state(path, state), state)
-
-
-def configs_from_state(path: Path, state: dict[str, Any]) -> tuple[RunConfig, StrategyConfig, Any]:
-    """The run, strategy and (requested) algorithm configs a checkpoint's JSON state records."""
-    config = state["config"]
-    algo = state.get("algo", "ppo")
-    if algo not in ALGO_CONFIGS:
-        raise ConfigError(f"checkpoint={str(path)!r} holds an unknown algorithm {algo!r}")
-    return (
-        from_dict(RunConfig, config["run"]),
-        from_dict(StrategyConfig, config["strategy"]),
-        from_dict(ALGO_CONFIGS[algo], config[algo]),
-    )
 
 
 def resumed_line(at: str, path: Path) -> str:
@@ -405,7 +374,16 @@ class RunState:
     def load_checkpoint_state(self, state: dict[str, Any], path: Path) -> None:
         """Hook: check and restore what :meth:`checkpoint_state` recorded, before the tensors load."""
 
-    def load_checkpoint(self, path: Path) -> None:
+    def load_checkpoint(self, path: Path, rewind_logs: bool = True) -> None:
+        """Load the checkpoint at ``path``: tensors, statistics and counters, then start a new segment.
+
+        Args:
+            path: a checkpoint directory.
+            rewind_logs: cut this run's Monitor files back to the episodes the checkpoint had seen, as a
+                resumed run must (it replays the steps after it). False where the checkpoint is another
+                run's (a population-based training member copying a better one): this run's own logs are
+                its history and stay as they are.
+        """
         tensors, state = checkpoint.load(path)
         if state.get("algo") != self.algo_name:
             raise ConfigError(f"checkpoint={str(path)!r} holds a {state.get('algo')!r} model, not {self.algo_name}")
@@ -418,7 +396,7 @@ class RunState:
         self.episodes, self.policy_version = state["episodes"], state["policy_version"]
         self.train_s = state.get("train_s", 0.0)
         self.wall_before = state.get("wall_s", 0.0)
-        if self.logger is not None:  # older checkpoints: the main Monitor file holds every episode
+        if self.logger is not None and rewind_logs:  # older checkpoints: the main Monitor file holds every episode
             self.logger.rewind(state.get("monitor_rows") or {MONITOR_FILE: self.episodes})
         self.start_segment()
 

@@ -59,6 +59,26 @@ def fit_space(algo: str, space: Space, base: dict[str, Any], budget: int, evalua
     return dataclasses.replace(space, distributions=distributions)
 
 
+def fit_interval(algo: str, space: Space, base: dict[str, Any], interval: int) -> Space:
+    """``space`` without the values whose iteration is longer than a population-based training study's
+    perturbation ``interval`` (every interval then ends after an update of its own); a ConfigError where none
+    is left."""
+    if algo not in ITERATION_FIELD:
+        return space
+    distributions = dict(space.distributions)
+    field = ITERATION_FIELD[algo]
+    n_envs, least = _smallest("n_envs", space, base, algo), _smallest(field, space, base, algo)
+    _keep_below(
+        field,
+        interval // n_envs,
+        distributions,
+        space.fixed.get(field, _value(field, base, algo)),
+        f"perturbation_interval={interval} is not allowed: must be >= {least * n_envs}, one iteration "
+        f"({field}={least} × n_envs={n_envs} = {least * n_envs} steps)",
+    )
+    return dataclasses.replace(space, distributions=distributions)
+
+
 def trial_steps(algo: str, values: dict[str, Any], budget: int, evaluations: int) -> int:
     """The ``total_steps`` of a trial with these config values: the budget rounded down to whole iterations.
 

@@ -13,96 +13,21 @@ import json
 import os
 import socket
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from distrl import checkpoint
 from distrl.argv import parse_flags
-from distrl.config import ConfigError, require
+from distrl.config import ConfigError
 from distrl.env_names import resolve_env_id
 from distrl.presets import algo_configs, resolve_preset
+from distrl.tune.args import TuneArgs
 from distrl.tune.budget import fit_space, trial_steps
 from distrl.tune.runners import ProcessTrials, RayTrials
 from distrl.tune.space import Space, build_space
 from distrl.tune.trial import PRESET_FILE, SPEC_FILE, make_pruner
 
-
-@dataclass(frozen=True)
-class TuneArgs:
-    """Search hyperparameters with Optuna: TPE sampling, pruning on periodic evaluations; the objective is
-    the mean evaluation return at the end of the budget. Writes the study database, every trial's run
-    directory, best.json (a preset: distrl train ALGO ENV --preset best.json), top_trials.md and plots."""
-
-    trials: int = 20
-    """Trials in the study, counting those an earlier run of the command finished (complete, pruned or
-    failed); a study that has them all only writes its results again."""
-    budget_steps: int = 50_000
-    """Environment steps of each trial: a PPO or SAC trial trains the whole iterations (n_steps or train_freq
-    times n_envs steps) that fit in it, and never more; a REINFORCE trial ends with the iteration (of whole
-    episodes) that reaches it. Too small a budget for one iteration per evaluation is refused (see
-    distrl.tune.budget)."""
-    parallel: int = 1
-    """Trials running at once (a process each, or a Ray task each)."""
-    storage: str = ""
-    """Where the study lives: an SQLAlchemy URL such as postgresql://... or mysql://... to share it
-    between machines; empty: sqlite:///STUDY_DIR/study.db."""
-    study: str = ""
-    """Study name in the storage; empty: ALGO-ENV."""
-    study_dir: str = ""
-    """Directory of the study's trials and results; empty: tune/STUDY."""
-    space: str = ""
-    """A JSON or YAML file changing the search space: for each name a range {type: float|int, low, high,
-    log}, a list of choices, or a fixed value (see distrl.tune.space)."""
-    no_default_space: bool = False
-    """Search only the parameters of --space, not the algorithm's default space."""
-    preset: str = "auto"
-    """Values every trial starts from (a preset name or file); the sampled parameters override them."""
-    pruner: Literal["median", "halving", "none"] = "median"
-    """Stop trials early: median (below the median of earlier trials at the same step, after a third
-    of the budget), halving (successive halving), none."""
-    evaluations: int = 5
-    """Evaluations per trial, evenly spaced over the budget: the pruner's checkpoints; the last is the
-    trial's value."""
-    eval_episodes: int = 10
-    """Episodes per evaluation."""
-    startup_trials: int = 10
-    """Trials sampled at random before TPE models the results, and before the median pruner prunes."""
-    seed: int = 0
-    """Seed of every trial's run (so trials differ only in their hyperparameters) and of the sampler."""
-    engine: Literal["process", "ray"] = "process"
-    """process: a local process per trial; ray: a Ray task per trial, on a local instance or on the cluster
-    that --ray-address names."""
-    ray_address: str = ""
-    """Run the trials as tasks on this Ray cluster (implies --engine ray); the storage must then be
-    reachable from its nodes (a database server), and the study directory shared for the run dirs."""
-    trial_timeout_s: float = 21_600.0
-    """A trial still running after this long is stopped and recorded as failed."""
-    env_kwargs: tuple[str, ...] = ()
-    """key=value arguments for the env's constructor, as for train."""
-    wrappers: tuple[str, ...] = ()
-    """'package.module:function' wrappers, as for train."""
-    policy: str = ""
-    """'package.module:function' building the network, as for train."""
-    device: Literal["auto", "cpu", "cuda"] = "cpu"
-    """Device of each trial's update."""
-    threads: int = 1
-    """Torch threads per trial."""
-    debug: bool = False
-    """Show full tracebacks for errors."""
-
-    def __post_init__(self) -> None:
-        for name in ("trials", "budget_steps", "parallel", "evaluations", "eval_episodes", "threads"):
-            require(getattr(self, name) > 0, name, getattr(self, name), "> 0")
-        require(self.startup_trials >= 0, "startup_trials", self.startup_trials, ">= 0")
-        require(self.seed >= 0, "seed", self.seed, ">= 0")
-        require(self.trial_timeout_s > 0, "trial_timeout_s", self.trial_timeout_s, "> 0")
-        require(
-            self.budget_steps >= self.evaluations,
-            "budget_steps",
-            self.budget_steps,
-            f">= evaluations ({self.evaluations})",
-        )
+__all__ = ["TuneArgs", "Tuner", "tune_command"]
 
 
 def import_optuna() -> Any:
@@ -115,15 +40,29 @@ def import_optuna() -> Any:
 
 
 def tune_command(argv: list[str]) -> int:
+    """``distrl tune ALGO ENV [flags]`` (Optuna, or ``--scheduler pbt``), ``distrl tune report STUDY_DIR`` and
+    ``distrl tune replay STUDY_DIR``."""
+    if argv and argv[0] == "report":
+        from distrl.tune.pbt_report import report_command
+
+        return report_command(argv[1:])
+    if argv and argv[0] == "replay":
+        from distrl.tune.member import replay_command
+
+        return replay_command(argv[1:])
     if len(argv) < 2 or argv[0].startswith("-") or argv[1].startswith("-"):
         if any(a in ("-h", "--help") for a in argv):
             parse_flags(TuneArgs, ["--help"], prog="distrl tune ALGO ENV")
         raise ConfigError(
             "ALGO and ENV are missing: distrl tune ALGO ENV [flags], e.g. distrl tune ppo CartPole-v1 "
-            "--trials 20 --budget-steps 50000"
+            "--trials 20 --budget-steps 50000 (or distrl tune report|replay STUDY_DIR for a --scheduler pbt study)"
         )
     algo, env = argv[0], argv[1]
     args = parse_flags(TuneArgs, argv[2:], prog=f"distrl tune {algo} {env}")
+    if args.scheduler == "pbt":
+        from distrl.tune.pbt import PBTStudy
+
+        return PBTStudy(algo, env, args).run()
     return Tuner(algo, env, args).run()
 
 
