@@ -176,3 +176,24 @@ def test_losing_a_node_ends_ddp_naming_the_node_within_the_timeout(nodes, tmp_pa
     assert done.returncode == 1
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith("distrl: error: rank ") and lost[:8] in last, done.stderr[-3000:]
+
+
+def test_a_pbt_study_places_its_members_on_both_nodes(nodes, tmp_path):
+    space = tmp_path / "space.json"
+    space.write_text(json.dumps({"learning_rate": {"type": "float", "low": 1e-5, "high": 3e-3, "log": True}}))
+    study = tmp_path / "study"
+    args = ["--scheduler", "pbt", "--population", "4", "--budget-steps", "4096", "--perturbation-interval", "2048"]
+    args += ["--space", str(space), "--no-default-space", "--eval-episodes", "2", "--study-dir", str(study)]
+    result = subprocess.run(
+        [sys.executable, "-m", "distrl", "tune", "ppo", "CartPole-v1", *args, "--ray-address", nodes.address],
+        env=nodes.env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    events = [json.loads(line) for line in (study / "lineage.jsonl").read_text().splitlines()]
+    evals = [e for e in events if e["event"] == "eval"]
+    assert {e["member"] for e in evals} == {f"member-{i:03d}" for i in range(4)}
+    assert {e["node"] for e in evals} == {nodes.head, nodes.second}  # the cluster's CPUs, both nodes
+    assert (study / "best_schedule.json").exists()

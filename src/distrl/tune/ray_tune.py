@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
+import ray
 from ray import tune
 from ray.tune.experiment import Trial
 
@@ -78,6 +79,7 @@ class Member(tune.Trainable):
             "hyperparameters": dict(self.hyperparameters),
             "origin": origin,
             "done": done,
+            "node": ray.get_runtime_context().get_node_id(),  # where this interval ran: the lineage records it
         }
         if done:
             self.state.checksum = state_checksum(trainer)
@@ -219,7 +221,9 @@ class LineageRecorder(tune.Callback):
                 f"{member} copied {origin['source']} at step {origin['source_step']:,} (its own: {before_step:,}): "
                 f"{changes or 'no change'}"
             )
-        append_event(self.path, {"event": "eval", "member": member, "step": step, "return": mean})
+        append_event(
+            self.path, {"event": "eval", "member": member, "step": step, "return": mean, "node": result.get("node")}
+        )
         self.say(f"{member} at step {step:,}: return {mean:.2f}")
         self.last[member] = (step, hyperparameters)
 
