@@ -16,7 +16,7 @@ from torch import nn
 from distrl import PPO, REINFORCE, SAC
 from distrl.cli import main
 from distrl.config import ConfigError
-from distrl.export import TOLERANCE, ExportCheckFailed
+from distrl.export import TOLERANCE, ExportFailed
 from distrl.export import write as write_export
 from distrl.spaces import DictLayout
 
@@ -126,7 +126,7 @@ def test_a_continuous_mlp_carries_its_normalisation_and_samples_from_the_noise_i
     # without the statistics in the graph the actions would differ: the check sees it and keeps nothing
     graph = model._graph(False)
     graph.normalise = None
-    with pytest.raises(ExportCheckFailed, match=r"differs from the policy on \d+ of 64 observations"):
+    with pytest.raises(ExportFailed, match=r"differs from the policy on \d+ of 64 observations"):
         write_export(graph, tmp_path / "bad.onnx", "onnx", model._trainer.env, model._actions, model._noise, 64, 1, {})
     assert not (tmp_path / "bad.onnx").exists() and not list(tmp_path.glob(".bad*"))
 
@@ -183,7 +183,7 @@ def test_a_user_module_is_traced_and_one_that_fixes_the_batch_size_fails_the_che
     model = PPO("CartPole-v1", seed=0, n_envs=2, n_steps=16, batch_size=32, policy="distrl_spaceenvs:tiny_net")
     for fmt in ("onnx", "torchscript"):
         with pytest.raises(
-            ExportCheckFailed, match=r"fails on a batch of \d+ after being traced with a batch of 2 .*len\(obs\)"
+            ExportFailed, match=r"fails on a batch of \d+ after being traced with a batch of 2 .*len\(obs\)"
         ):
             model.export(tmp_path / f"net.{fmt}", format=fmt)
         assert not list(tmp_path.glob("net.*")) and not list(tmp_path.glob(".net*"))
@@ -247,6 +247,29 @@ class PackedRowsEncoder(nn.Module):
 
     def forward(self, obs):
         return self.linear(self.layout.unpack(obs)["sign"])
+
+
+class CumulativeEncoder(nn.Module):
+    """A user's encoder with an operation ONNX's opset 17 has no export for (cummax); TorchScript traces it."""
+
+    def __init__(self, observation_space, action_space, config):
+        super().__init__()
+        self.features_dim = 8
+        self.linear = nn.Linear(4, 8)
+
+    def forward(self, obs):
+        return torch.tanh(self.linear(obs.float().cummax(-1).values))
+
+
+def test_a_module_onnx_cannot_take_fails_in_one_line_and_torchscript_takes_it(tmp_path, capsys):
+    model = PPO("CartPole-v1", seed=0, n_envs=2, n_steps=16, batch_size=32, policy=CumulativeEncoder)
+    with pytest.raises(
+        ExportFailed, match=r"could not be traced to onnx \(UnsupportedOperatorError: .*cummax.*--format torchscript"
+    ):
+        model.export(tmp_path / "policy.onnx")
+    assert not list(tmp_path.iterdir())
+    model.export(tmp_path / "policy.pt", format="torchscript")
+    assert_acts_as_predict(model, tmp_path / "policy.pt", observations("CartPole-v1", 50))
 
 
 def test_a_module_that_reads_packed_rows_is_refused_in_one_line(tmp_path):

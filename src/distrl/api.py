@@ -201,7 +201,7 @@ class Model:
         :mod:`distrl.export.graph`). ``stochastic`` adds a ``noise`` input the action is sampled from. Before the
         file takes its name, the graph (run with onnxruntime or TorchScript) and this model act on ``observations``
         observations of the run's evaluation env: identical choices, continuous actions within 1e-5, or
-        :class:`~distrl.export.ExportCheckFailed` and nothing written. ``PATH.json`` beside it describes it.
+        :class:`~distrl.export.ExportFailed` and nothing written. ``PATH.json`` beside it describes it.
         """
         trainer = self._trainer
         n_envs = max(1, min(8, observations))

@@ -18,7 +18,7 @@ import tyro
 from distrl import __version__
 from distrl.config import ConfigError
 from distrl.env_names import SHORT_NAMES
-from distrl.export import ExportCheckFailed
+from distrl.export import ExportFailed
 from distrl.preemption import Stopped
 from distrl.rundir import WriteFailed
 
@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exc()
         print(f"distrl: error: {exc}", file=sys.stderr)
         return 2
-    except (WriteFailed, ExportCheckFailed) as exc:
+    except (WriteFailed, ExportFailed) as exc:
         if "--debug" in argv:
             traceback.print_exc()
         print(f"distrl: error: {exc}", file=sys.stderr)

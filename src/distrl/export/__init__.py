@@ -30,7 +30,7 @@ from distrl.envs import VecEnv
 from distrl.export.graph import ActingGraph, graph_observations, policy_graph, sac_graph
 from distrl.logs import write_json_atomic
 
-__all__ = ["ActingGraph", "Export", "ExportCheckFailed", "Format", "TOLERANCE", "policy_graph", "sac_graph", "write"]
+__all__ = ["ActingGraph", "Export", "ExportFailed", "Format", "TOLERANCE", "policy_graph", "sac_graph", "write"]
 
 Format = Literal["onnx", "torchscript"]
 SUFFIX: dict[str, str] = {"onnx": ".onnx", "torchscript": ".pt"}
@@ -43,8 +43,8 @@ Reference = Callable[[np.ndarray, np.ndarray | None, Any, np.ndarray], tuple[np.
 (env actions, next state)."""
 
 
-class ExportCheckFailed(Exception):
-    """The written graph did not act as the policy does; nothing was kept."""
+class ExportFailed(Exception):
+    """The policy could not be traced, or the written graph did not act as it does; nothing was kept."""
 
 
 @dataclass(frozen=True)
@@ -98,7 +98,7 @@ def write(
     """Trace ``graph`` into ``path``, check it against ``reference`` on ``observations`` observations of ``env``
     (reset with ``seed``), and write its metadata; ``about`` (algo, env, run, steps) goes into the metadata.
 
-    Raises ExportCheckFailed, leaving nothing behind, when the graph's actions differ from the reference's.
+    Raises ExportFailed, leaving nothing behind, when the graph's actions differ from the reference's.
     """
     if fmt not in SUFFIX:
         raise ConfigError(f"format={fmt!r} is not allowed: must be onnx or torchscript")
@@ -107,10 +107,18 @@ def write(
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        _trace(graph, tmp, fmt)
+        try:
+            _trace(graph, tmp, fmt)
+        except Exception as exc:  # noqa: BLE001 - the exporters raise many kinds, on the user's module's operations
+            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            other = "torchscript" if fmt == "onnx" else "onnx"
+            raise ExportFailed(
+                f"the policy could not be traced to {fmt} ({type(exc).__name__}: {reason}); nothing was written to "
+                f"{path}; --format {other} may take it, --debug shows the traceback"
+            ) from exc
         check = _check(_runner(tmp, fmt, graph), graph, env, reference, noise, observations, seed)
         if check.mismatched:
-            raise ExportCheckFailed(
+            raise ExportFailed(
                 f"the exported graph differs from the policy on {check.mismatched} of {check.observations} "
                 f"observations (largest difference {check.max_abs_diff:.3g}); nothing was written to {path}"
             )
@@ -233,7 +241,7 @@ def _run_batch(
     except Exception as exc:  # noqa: BLE001 - onnxruntime and TorchScript raise their own kinds
         rows = len(inputs[0])
         reason = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
-        raise ExportCheckFailed(
+        raise ExportFailed(
             f"the exported graph fails on a batch of {rows} after being traced with a batch of "
             f"{len(graph.examples()[0])} ({reason}): a module that takes the batch size as a Python number "
             "(len(obs), int(obs.shape[0])) is traced with it as a constant; use obs.shape[0] or reshape(-1, ...) "
