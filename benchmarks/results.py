@@ -359,6 +359,51 @@ def scaling_section() -> list[str]:
     return lines
 
 
+def pbt_section() -> list[str]:
+    """PBT against random search (benchmarks/pbt_vs_random.py): each kept result's table, then the notes and
+    plots in docs/results/pbt/NOTES.md."""
+    lines = []
+    for path in sorted((RESULTS / "pbt").glob("pbt_vs_random-*.json")):
+        data = json.loads(path.read_text())
+        space = ", ".join(
+            f"{name} ({r['low']:g} to {r['high']:g}{', log scale' if r.get('log') else ''})"
+            for name, r in data["space"].items()
+        )
+        rows = []
+        for name, label in (("pbt", "PBT"), ("random", "random search")):
+            best = [r[name]["best_return"] for r in data["repeats"]]
+            wall = [r[name]["wall_s"] for r in data["repeats"]]
+            seeds = ", ".join(str(r["seed"]) for r in data["repeats"])
+            rows.append(
+                [
+                    label,
+                    f"{statistics.median(best):,.0f}",
+                    f"{', '.join(f'{b:,.0f}' for b in best)} (seeds {seeds})",
+                    f"{statistics.median(wall):.0f}",
+                ]
+            )
+        runs, steps = data["population"], data["budget_steps"]
+        lines += [
+            f"### {data['algo'].upper()} {data['env']}",
+            "",
+            f"`python benchmarks/{data['command']}`: {data['algo'].upper()} on {data['env']} from its preset, "
+            f"searching {space}. Both searches train {runs} runs of {steps:,} steps ({runs * steps:,} environment "
+            f"steps a study), {data['parallel']} at a time: PBT (`distrl tune --scheduler pbt --population {runs}`, "
+            f"synchronous, the worst quarter copying the best quarter and perturbing every {data['interval']:,} "
+            f"steps) and random search (`distrl tune --trials {runs} --startup-trials {runs} --pruner none`: "
+            f"{runs} configurations drawn at random, none stopped early). The score is a study's best final "
+            f"evaluation ({data['eval_episodes']} deterministic episodes); each repeat uses another `--seed` for "
+            f"both. Raw figures: [results/pbt/{path.name}](results/pbt/{path.name}).",
+            "",
+            *markdown_table(["search", "median best final return", "per repeat", "median wall s"], rows),
+            "",
+        ]
+    notes = RESULTS / "pbt" / "NOTES.md"
+    if lines and notes.is_file():
+        lines += [notes.read_text().strip(), ""]
+    return ["## Population-based training against random search", "", *lines] if lines else []
+
+
 def sb3_section(runs: list[dict]) -> list[str]:
     """Reference runs of stable-baselines3 with distrl's preset on the same env version (sb3_reference.py)."""
     rows = []
@@ -435,6 +480,7 @@ def page_text(draw: bool = True) -> str:
         "## Speedup against ideal, per strategy",
         "",
         *scaling_section(),
+        *pbt_section(),
     ]
     if notes.is_file():
         body += [notes.read_text().strip(), ""]
