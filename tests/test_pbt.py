@@ -220,6 +220,7 @@ def test_a_member_that_crashes_goes_on_from_its_last_checkpoint(tmp_path):
 
 
 @pytest.mark.multiprocess
+@pytest.mark.slow  # a second study of 4 members (16 s): the default run keeps the shared study and replay
 def test_a_synchronous_study_repeats_itself_whatever_parallel(study, tmp_path):
     """Ranked at once, with Tune's draws from the study's own stream: one member at a time makes the same
     decisions, evaluations and final states as two at a time."""

@@ -178,6 +178,7 @@ def test_losing_a_node_ends_ddp_naming_the_node_within_the_timeout(nodes, tmp_pa
     assert last.startswith("distrl: error: rank ") and lost[:8] in last, done.stderr[-3000:]
 
 
+@pytest.mark.slow  # 18 s; the other cluster tests keep the two nodes in the default run
 def test_a_pbt_study_places_its_members_on_both_nodes(nodes, tmp_path):
     space = tmp_path / "space.json"
     space.write_text(json.dumps({"learning_rate": {"type": "float", "low": 1e-5, "high": 3e-3, "log": True}}))
