@@ -133,7 +133,7 @@ def write(
 def _trace(graph: ActingGraph, path: Path, fmt: Format) -> None:
     examples = graph.examples()
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
-        warnings.simplefilter("ignore")  # tracing's notes on Python values made constants: shapes here are static
+        warnings.simplefilter("ignore")  # tracing's notes on Python values made constants: the check runs other batches
         if fmt == "torchscript":
             traced = torch.jit.trace(graph, examples, check_trace=False)
             torch.jit.save(traced, str(path))
