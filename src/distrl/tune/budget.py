@@ -20,6 +20,7 @@ A budget that leaves a parameter no value is refused with the smallest budget th
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 from distrl.config import ALGO_CONFIGS, ConfigError
@@ -34,17 +35,18 @@ def fit_space(algo: str, space: Space, base: dict[str, Any], budget: int, evalua
     """``space`` without the values no trial could keep to ``budget``; a ConfigError where none is left."""
     distributions = dict(space.distributions)
     if algo in ITERATION_FIELD:
-        field = ITERATION_FIELD[algo]
-        n_envs, least = _smallest("n_envs", space, base, algo), _smallest(field, space, base, algo)
         iteration = "rollout" if algo == "ppo" else "iteration"
-        _keep_below(
-            field,
-            budget // evaluations // n_envs,
+        _keep_iterations_within(
+            algo,
+            space,
+            base,
+            budget // evaluations,
             distributions,
-            space.fixed.get(field, _value(field, base, algo)),
-            f"budget_steps={budget} is not allowed: must be >= {least * n_envs * evaluations}, one {iteration} "
-            f"({field}={least} × n_envs={n_envs} = {least * n_envs} steps) per evaluation (evaluations={evaluations}); "
-            "or give fewer --evaluations",
+            lambda field, least, n_envs: (
+                f"budget_steps={budget} is not allowed: must be >= {least * n_envs * evaluations}, one {iteration} "
+                f"({field}={least} × n_envs={n_envs} = {least * n_envs} steps) per evaluation "
+                f"(evaluations={evaluations}); or give fewer --evaluations"
+            ),
         )
     if algo == "sac":
         least = _smallest("learning_starts", space, base, algo)
@@ -66,17 +68,34 @@ def fit_interval(algo: str, space: Space, base: dict[str, Any], interval: int) -
     if algo not in ITERATION_FIELD:
         return space
     distributions = dict(space.distributions)
-    field = ITERATION_FIELD[algo]
-    n_envs, least = _smallest("n_envs", space, base, algo), _smallest(field, space, base, algo)
-    _keep_below(
-        field,
-        interval // n_envs,
+    _keep_iterations_within(
+        algo,
+        space,
+        base,
+        interval,
         distributions,
-        space.fixed.get(field, _value(field, base, algo)),
-        f"perturbation_interval={interval} is not allowed: must be >= {least * n_envs}, one iteration "
-        f"({field}={least} × n_envs={n_envs} = {least * n_envs} steps)",
+        lambda field, least, n_envs: (
+            f"perturbation_interval={interval} is not allowed: must be >= {least * n_envs}, one iteration "
+            f"({field}={least} × n_envs={n_envs} = {least * n_envs} steps)"
+        ),
     )
     return dataclasses.replace(space, distributions=distributions)
+
+
+def _keep_iterations_within(
+    algo: str,
+    space: Space,
+    base: dict[str, Any],
+    steps: int,
+    distributions: dict[str, Any],
+    refusal: Callable[[str, int, int], str],
+) -> None:
+    """Narrow ``algo``'s iteration field (n_steps or train_freq) in ``distributions`` to the values whose iteration
+    (times n_envs) fits in ``steps``; where none does, a ConfigError saying ``refusal(field, least, n_envs)``."""
+    field = ITERATION_FIELD[algo]
+    n_envs, least = _smallest("n_envs", space, base, algo), _smallest(field, space, base, algo)
+    fixed = space.fixed.get(field, _value(field, base, algo))
+    _keep_below(field, steps // n_envs, distributions, fixed, refusal(field, least, n_envs))
 
 
 def trial_steps(algo: str, values: dict[str, Any], budget: int, evaluations: int) -> int:
