@@ -9,7 +9,7 @@ import torch
 from distrl.algos.grpo import GRPOAlgo, group_advantages, token_loss, token_weights
 from distrl.config import ConfigError, GRPOConfig, RunConfig, StrategyConfig
 from distrl.data.groups import GroupSamples, draw_groups, sampling_uniforms, score_groups, step_positions
-from distrl.data.replay import VersionedReplay
+from distrl.data.versioned import VersionedReplay
 from distrl.nets.distributions import sample_tokens
 from distrl.nets.group_policy import CategoricalPolicy
 from distrl.protocols import LocalSync

@@ -147,7 +147,7 @@ def test_target_critics_follow_by_polyak_and_fixed_alpha_stays_fixed():
 
 
 def test_replay_buffer_skips_reset_steps_wraps_and_round_trips(tmp_path):
-    rb = ReplayBuffer(5, obs_dim=2, action_dim=1)
+    rb = ReplayBuffer(5, obs_dim=2, action_shape=1)
     for step in range(4):
         obs = np.full((2, 2), step, np.float32)
         rb.add(

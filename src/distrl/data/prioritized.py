@@ -7,13 +7,20 @@ gets the largest priority seen so far, so that it is sampled at least once soon.
 importance weight ``(N P(i))^-beta``, divided by the batch's largest, that corrects the bias of sampling by
 priority (``beta`` annealed towards 1 by the caller). A batch is drawn stratified: the total is cut into ``batch`` equal
 segments and one prefix sum is drawn uniformly in each, as the paper's Appendix B.2.1 does.
+:class:`PrioritizedReplay` puts a buffer and its sampler together behind the buffers' own ``add``/``sample``.
 """
 
 from __future__ import annotations
 
-import numpy as np
+import dataclasses
+from pathlib import Path
+from typing import Any
 
-from distrl.config import require
+import numpy as np
+import torch
+
+from distrl.config import ConfigError, require
+from distrl.data.replay import RingBuffer, Transitions
 
 
 class SumTree:
@@ -43,6 +50,8 @@ class SumTree:
         values = np.broadcast_to(np.asarray(values, dtype=np.float64), leaves.shape)
         if np.any(values < 0) or not np.all(np.isfinite(values)):
             raise ValueError("SumTree values must be finite and >= 0")
+        if leaves.size == 0:  # an add of reset steps alone writes no row
+            return
         nodes = self.size + leaves
         self.nodes[nodes] = values
         nodes = np.unique(nodes // 2)
@@ -92,6 +101,10 @@ class PrioritizedSampler:
         """Rows the buffer has just written: each takes the largest priority so far."""
         self.tree.update(rows, self.max_priority**self.alpha)
 
+    def removed(self, rows: np.ndarray) -> None:
+        """Rows that no longer begin a transition (a compact buffer's observation-only rows): never drawn."""
+        self.tree.update(rows, 0.0)
+
     def sample(self, batch: int, rng: np.random.Generator, beta: float) -> tuple[np.ndarray, np.ndarray]:
         """``batch`` rows (stratified by priority) and their importance weights [batch] float32, divided by the
         batch's largest so that they only scale updates down.
@@ -125,3 +138,78 @@ class PrioritizedSampler:
         self.tree.nodes[:] = 0.0
         self.tree.update(np.arange(self.tree.capacity), leaves)
         self.max_priority = float(np.asarray(state["max_priority"]).reshape(-1)[0])
+
+
+class PrioritizedReplay:
+    """A replay buffer (:class:`~distrl.data.replay.ReplayBuffer` or :class:`~distrl.data.replay.CompactReplayBuffer`)
+    sampled by priority; see the module docstring.
+
+    Called as the buffers are (``add``, ``sample``, ``save``, ``load``, ``size``), so that a trainer takes either;
+    its batches carry ``weights`` and ``rows``, and the learner hands the rows' new TD errors back to
+    :meth:`update_priorities`.
+
+    Args:
+        buffer: the buffer, empty; its rows are the sampler's.
+        alpha: how much the priorities count (0: uniform).
+        eps: added to every ``|td_error|`` so that no transition's probability becomes 0.
+    """
+
+    def __init__(self, buffer: RingBuffer, alpha: float = 0.6, eps: float = 1e-6):
+        self.buffer = buffer
+        self.sampler = PrioritizedSampler(buffer.capacity, alpha, eps)
+
+    @property
+    def size(self) -> int:
+        return self.buffer.size
+
+    @property
+    def capacity(self) -> int:
+        return self.buffer.capacity
+
+    def add(self, *args: Any, **kwargs: Any) -> np.ndarray:
+        """The buffer's ``add``; of the rows it wrote, those that begin a transition take the largest priority so
+        far and those that hold only an observation priority 0. Returns the rows."""
+        rows = self.buffer.add(*args, **kwargs)
+        live = self.buffer.live(rows)
+        self.sampler.added(rows[live])
+        self.sampler.removed(rows[~live])
+        return rows
+
+    def sample(
+        self, batch_size: int, rng: np.random.Generator, device: torch.device | str = "cpu", beta: float = 1.0
+    ) -> Transitions:
+        """``batch_size`` transitions drawn by priority, with their ``rows`` and importance ``weights`` [B] float32
+        on ``device`` (``beta``: how fully the weights correct the bias, annealed towards 1 by the caller)."""
+        rows, weights = self.sampler.sample(batch_size, rng, beta)
+        batch = self.buffer.take(rows, device)
+        return dataclasses.replace(batch, weights=torch.from_numpy(weights).to(device))
+
+    def update_priorities(self, rows: np.ndarray, td_errors: np.ndarray | torch.Tensor) -> None:
+        """New priorities ``|td_error| + eps`` for sampled ``rows`` [B] from the learner's TD errors [B].
+
+        A row that has since come to hold only an observation keeps priority 0: it must never be drawn. One
+        rewritten with a newer transition since it was drawn (actors add while a learner learns) takes the old
+        one's error until it is drawn again: telling rewritten rows apart would take a version per row."""
+        if isinstance(td_errors, torch.Tensor):
+            td_errors = td_errors.detach().cpu().numpy()
+        rows, td_errors = np.asarray(rows), np.asarray(td_errors)
+        live = self.buffer.live(rows)
+        self.sampler.update(rows[live], td_errors[live])
+
+    def save(self, path: Path) -> None:
+        """The buffer's file, with every row's priority in it."""
+        self.buffer.save(path, extra=self.sampler.state())
+
+    def load(self, path: Path) -> None:
+        """Restore a buffer saved by :meth:`save` with its priorities; a plain buffer's file is refused."""
+        state = self.buffer.load(path)
+        if "priorities" not in state:
+            raise ConfigError(
+                f"replay buffer {str(path)!r} was saved without prioritized replay: resume with the same setting"
+            )
+        if len(state["priorities"]) != self.capacity:
+            raise ConfigError(
+                f"replay buffer {str(path)!r} holds priorities for {len(state['priorities']):,} rows; this run's "
+                f"buffer_size is {self.capacity:,}: resume with the same buffer_size"
+            )
+        self.sampler.load(state)

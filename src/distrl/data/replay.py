@@ -1,48 +1,118 @@
-"""A uniform replay buffer: preallocated numpy arrays, O(1) adds, saved without pickle."""
+"""Uniform replay buffers: preallocated numpy arrays, O(1) adds, rows a caller can name, saved without pickle."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 
 from distrl.config import ConfigError, require
 
+EXTRA_PREFIX = "extra."
+"""A saved buffer keeps its caller's arrays (prioritised replay's priorities) under this prefix: the buffers' own
+columns have no dot in their names, so the two never clash."""
+
 
 @dataclass(frozen=True)
 class Transitions:
     """A batch of transitions; ``next_obs`` is the true successor (the final obs at an episode end)."""
 
-    obs: torch.Tensor  # [B, *obs_shape] in the stored dtype
-    actions: torch.Tensor  # [B, action_dim], in [-1, 1]
-    rewards: torch.Tensor  # [B]
-    next_obs: torch.Tensor  # [B, *obs_shape]
-    terminated: torch.Tensor  # [B] 1.0 where the episode terminated (no bootstrap); truncation bootstraps
+    obs: torch.Tensor
+    """[B, *obs_shape] in the stored dtype."""
+    actions: torch.Tensor
+    """[B, action_dim] float32 in [-1, 1] for SAC, or [B] int64 for discrete actions."""
+    rewards: torch.Tensor
+    """[B] float32 (an n-step transition's discounted sum of rewards)."""
+    next_obs: torch.Tensor
+    """[B, *obs_shape]"""
+    terminated: torch.Tensor
+    """[B] float32: 1.0 where the episode terminated (no bootstrap); truncation bootstraps."""
+    discounts: torch.Tensor | None = None
+    """[B] float32: the discount of each transition's bootstrap (gamma^k for k steps); None from a buffer that
+    stores none (one-step transitions: the learner's gamma)."""
+    weights: torch.Tensor | None = None
+    """[B] float32 importance weights of prioritised sampling; None from uniform sampling."""
+    rows: np.ndarray | None = None
+    """[B] int64: the buffer rows the transitions came from, to give them new priorities."""
 
     @property
     def size(self) -> int:
         return int(self.obs.shape[0])
 
 
+class RingBuffer(Protocol):
+    """A buffer of ``capacity`` rows whose transitions can be named by row: what
+    :class:`~distrl.data.prioritized.PrioritizedReplay` needs of the buffer it wraps."""
+
+    capacity: int
+    size: int
+
+    def add(self, *args: Any, **kwargs: Any) -> np.ndarray: ...
+
+    def live(self, rows: np.ndarray) -> np.ndarray: ...
+
+    def take(self, rows: np.ndarray, device: torch.device | str = "cpu") -> Transitions: ...
+
+    def save(self, path: Path, extra: dict[str, np.ndarray] | None = None) -> None: ...
+
+    def load(self, path: Path) -> dict[str, np.ndarray]: ...
+
+
+def _shape(dims: int | tuple[int, ...]) -> tuple[int, ...]:
+    return (int(dims),) if isinstance(dims, (int, np.integer)) else tuple(dims)
+
+
+def _check_discounts(stored: np.ndarray | None, given: np.ndarray | None) -> None:
+    if (stored is None) != (given is None):
+        raise TypeError("add() takes discounts exactly when the buffer was made with discounts=True")
+
+
+def _refuse_dead_rows(live: np.ndarray, rows: np.ndarray) -> None:
+    if not live.all():
+        raise ValueError(f"rows {np.asarray(rows)[~live].tolist()[:8]} hold no transition")
+
+
 class ReplayBuffer:
-    """A ring buffer of ``capacity`` transitions (counted over all envs)."""
+    """A ring buffer of ``capacity`` transitions (counted over all envs), one whole transition a row."""
 
     FIELDS = ("obs", "actions", "rewards", "next_obs", "terminated")
 
     def __init__(
-        self, capacity: int, obs_dim: int | tuple[int, ...], action_dim: int, obs_dtype: np.dtype | type = np.float32
+        self,
+        capacity: int,
+        obs_dim: int | tuple[int, ...],
+        action_shape: int | tuple[int, ...],
+        obs_dtype: np.dtype | type = np.float32,
+        *,
+        action_dtype: np.dtype | type = np.float32,
+        discounts: bool = False,
     ):
         """Observations are kept in their stored shape and dtype: a uint8 image takes a quarter of the
-        memory it would as float32 (see ``spaces.stored_layout``)."""
+        memory it would as float32 (see ``spaces.stored_layout``).
+
+        Args:
+            capacity: transitions held; the oldest is overwritten first.
+            obs_dim: an observation's stored shape (an int n means ``(n,)``).
+            action_shape: an action's shape: an int n means ``(n,)`` (SAC's Box actions), ``()`` one scalar
+                per transition (a discrete action).
+            obs_dtype: an observation's stored dtype.
+            action_dtype: float32 for SAC's actions, int64 for discrete ones.
+            discounts: store each transition's bootstrap discount (gamma^k of an n-step transition): ``add``
+                then takes ``discounts`` and sampled batches carry them.
+        """
         self.capacity = capacity
-        obs_shape = (obs_dim,) if isinstance(obs_dim, int) else tuple(obs_dim)
+        obs_shape = _shape(obs_dim)
         self.obs = np.zeros((capacity, *obs_shape), dtype=obs_dtype)
-        self.actions = np.zeros((capacity, action_dim), dtype=np.float32)
+        self.actions = np.zeros((capacity, *_shape(action_shape)), dtype=action_dtype)
         self.rewards = np.zeros(capacity, dtype=np.float32)
         self.next_obs = np.zeros((capacity, *obs_shape), dtype=obs_dtype)
         self.terminated = np.zeros(capacity, dtype=np.float32)
+        self.discounts = np.zeros(capacity, dtype=np.float32) if discounts else None
+        self.fields = self.FIELDS + (("discounts",) if discounts else ())
+        """The stored columns, each [capacity, ...], named as :class:`Transitions`' fields."""
         self.pos = 0
         self.size = 0
 
@@ -54,51 +124,67 @@ class ReplayBuffer:
         next_obs: np.ndarray,
         terminated: np.ndarray,
         valid: np.ndarray,
-    ) -> None:
-        """Add one vector step [n_envs, ...]; rows with ``valid == False`` (reset steps) are skipped."""
+        *,
+        discounts: np.ndarray | None = None,
+    ) -> np.ndarray:
+        """Add one vector step [n_envs, ...]; rows with ``valid == False`` (reset steps) are skipped.
+
+        ``discounts`` [n_envs] float32 is given exactly when the buffer stores discounts. Returns the rows
+        written, [number of valid envs] int64 in env order."""
+        _check_discounts(self.discounts, discounts)
+        columns = dict(zip(self.fields, (obs, actions, rewards, next_obs, terminated, discounts)))
         if not valid.all():
-            obs, actions, rewards, next_obs, terminated = (
-                a[valid] for a in (obs, actions, rewards, next_obs, terminated)
-            )
-        n = len(rewards)
-        if n == 0:
-            return
-        idx = (self.pos + np.arange(n)) % self.capacity
-        self.obs[idx] = obs
-        self.actions[idx] = actions
-        self.rewards[idx] = rewards
-        self.next_obs[idx] = next_obs
-        self.terminated[idx] = terminated
-        self.pos = (self.pos + n) % self.capacity
-        self.size = min(self.size + n, self.capacity)
+            columns = {f: values[valid] for f, values in columns.items()}
+        rows = (self.pos + np.arange(len(columns["rewards"]), dtype=np.int64)) % self.capacity
+        if len(rows) == 0:
+            return rows
+        for f, values in columns.items():
+            getattr(self, f)[rows] = values
+        self.pos = (self.pos + len(rows)) % self.capacity
+        self.size = min(self.size + len(rows), self.capacity)
+        return rows
 
-    def sample(self, batch_size: int, rng: np.random.Generator, device: torch.device | str = "cpu") -> Transitions:
-        idx = rng.integers(0, self.size, size=batch_size)
-        return Transitions(*(torch.from_numpy(getattr(self, f)[idx]).to(device) for f in self.FIELDS))
+    def live(self, rows: np.ndarray) -> np.ndarray:
+        """Whether each row [B] holds a transition: every row below ``size``."""
+        return np.asarray(rows) < self.size
 
-    def save(self, path: Path) -> None:
-        """Write the filled part with safetensors (no pickle), atomically."""
-        from safetensors.numpy import save_file
+    def take(self, rows: np.ndarray, device: torch.device | str = "cpu") -> Transitions:
+        """The transitions at ``rows`` [B] int64, on ``device``, with ``rows`` kept on the batch."""
+        _refuse_dead_rows(self.live(rows), rows)
+        return Transitions(**{f: torch.from_numpy(getattr(self, f)[rows]).to(device) for f in self.fields}, rows=rows)
 
-        order = (
-            np.arange(self.size) if self.size < self.capacity else (self.pos + np.arange(self.capacity)) % self.capacity
-        )
-        tmp = path.with_suffix(".tmp")
-        save_file(
-            {f: np.ascontiguousarray(getattr(self, f)[order]) for f in self.FIELDS},
-            str(tmp),
-            metadata={"capacity": str(self.capacity)},
-        )
-        tmp.replace(path)
+    def sample(
+        self, batch_size: int, rng: np.random.Generator, device: torch.device | str = "cpu", beta: float = 1.0
+    ) -> Transitions:
+        """``batch_size`` transitions drawn uniformly with replacement. ``beta`` is ignored (uniform draws have no
+        bias to correct, so no weights): it lets a trainer call this and ``PrioritizedReplay.sample`` alike."""
+        return self.take(rng.integers(0, self.size, size=batch_size), device)
 
-    def load(self, path: Path) -> None:
-        data, _ = _load_replay(path, "full")
+    def save(self, path: Path, extra: dict[str, np.ndarray] | None = None) -> None:
+        """Write the filled rows where they stand and the ring's position with safetensors (no pickle), atomically,
+        and the caller's ``extra`` arrays into the same file."""
+        arrays = {f: np.ascontiguousarray(getattr(self, f)[: self.size]) for f in self.fields}
+        arrays["ring"] = np.array([self.pos, self.size], dtype=np.int64)
+        _save_replay(path, arrays, extra, {"capacity": str(self.capacity)})
+
+    def load(self, path: Path) -> dict[str, np.ndarray]:
+        """Restore a saved buffer; returns the ``extra`` arrays saved with it (empty if none).
+
+        At the saved capacity every transition returns to its row, so that sampling goes on as if never saved.
+        At another, the newest transitions that fit are kept, oldest first from row 0."""
+        data, extra, capacity = _load_replay(path, "full", {f: getattr(self, f) for f in self.fields})
         n = len(data["rewards"])
-        keep = min(n, self.capacity)
-        for f in self.FIELDS:
-            getattr(self, f)[:keep] = data[f][n - keep :]
-        self.size = keep
-        self.pos = keep % self.capacity
+        # A file saved without the ring's position (by an older distrl) holds its rows oldest first: a ring at n.
+        pos = int(data["ring"][0]) if "ring" in data else n % capacity
+        if capacity == self.capacity:
+            order, self.pos = np.arange(n), pos
+        else:
+            order = np.roll(np.arange(n), -pos)[max(0, n - self.capacity) :]  # the oldest is at pos once full
+            self.pos = len(order) % self.capacity
+        for f in self.fields:
+            getattr(self, f)[: len(order)] = data[f][order]
+        self.size = len(order)
+        return extra
 
 
 class CompactReplayBuffer:
@@ -116,17 +202,27 @@ class CompactReplayBuffer:
     FIELDS = ("obs", "actions", "rewards", "terminated", "next_row", "starts")
 
     def __init__(
-        self, capacity: int, obs_dim: int | tuple[int, ...], action_dim: int, obs_dtype: np.dtype | type = np.float32
+        self,
+        capacity: int,
+        obs_dim: int | tuple[int, ...],
+        action_shape: int | tuple[int, ...],
+        obs_dtype: np.dtype | type = np.float32,
+        *,
+        action_dtype: np.dtype | type = np.float32,
+        discounts: bool = False,
     ):
+        """The arguments are :class:`ReplayBuffer`'s; ``capacity`` counts rows (observations), not transitions."""
         self.capacity = capacity
-        obs_shape = (obs_dim,) if isinstance(obs_dim, int) else tuple(obs_dim)
-        self.obs = np.zeros((capacity, *obs_shape), dtype=obs_dtype)
-        self.actions = np.zeros((capacity, action_dim), dtype=np.float32)
+        self.obs = np.zeros((capacity, *_shape(obs_dim)), dtype=obs_dtype)
+        self.actions = np.zeros((capacity, *_shape(action_shape)), dtype=action_dtype)
         self.rewards = np.zeros(capacity, dtype=np.float32)
         self.terminated = np.zeros(capacity, dtype=np.float32)
         self.next_row = np.zeros(capacity, dtype=np.int64)
         self.starts = np.zeros(capacity, dtype=bool)
         """Whether a row begins a stored transition (else it only holds an observation, or nothing yet)."""
+        self.discounts = np.zeros(capacity, dtype=np.float32) if discounts else None
+        self.fields = self.FIELDS + (("discounts",) if discounts else ())
+        """The stored columns, each [capacity, ...]."""
         self.pos = 0
         self.filled = 0
         self.size = 0
@@ -151,10 +247,18 @@ class CompactReplayBuffer:
         next_obs: np.ndarray,
         terminated: np.ndarray,
         valid: np.ndarray,
-    ) -> None:
-        """Add one vector step [n_envs, ...]; rows with ``valid == False`` (reset steps) are skipped."""
+        *,
+        discounts: np.ndarray | None = None,
+    ) -> np.ndarray:
+        """Add one vector step [n_envs, ...]; rows with ``valid == False`` (reset steps) are skipped.
+
+        ``discounts`` [n_envs] float32 is given exactly when the buffer stores discounts. Returns every row
+        written, int64: each valid env's transition row (new or reused) and then its next observation's row, which
+        holds only that observation until the env's next step starts from it."""
+        _check_discounts(self.discounts, discounts)
         if len(self.last) != len(valid):
             self.last = np.full(len(valid), -1, dtype=np.int64)
+        written = []
         for env in np.flatnonzero(valid):
             row = int(self.last[env])
             if row < 0 or not np.array_equal(self.obs[row], obs[env]):
@@ -165,53 +269,84 @@ class CompactReplayBuffer:
             self.actions[row] = actions[env]
             self.rewards[row] = rewards[env]
             self.terminated[row] = terminated[env]
+            if self.discounts is not None:
+                self.discounts[row] = discounts[env]  # type: ignore[index]
             self.next_row[row] = following
             self.starts[row] = True
             self.size += 1
             self.last[env] = following
+            written += (row, following)
+        return np.array(written, dtype=np.int64)
 
-    def sample(self, batch_size: int, rng: np.random.Generator, device: torch.device | str = "cpu") -> Transitions:
-        idx = rng.integers(0, self.filled, size=batch_size)
-        redraw = ~self.starts[idx]
+    def live(self, rows: np.ndarray) -> np.ndarray:
+        """Whether each row [B] begins a stored transition (False where it holds only an observation, or nothing)."""
+        return self.starts[rows]
+
+    def take(self, rows: np.ndarray, device: torch.device | str = "cpu") -> Transitions:
+        """The transitions at ``rows`` [B] int64, on ``device``, with ``rows`` kept on the batch."""
+        _refuse_dead_rows(self.live(rows), rows)
+        columns = {
+            "obs": self.obs[rows],
+            "actions": self.actions[rows],
+            "rewards": self.rewards[rows],
+            "next_obs": self.obs[self.next_row[rows]],
+            "terminated": self.terminated[rows],
+        }
+        if self.discounts is not None:
+            columns["discounts"] = self.discounts[rows]
+        return Transitions(**{f: torch.from_numpy(v).to(device) for f, v in columns.items()}, rows=rows)
+
+    def sample(
+        self, batch_size: int, rng: np.random.Generator, device: torch.device | str = "cpu", beta: float = 1.0
+    ) -> Transitions:
+        """``batch_size`` stored transitions drawn uniformly with replacement; ``beta`` is ignored, as in
+        :meth:`ReplayBuffer.sample`."""
+        rows = rng.integers(0, self.filled, size=batch_size)
+        redraw = ~self.starts[rows]
         while redraw.any():  # rows that hold only an observation: draw again
-            idx[redraw] = rng.integers(0, self.filled, size=int(redraw.sum()))
-            redraw = ~self.starts[idx]
-        fields = (
-            self.obs[idx],
-            self.actions[idx],
-            self.rewards[idx],
-            self.obs[self.next_row[idx]],
-            self.terminated[idx],
-        )
-        return Transitions(*(torch.from_numpy(f).to(device) for f in fields))
+            rows[redraw] = rng.integers(0, self.filled, size=int(redraw.sum()))
+            redraw = ~self.starts[rows]
+        return self.take(rows, device)
 
-    def save(self, path: Path) -> None:
-        """Write the rows in use and where the ring stands, with safetensors (no pickle), atomically."""
-        from safetensors.numpy import save_file
-
-        n = self.filled
-        arrays = {f: np.ascontiguousarray(getattr(self, f)[:n]) for f in self.FIELDS}
+    def save(self, path: Path, extra: dict[str, np.ndarray] | None = None) -> None:
+        """Write the rows in use and where the ring stands with safetensors (no pickle), atomically, and the
+        caller's ``extra`` arrays into the same file."""
+        arrays = {f: np.ascontiguousarray(getattr(self, f)[: self.filled]) for f in self.fields}
         arrays["ring"] = np.array([self.pos, self.filled, self.size], dtype=np.int64)
-        tmp = path.with_suffix(".tmp")
-        save_file(arrays, str(tmp), metadata={"capacity": str(self.capacity), "layout": "compact"})
-        tmp.replace(path)
+        _save_replay(path, arrays, extra, {"capacity": str(self.capacity), "layout": "compact"})
 
-    def load(self, path: Path) -> None:
-        data, capacity = _load_replay(path, "compact")
+    def load(self, path: Path) -> dict[str, np.ndarray]:
+        """Restore a buffer saved at the same capacity; returns the ``extra`` arrays saved with it (empty if none)."""
+        data, extra, capacity = _load_replay(path, "compact", {f: getattr(self, f) for f in self.fields})
         if capacity != self.capacity:
             raise ConfigError(
                 f"replay buffer {str(path)!r} holds {capacity:,} rows; this run's buffer_size is "
                 f"{self.capacity:,}: resume with the same buffer_size"
             )
         n = len(data["rewards"])
-        for f in self.FIELDS:
+        for f in self.fields:
             getattr(self, f)[:n] = data[f]
         self.pos, self.filled, self.size = (int(v) for v in data["ring"])
         self.last = np.zeros(0, dtype=np.int64)  # a resumed run restarts its envs: no row to reuse
+        return extra
 
 
-def _load_replay(path: Path, layout: str) -> tuple[dict[str, np.ndarray], int]:
-    """A saved replay buffer's arrays and capacity, refused when its layout is not ``layout``."""
+def _save_replay(
+    path: Path, arrays: dict[str, np.ndarray], extra: dict[str, np.ndarray] | None, metadata: dict[str, str]
+) -> None:
+    from safetensors.numpy import save_file
+
+    arrays = {**arrays, **{EXTRA_PREFIX + k: np.ascontiguousarray(v) for k, v in (extra or {}).items()}}
+    tmp = path.with_suffix(".tmp")
+    save_file(arrays, str(tmp), metadata=metadata)
+    tmp.replace(path)
+
+
+def _load_replay(
+    path: Path, layout: str, columns: dict[str, np.ndarray]
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], int]:
+    """A saved replay buffer's arrays, the caller's extra arrays and its capacity; refused unless it has the
+    ``layout`` and the ``columns`` (each's dtype and shape after the row) of the buffer loading it."""
     from safetensors import SafetensorError, safe_open
     from safetensors.numpy import load_file
 
@@ -227,90 +362,22 @@ def _load_replay(path: Path, layout: str) -> tuple[dict[str, np.ndarray], int]:
             f"replay buffer {str(path)!r} was saved with optimize_memory_usage={saved == 'compact'}: "
             f"resume with the same setting"
         )
-    return data, int(metadata.get("capacity", len(data["rewards"])))
-
-
-class VersionedReplay:
-    """Scored slices tagged with the policy version that drew them, for an asynchronous learner.
-
-    Oldest-first eviction past ``capacity``. A sample is ``k`` distinct slices, drawn uniformly
-    or with probability proportional to version + 1; a slice leaves the buffer after
-    ``max_reuse`` samples have included it (1: each slice is trained on once), and slices
-    more than ``max_policy_lag`` versions behind the learner are dropped. Nothing leaves
-    unaccounted: ``added == retired + evicted + dropped_for_lag + len(self)``, and of the
-    added slices ``trained`` were in at least one sample.
-    """
-
-    def __init__(
-        self, capacity: int, max_policy_lag: int, sampling: str = "uniform", seed: int = 0, max_reuse: int = 1
-    ):
-        if sampling not in ("uniform", "version"):
-            raise ConfigError(f"sampling={sampling!r} is not allowed: must be uniform or version")
-        self.capacity = capacity
-        self.max_policy_lag = max_policy_lag
-        self.sampling = sampling
-        self.max_reuse = max_reuse
-        self.rng = np.random.default_rng(seed)
-        self._slices: list[list] = []  # [version, slice, times sampled], oldest first
-        self.added = self.trained = self.retired = self.evicted = self.dropped_for_lag = self.uses = 0
-        self.max_size = 0
-
-    def __len__(self) -> int:
-        return len(self._slices)
-
-    def untrained(self) -> int:
-        """Slices held that no sample has included yet."""
-        return sum(1 for entry in self._slices if entry[2] == 0)
-
-    def add(self, version: int, item: object) -> None:
-        self._slices.append([version, item, 0])
-        self.added += 1
-        if len(self._slices) > self.capacity:
-            self._slices.pop(0)
-            self.evicted += 1
-        self.max_size = max(self.max_size, len(self._slices))
-
-    def drop_stale(self, learner_version: int) -> int:
-        """Drop slices drawn more than ``max_policy_lag`` versions before ``learner_version``; returns how many."""
-        keep = [entry for entry in self._slices if learner_version - entry[0] <= self.max_policy_lag]
-        dropped = len(self._slices) - len(keep)
-        self._slices = keep
-        self.dropped_for_lag += dropped
-        return dropped
-
-    def sample(self, k: int, learner_version: int) -> list[tuple[int, object]] | None:
-        """``k`` distinct (version, slice) pairs after dropping stale ones; None while fewer than ``k`` are held."""
-        self.drop_stale(learner_version)
-        if len(self._slices) < k:
-            return None
-        if self.sampling == "uniform":
-            chosen = np.sort(self.rng.choice(len(self._slices), size=k, replace=False))
-        else:  # k distinct slices drawn one after another with probability ∝ version + 1 (Gumbel top-k)
-            versions = np.fromiter((entry[0] for entry in self._slices), dtype=np.float64, count=len(self._slices))
-            keys = np.log(versions + 1) - np.log(-np.log(self.rng.random(len(versions))))
-            chosen = np.sort(np.argpartition(-keys, k - 1)[:k])
-        taken = [self._slices[i] for i in chosen]
-        for entry in taken:
-            self.trained += entry[2] == 0
-            entry[2] += 1
-        self.uses += k
-        spent = {id(entry) for entry in taken if entry[2] >= self.max_reuse}
-        if spent:
-            self._slices = [entry for entry in self._slices if id(entry) not in spent]
-            self.retired += len(spent)
-        return [(entry[0], entry[1]) for entry in taken]
-
-    def counters(self) -> dict[str, int]:
-        return {
-            "slices_added": self.added,
-            "slices_trained": self.trained,
-            "slice_uses": self.uses,
-            "slices_never_trained": self.added - self.trained,
-            "slices_retired": self.retired,
-            "slices_evicted": self.evicted,
-            "slices_dropped_for_lag": self.dropped_for_lag,
-            "slices_left_in_buffer": len(self._slices),
-        }
+    if ("discounts" in data) != ("discounts" in columns):
+        raise ConfigError(
+            f"replay buffer {str(path)!r} was saved with discounts={'discounts' in data}: resume with the same n-step "
+            f"setting"
+        )
+    for name, column in columns.items():
+        if name not in data:
+            raise ConfigError(f"replay buffer {str(path)!r} is missing, truncated or corrupt (no {name!r})")
+        stored = data[name]
+        if stored.dtype != column.dtype or stored.shape[1:] != column.shape[1:]:
+            raise ConfigError(
+                f"replay buffer {str(path)!r} stores {name} as {stored.dtype} {list(stored.shape[1:])}; this run's "
+                f"buffer stores {column.dtype} {list(column.shape[1:])}: resume with the same environment and algorithm"
+            )
+    extra = {k.removeprefix(EXTRA_PREFIX): v for k, v in data.items() if k.startswith(EXTRA_PREFIX)}
+    return data, extra, int(metadata.get("capacity", len(data["rewards"])))
 
 
 def available_memory_bytes() -> int | None:
@@ -338,16 +405,23 @@ def check_replay_memory(
     action_dim: int,
     compact: bool = False,
     fraction: float = 0.8,
+    *,
+    action_bytes: int | None = None,
+    extra_bytes: int = 0,
 ) -> None:
     """Refuse a replay buffer larger than ``fraction`` of the available memory, before allocating it.
 
     numpy's zero-filled arrays are allocated lazily, so an oversized buffer either fails at once
     (CarRacing's 96x96x3 observations at the default 1M transitions asked for 103 GiB) or, worse,
     runs until the buffer fills and the kernel kills the process. ``compact``: a
-    :class:`CompactReplayBuffer`, one observation per row.
+    :class:`CompactReplayBuffer`, one observation per row. ``action_bytes``: one stored action's
+    (``4 * action_dim`` float32 by default; 8 for a discrete int64 action). ``extra_bytes``: what else a
+    transition takes: 4 for a float32 discount, 16 for prioritised replay (its sum tree holds up to two
+    float64 nodes a row).
     """
     obs_bytes = int(np.prod(obs_shape)) * np.dtype(obs_dtype).itemsize
-    per_transition = 2 * obs_bytes + 4 * action_dim + 4 + 4  # obs, next_obs, actions, reward, terminated
+    action_bytes = 4 * action_dim if action_bytes is None else action_bytes
+    per_transition = 2 * obs_bytes + action_bytes + 4 + 4 + extra_bytes  # obs, next_obs, action, reward, terminated
     if compact:
         per_transition += 8 + 1 - obs_bytes  # one observation, its next row's index and whether it starts one
     available = available_memory_bytes()

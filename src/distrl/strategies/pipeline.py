@@ -49,7 +49,7 @@ import torch
 
 from distrl.config import ConfigError, GRPOConfig, RunConfig, StrategyConfig
 from distrl.data.groups import GroupSamples, draw_groups, score_groups
-from distrl.data.replay import VersionedReplay
+from distrl.data.versioned import VersionedReplay
 from distrl.nets.factory import make_group_policy
 from distrl.rewards import RewardError
 from distrl.strategies.actors import ActorEngine, RayActors, as_array, placement, resolve_placements

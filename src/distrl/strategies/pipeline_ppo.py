@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from distrl.config import ConfigError, RunConfig, StrategyConfig
-from distrl.data.replay import VersionedReplay
+from distrl.data.versioned import VersionedReplay
 from distrl.strategies.actors import ActorEngine, Overheads, RayActors
 from distrl.strategies.pipeline import PipelineStats, actor_engine
 from distrl.strategies.pool import GeneratorPool
