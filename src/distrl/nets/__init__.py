@@ -12,8 +12,9 @@ from distrl.nets.distributions import (
     multi_categorical_terms,
     sample_actions,
 )
-from distrl.nets.factory import Agent, make_agent
+from distrl.nets.factory import Agent, make_agent, make_q_network
 from distrl.nets.module import ModuleAgent, ModuleForward
+from distrl.nets.q import QMLP, ModuleQ, QForward
 
 __all__ = [
     "ActorCritic",
@@ -23,14 +24,18 @@ __all__ = [
     "MLP",
     "ModuleAgent",
     "ModuleForward",
+    "ModuleQ",
     "NumpyMLP",
     "ParamBuffer",
+    "QForward",
+    "QMLP",
     "TrainForward",
     "categorical_grad",
     "categorical_terms",
     "gaussian_grad",
     "gaussian_terms",
     "make_agent",
+    "make_q_network",
     "mlp_shapes",
     "multi_categorical_terms",
     "sample_actions",

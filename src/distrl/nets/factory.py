@@ -29,6 +29,7 @@ from distrl.nets.causal_lm import CausalLMPolicy
 from distrl.nets.encoders import ActorCriticModule, make_encoder
 from distrl.nets.group_policy import CategoricalPolicy
 from distrl.nets.module import ModuleAgent
+from distrl.nets.q import QMLP, ModuleQ, QHeadModule
 from distrl.nets.recurrent import RecurrentActorCritic, RecurrentAgent, RecurrentCore, is_recurrent
 from distrl.nets.sac import SquashedGaussianActor, TwinQ
 from distrl.nets.sac_module import ModuleSquashedActor, ModuleTwinQ, SACActorModule, TwinQModule
@@ -268,6 +269,55 @@ def make_sac_networks(
         ModuleTwinQ(critic_module, device, extra, autocast),
         ModuleTwinQ(critic_module, device, extra, autocast),
     )
+
+
+def make_q_network(
+    observation_space: spaces.Space,
+    action_space: spaces.Space,
+    cfg: Any,
+    device: torch.device | str,
+    seed: int,
+    policy: PolicySource = None,
+    precision: str = "fp32",
+) -> QMLP | ModuleQ:
+    """DQN's Q network (see ``nets/q.py``): a closed-form MLP for flat vectors, a module otherwise.
+
+    ``cfg`` gives ``net_arch``, ``activation``, ``encoder`` and ``dueling``. A user's ``policy`` returns
+    either an encoder with an integer ``features_dim`` (distrl adds the Q head) or the whole Q function,
+    [B, ...] -> [B, n_actions]. The same ``seed`` gives the same weights, which is how the target network
+    starts equal to the online one. Actions are indices 0..n-1 whatever the space's ``start``.
+    ``precision='bf16'``: as for :func:`make_sac_networks`.
+    """
+    if not isinstance(action_space, spaces.Discrete):
+        raise ConfigError(
+            f"a {type(action_space).__name__} action space is not allowed: dqn needs Discrete actions (one Q-value each)"
+        )
+    check_observation_space(observation_space)
+    device = torch.device(device)
+    n_actions = int(action_space.n)
+    net_arch = tuple(cfg.net_arch)
+    if uses_closed_form(observation_space, action_space, cfg.encoder, policy):
+        obs_dim = int(np.prod(observation_space.shape))
+        low = torch.bfloat16 if precision == "bf16" else None
+        return QMLP(obs_dim, n_actions, net_arch, cfg.activation, device, seed, cfg.dueling, low)
+    source = resolve_policy(policy)
+    with seeded_layers(seed):
+        if source is None:
+            made: Any = make_encoder(observation_space, cfg.encoder)
+        else:
+            if not isinstance(source, nn.Module):
+                args = (observation_space, action_space, cfg)
+                require_callable_as("policy", _name(policy), source, args, FACTORY_SHAPE)
+            made = source if isinstance(source, nn.Module) else source(observation_space, action_space, cfg)
+        if not isinstance(made, nn.Module):
+            raise ConfigError(
+                f"policy={_name(policy)} returned {type(made).__name__}: for dqn a policy factory returns a "
+                "torch.nn.Module, either the Q function ([batch, ...] -> [batch, n_actions]) or an encoder "
+                "with an integer features_dim"
+            )
+        if source is None or isinstance(getattr(made, "features_dim", None), (int, np.integer)):
+            made = QHeadModule(made, n_actions, net_arch, cfg.activation, cfg.dueling)
+    return ModuleQ(made, n_actions, device, torch.bfloat16 if precision == "bf16" else None)
 
 
 def make_group_policy(task: Any, run: Any, cfg: Any, device: torch.device, role: str = "learner") -> Any:
