@@ -26,6 +26,7 @@ from distrl.presets import algo_configs
 from distrl.spaces import stored_layout
 from distrl.training import (
     EVAL_SEED_OFFSET,
+    DQNTrainer,
     OffPolicyTrainer,
     OnPolicyTrainer,
     TrainerBase,
@@ -35,7 +36,7 @@ from distrl.training import (
 
 
 class Model:
-    """An algorithm trained in this process (``--strategy single``). Use :class:`PPO` or :class:`SAC`.
+    """An algorithm trained in this process (``--strategy single``). Use :class:`PPO`, :class:`SAC` or :class:`DQN`.
 
     Args:
         env: Gymnasium id, short name, 'package.module:ClassName' or 'package.module:function'; or a
@@ -411,13 +412,41 @@ class SAC(Model):
         return trainer.to_env(trainer.algo.actor.act(obs, noise)), None
 
 
+class DQN(Model):
+    """Deep Q-Network; hyperparameters as :class:`~distrl.config.DQNConfig`. Non-deterministic predictions are
+    epsilon-greedy with the run's current exploration rate, as stable-baselines3's are."""
+
+    algo = "dqn"
+    _trainer: DQNTrainer
+
+    def _noise(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        return rng.random((n, 2))  # per observation: the coin, then the random action's uniform draw
+
+    def _graph(self, stochastic: bool) -> export.ActingGraph:
+        if stochastic:
+            raise ConfigError("stochastic=True is not available for dqn: its policy is the greedy one (argmax Q)")
+        trainer = self._trainer
+        env = trainer.env
+        return export.q_graph(trainer.algo.q, env.single_observation_space, env.single_action_space)
+
+    def _actions(
+        self, obs: np.ndarray, noise: np.ndarray | None, state: Any = None, starts: np.ndarray | None = None
+    ) -> tuple[np.ndarray, Any]:
+        trainer = self._trainer
+        greedy = trainer.algo.q.act(obs)
+        if noise is not None:
+            randoms = np.minimum((noise[:, 1] * trainer.n_actions).astype(np.int64), trainer.n_actions - 1)
+            greedy = np.where(noise[:, 0] < trainer.exploration_rate, randoms, greedy)
+        return greedy + trainer.action_start, None
+
+
 class REINFORCE(PPO):
     """REINFORCE; hyperparameters as :class:`~distrl.config.REINFORCEConfig` (its policy acts like PPO's)."""
 
     algo = "reinforce"
 
 
-MODELS: dict[str, type[Model]] = {"ppo": PPO, "sac": SAC, "reinforce": REINFORCE}
+MODELS: dict[str, type[Model]] = {"ppo": PPO, "sac": SAC, "dqn": DQN, "reinforce": REINFORCE}
 
 
 class Player:

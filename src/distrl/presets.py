@@ -113,6 +113,23 @@ _ATARI_PPO = dict(
 # MuJoCo SAC settings follow rl-baselines3-zoo: library defaults, 10k random steps first.
 _MUJOCO_SAC = dict(total_steps=1_000_000, learning_starts=10_000)
 
+# rl-baselines3-zoo's DQN entries (hyperparams/dqn.yml): its CartPole-v1 one, and its Atari one (the Nature CNN
+# with no hidden layer after it, as stable-baselines3's CnnPolicy; 10M steps).
+_ZOO_DQN_ATARI = dict(
+    total_steps=10_000_000,
+    buffer_size=10_000,
+    learning_rate=1e-4,
+    batch_size=32,
+    learning_starts=100_000,
+    target_update_interval=1_000,
+    train_freq=4,
+    gradient_steps=1,
+    exploration_fraction=0.1,
+    exploration_final_eps=0.01,
+    optimize_memory_usage=True,
+    net_arch=(),
+)
+
 # GRPO on the numeric group tasks: one-token answers from a small MLP, which learns far faster than a
 # language model (the GRPOConfig defaults are TRL's, for language models).
 _GROUP_TASK_GRPO = dict(
@@ -128,6 +145,38 @@ _GROUP_TASK_GRPO = dict(
 
 PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     "grpo": {"toy": dict(_GROUP_TASK_GRPO), "bandit": dict(_GROUP_TASK_GRPO)},
+    "dqn": {
+        "atari": dict(_ZOO_DQN_ATARI),
+        "CartPole-v1": dict(
+            total_steps=50_000,
+            learning_rate=2.3e-3,
+            batch_size=64,
+            buffer_size=100_000,
+            learning_starts=1_000,
+            gamma=0.99,
+            target_update_interval=10,
+            train_freq=256,
+            gradient_steps=128,
+            exploration_fraction=0.16,
+            exploration_final_eps=0.04,
+            net_arch=(256, 256),
+        ),
+        # the zoo's LunarLander-v2 entry, on v3 (the same task; v2 left Gymnasium)
+        "LunarLander-v3": dict(
+            total_steps=100_000,
+            learning_rate=6.3e-4,
+            batch_size=128,
+            buffer_size=50_000,
+            learning_starts=0,
+            gamma=0.99,
+            target_update_interval=250,
+            train_freq=4,
+            gradient_steps=-1,
+            exploration_fraction=0.12,
+            exploration_final_eps=0.1,
+            net_arch=(256, 256),
+        ),
+    },
     "reinforce": {
         "CartPole-v1": dict(
             total_steps=300_000, n_envs=8, episodes_per_iter=16, learning_rate=5e-3, gamma=0.99, baseline=True

@@ -17,6 +17,7 @@ from distrl.argv import checkpoint_every_time, flag_value, merge_repeated, parse
 from distrl.cli import ALGOS
 from distrl.config import (
     ConfigError,
+    DQNConfig,
     GRPOConfig,
     PPOConfig,
     REINFORCEConfig,
@@ -53,6 +54,13 @@ class SACTrainArgs(TrainFlags):
 
 
 @dataclass(frozen=True)
+class DQNTrainArgs(TrainFlags):
+    run: RunConfig
+    strategy: StrategyConfig
+    dqn: DQNConfig
+
+
+@dataclass(frozen=True)
 class REINFORCETrainArgs(TrainFlags):
     run: RunConfig
     strategy: StrategyConfig
@@ -66,7 +74,13 @@ class GRPOTrainArgs(TrainFlags):
     grpo: GRPOConfig
 
 
-TRAIN_ARGS = {"ppo": PPOTrainArgs, "sac": SACTrainArgs, "reinforce": REINFORCETrainArgs, "grpo": GRPOTrainArgs}
+TRAIN_ARGS = {
+    "ppo": PPOTrainArgs,
+    "sac": SACTrainArgs,
+    "dqn": DQNTrainArgs,
+    "reinforce": REINFORCETrainArgs,
+    "grpo": GRPOTrainArgs,
+}
 
 
 def train_command(argv: list[str]) -> int:

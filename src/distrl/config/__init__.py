@@ -37,6 +37,7 @@ from distrl.config.base import (
     split_by_config,
     to_dict,
 )
+from distrl.config.dqn import DQNConfig
 from distrl.config.run import RunConfig, StrategyConfig, parse_env_kwargs, scaled
 
 __all__ = [
@@ -47,6 +48,7 @@ __all__ = [
     "ConfigError",
     "Core",
     "Device",
+    "DQNConfig",
     "Encoder",
     "Engine",
     "GRPOConfig",

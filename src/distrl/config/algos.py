@@ -17,6 +17,7 @@ from distrl.config.base import (
     require_fraction,
     require_positive,
 )
+from distrl.config.dqn import DQNConfig
 
 
 @dataclass(frozen=True)
@@ -384,7 +385,13 @@ class GRPOConfig:
         return self.prompts_per_slice * self.slices_per_step
 
 
-ALGO_CONFIGS: dict[str, type] = {"ppo": PPOConfig, "sac": SACConfig, "reinforce": REINFORCEConfig, "grpo": GRPOConfig}
+ALGO_CONFIGS: dict[str, type] = {
+    "ppo": PPOConfig,
+    "sac": SACConfig,
+    "dqn": DQNConfig,
+    "reinforce": REINFORCEConfig,
+    "grpo": GRPOConfig,
+}
 
 # What distrl has that comes closest to an algorithm it does not have, for the refusal to say.
 _CLOSEST = {
@@ -395,7 +402,11 @@ _CLOSEST = {
     "mappo": "ppo on one agent's view (no multi-agent envs yet)",
     "ddpg": "sac (continuous actions, off-policy, twin critics)",
     "td3": "sac (continuous actions, off-policy, twin critics)",
-    "dqn": "ppo for discrete actions (distrl has no value-based algorithm yet); sac for continuous ones",
+    "apex": "dqn --strategy actor-learner (many exploring actors feeding one prioritised replay)",
+    "ddqn": "dqn --double-q",
+    "qrdqn": "dqn (expected values, not quantiles)",
+    "c51": "dqn (expected values, not a distribution)",
+    "rainbow": "dqn --double-q --dueling --n-steps 3 --prioritized-replay (no distributional head or noisy nets)",
     "rloo": "grpo (group-relative advantages, no critic)",
     "dapo": "grpo (group-relative advantages, clipped ratio)",
     "vpg": "reinforce",

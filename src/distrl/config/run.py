@@ -24,6 +24,7 @@ from distrl.config.base import (
     require_fraction,
     require_positive,
 )
+from distrl.config.dqn import DQNConfig
 
 EVAL_STEPS_PER_STEP = 2
 """The default cap on an evaluation's steps, per training step: an evaluation step does no update and costs
@@ -320,19 +321,20 @@ class StrategyConfig:
 def scaled(cfg: Any, strategy: StrategyConfig, world_size: int) -> Any:
     """The algorithm config each worker runs: unchanged per worker, or scaled to match one process.
 
-    ddp: PPO n_steps / N and learning_rate * N. SAC: buffer_size / N, learning_starts / N and
+    ddp: PPO n_steps / N and learning_rate * N. SAC and DQN: buffer_size / N, learning_starts / N and
     learning_rate * N (the recipes of Horovod's distributed PPO and SAC). REINFORCE: episodes_per_iter / N;
     GRPO: slices_per_step / N; their one gradient step per iteration is already the mean over every
     worker's samples, so the learning rate stays.
 
     actor-learner: one learner trains on the union of its workers' batches, as single does on its own, so
     only the collection shrinks: PPO's workers collect n_steps / N each (REINFORCE's already share
-    episodes_per_iter) and the learning rate stays.
+    episodes_per_iter) and the learning rate stays. DQN's and SAC's learner samples its batches from the
+    shared replay whatever the number of actors: nothing changes.
     """
     if strategy.scaling == "per-worker" or world_size == 1:
         return cfg
     if strategy.strategy == "actor-learner":
-        if isinstance(cfg, REINFORCEConfig):
+        if isinstance(cfg, (REINFORCEConfig, SACConfig, DQNConfig)):
             return cfg
         require(
             cfg.n_steps % world_size == 0,
@@ -357,7 +359,7 @@ def scaled(cfg: Any, strategy: StrategyConfig, world_size: int) -> Any:
             f"divisible by the {world_size} workers with --scaling equivalent",
         )
         return dataclasses.replace(cfg, episodes_per_iter=cfg.episodes_per_iter // world_size)
-    if isinstance(cfg, SACConfig):
+    if isinstance(cfg, (SACConfig, DQNConfig)):
         return dataclasses.replace(
             cfg,
             buffer_size=max(cfg.batch_size, cfg.buffer_size // world_size),

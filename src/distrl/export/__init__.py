@@ -27,10 +27,20 @@ from gymnasium import spaces
 from distrl import __version__
 from distrl.config import ConfigError
 from distrl.envs import VecEnv
-from distrl.export.graph import ActingGraph, graph_observations, policy_graph, sac_graph
+from distrl.export.graph import ActingGraph, graph_observations, policy_graph, q_graph, sac_graph
 from distrl.logs import write_json_atomic
 
-__all__ = ["ActingGraph", "Export", "ExportFailed", "Format", "TOLERANCE", "policy_graph", "sac_graph", "write"]
+__all__ = [
+    "ActingGraph",
+    "Export",
+    "ExportFailed",
+    "Format",
+    "TOLERANCE",
+    "policy_graph",
+    "q_graph",
+    "sac_graph",
+    "write",
+]
 
 Format = Literal["onnx", "torchscript"]
 SUFFIX: dict[str, str] = {"onnx": ".onnx", "torchscript": ".pt"}
@@ -303,6 +313,7 @@ ACTIONS = {
         "tanh(mean) scaled to the bounds",
         "tanh(mean + std * noise) (noise standard normal) scaled to the bounds",
     ),
+    "greedy": ("the argmax of the Q values (ties to the lowest index), plus the space's start", ""),
 }
 """What the graph makes of its head outputs, for the metadata: (deterministic, with noise) by action kind."""
 

@@ -38,6 +38,7 @@ from distrl.nets.agent import Agent
 from distrl.nets.core import ParamBuffer
 from distrl.nets.encoders import ActorCriticModule, DictEncoder, MLPHead
 from distrl.nets.module import LOG_STD, ModuleAgent
+from distrl.nets.q import QMLP, ModuleQ, QHeadModule, dueling_q
 from distrl.nets.recurrent import RecurrentActorCritic, RecurrentAgent
 from distrl.nets.sac import LOG_STD_MAX, LOG_STD_MIN, SquashedGaussianActor
 from distrl.nets.sac_module import ModuleSquashedActor, SACActorModule
@@ -348,3 +349,56 @@ def sac_graph(
     inputs = obs_ports + ([_noise_port(spec, sac=True)] if stochastic else [])
     head = ActionHead(spec, "squashed")
     return ActingGraph(inputs, [_action_port(spec)], body, head, None, len(obs_ports), 0, stochastic)
+
+
+class QStreams(nn.Module):
+    """The closed-form Q network's streams as ``nn.Linear`` layers: Q, or V + A - mean(A) with dueling heads."""
+
+    def __init__(self, q: QMLP):
+        super().__init__()
+        self.nets = nn.ModuleList(mlp_copy(q.params, prefix, net.sizes, net.activation) for prefix, net in q.streams())
+        self.dueling = q.dueling
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.dueling:
+            return dueling_q(self.nets[0](x), self.nets[1](x))
+        return self.nets[0](x)
+
+
+class QModuleBody(nn.Module):
+    """A Q module's values; a Dict observation goes to distrl's Dict encoder as its parts."""
+
+    def __init__(self, module: nn.Module, keys: list[str] | None):
+        super().__init__()
+        self.module, self.keys = module, keys
+
+    def forward(self, obs: list[torch.Tensor]) -> torch.Tensor:
+        if self.keys is not None:
+            return self.module.from_features(self.module.encoder.encode(dict(zip(self.keys, obs))))
+        return self.module(obs[0])
+
+
+class GreedyHead(nn.Module):
+    """Q values to the env action: the argmax (ties to the lowest index), offset by the space's start."""
+
+    kind = "greedy"
+
+    def __init__(self, start: int):
+        super().__init__()
+        self.start = start
+
+    def forward(self, q: torch.Tensor, noise: torch.Tensor | None) -> torch.Tensor:
+        return q.argmax(-1) + self.start
+
+
+def q_graph(q: QMLP | ModuleQ, observation_space: spaces.Space, action_space: spaces.Discrete) -> ActingGraph:
+    """The graph of a DQN policy: the Q network's greedy action."""
+    obs_ports = observation_ports(observation_space)
+    body: nn.Module
+    if isinstance(q, QMLP):
+        body = FlatBody(QStreams(q))
+    else:
+        module = weighted_copy(q.module, q.params)
+        body = QModuleBody(module, _dict_keys(observation_space, module, QHeadModule))
+    outputs = [Port("action", (BATCH,), "int64")]
+    return ActingGraph(obs_ports, outputs, body, GreedyHead(int(action_space.start)), None, len(obs_ports), 0, False)

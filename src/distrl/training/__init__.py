@@ -1,4 +1,4 @@
-"""Training loops on one run lifecycle (``RunState``): on-policy (PPO), off-policy (SAC) and episodic (REINFORCE)
+"""Training loops on one run lifecycle (``RunState``): on-policy (PPO), off-policy (SAC), value-based (DQN) and episodic (REINFORCE)
 over environments (``TrainerBase``), and GRPO's over group tasks."""
 
 from __future__ import annotations
@@ -12,10 +12,12 @@ from distrl.training.off_policy import OffPolicyTrainer
 from distrl.training.on_policy import OnPolicyTrainer
 from distrl.training.recorded import configs_from_checkpoint
 from distrl.training.state import RunState, resolve_device
+from distrl.training.value_based import DQNTrainer
 
 TRAINERS: dict[str, Any] = {
     "ppo": OnPolicyTrainer,
     "sac": OffPolicyTrainer,
+    "dqn": DQNTrainer,
     "reinforce": EpisodicTrainer,
     "grpo": GroupTrainer,
 }
@@ -29,6 +31,7 @@ def make_trainer(algo: str, *args: Any, **kwargs: Any) -> Any:
 
 __all__ = [
     "EVAL_SEED_OFFSET",
+    "DQNTrainer",
     "EpisodicTrainer",
     "GroupTrainer",
     "OffPolicyTrainer",

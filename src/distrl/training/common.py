@@ -182,6 +182,17 @@ class TrainerBase(RunState):
         self.update_s += now - update_start
         return now
 
+    def count_episodes(self, finished: int) -> tuple[np.ndarray, np.ndarray]:
+        """Each worker's count of the episodes that ended this iteration ([world_size], ``finished`` here) and the
+        summed stop votes, in one all-reduce; the episodes are added to ``self.episodes``."""
+        counts = np.zeros(self.sync.world_size + 2)
+        counts[self.sync.rank] = finished
+        counts[-2:] = self.stop_votes()
+        counts = self.sync.all_sum(counts) if self.sync.world_size > 1 else counts
+        episodes, votes = counts[:-2], counts[-2:]
+        self.episodes += int(episodes.sum())
+        return episodes, votes
+
     def _crossed(self, every: int, per_iteration: int) -> bool:
         """Whether the last iteration (``per_iteration`` steps) crossed a multiple of ``every`` steps."""
         if every <= 0:

@@ -22,7 +22,35 @@ from distrl.training.common import TrainerBase
 REPLAY_FILE = "replay.safetensors"
 
 
-class OffPolicyTrainer(TrainerBase):
+class ReplayCheckpoints:
+    """The checkpoint hooks of a trainer with a replay buffer (SAC's, DQN's): with ``save_replay`` the main worker
+    keeps its buffer in each checkpoint, and under ddp every other rank keeps its own beside it."""
+
+    cfg: Any
+    replay: Any
+    sync: Sync
+
+    def load_replay(self, path: Path) -> None:
+        if self.cfg.save_replay and (path / REPLAY_FILE).exists():
+            self.replay.load(path / REPLAY_FILE)
+
+    def after_checkpoint(self, path: Path) -> None:
+        if self.cfg.save_replay:
+            self.replay.save(path / REPLAY_FILE)
+
+    def _rank_replay(self, path: Path) -> Path:
+        return path / f"replay-rank{self.sync.rank}.safetensors"
+
+    def save_worker_state(self, path: Path) -> None:
+        path.mkdir(parents=True, exist_ok=True)  # a rank on another machine keeps its buffer there
+        self.replay.save(self._rank_replay(path))
+
+    def load_worker_state(self, path: Path) -> None:
+        if self.cfg.save_replay and self._rank_replay(path).exists():
+            self.replay.load(self._rank_replay(path))
+
+
+class OffPolicyTrainer(ReplayCheckpoints, TrainerBase):
     """Trains SAC on one worker's environments and replay buffer; the main worker logs and checkpoints."""
 
     algo_name = "sac"
@@ -106,12 +134,7 @@ class OffPolicyTrainer(TrainerBase):
                 returns.extend(step.episode_returns.tolist())
                 lengths.extend(step.episode_lengths.tolist())
             self.steps += per_iteration
-            counts = np.zeros(self.sync.world_size + 2)
-            counts[self.sync.rank] = len(returns)
-            counts[-2:] = self.stop_votes()
-            counts = self.sync.all_sum(counts) if self.sync.world_size > 1 else counts
-            episodes, votes = counts[:-2], counts[-2:]
-            self.episodes += int(episodes.sum())
+            episodes, votes = self.count_episodes(len(returns))
             update_start = time.perf_counter()
             metrics: dict[str, float] = {}
             if self.steps >= cfg.learning_starts * self.sync.world_size and self.replay.size >= 1:
@@ -134,23 +157,7 @@ class OffPolicyTrainer(TrainerBase):
 
     def load_state_tensors(self, tensors: dict[str, torch.Tensor], path: Path) -> None:
         self.algo.load_state_tensors(tensors)
-        if self.cfg.save_replay and (path / REPLAY_FILE).exists():
-            self.replay.load(path / REPLAY_FILE)
-
-    def after_checkpoint(self, path: Path) -> None:
-        if self.cfg.save_replay:
-            self.replay.save(path / REPLAY_FILE)
-
-    def _rank_replay(self, path: Path) -> Path:
-        return path / f"replay-rank{self.sync.rank}.safetensors"
-
-    def save_worker_state(self, path: Path) -> None:
-        path.mkdir(parents=True, exist_ok=True)  # a rank on another machine keeps its buffer there
-        self.replay.save(self._rank_replay(path))
-
-    def load_worker_state(self, path: Path) -> None:
-        if self.cfg.save_replay and self._rank_replay(path).exists():
-            self.replay.load(self._rank_replay(path))
+        self.load_replay(path)
 
     def broadcast_tensors(self) -> list[torch.Tensor]:
         return self.algo.broadcast_tensors()
