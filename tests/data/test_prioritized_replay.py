@@ -110,3 +110,38 @@ def test_a_plain_replay_or_another_size_is_refused(tmp_path):
     filled(ReplayBuffer(12, 3, 2)).save(tmp_path / "prioritized.safetensors")
     with pytest.raises(ConfigError, match="holds priorities for 12 rows; this run's buffer_size is 8"):
         PrioritizedReplay(ReplayBuffer(8, 3, 2)).load(tmp_path / "prioritized.safetensors")
+
+
+@pytest.mark.parametrize("buffer_cls", [ReplayBuffer, CompactReplayBuffer])
+def test_initial_priorities_given_with_an_add_are_those_of_its_transitions(buffer_cls):
+    # an actor's initial priorities (Ape-X): one |TD error| per transition added, in order
+    replay = PrioritizedReplay(buffer_cls(20, 3, 2), alpha=1.0, eps=0.5)
+    step = next(episodes(1, n_envs=3))
+    rows = replay.add(*step, priorities=np.array([1.5, 0.0, 3.5]))
+    transition_rows = rows[:3]
+    assert replay.buffer.live(transition_rows).all()
+    np.testing.assert_allclose(replay.sampler.tree.values(transition_rows), [2.0, 0.5, 4.0])  # (|td| + eps)^alpha
+    np.testing.assert_allclose(replay.sampler.tree.values(rows[3:]), 0.0)  # a compact buffer's observation rows
+
+
+def test_many_actors_envs_share_a_compact_buffer_by_their_env_ids():
+    # two actors' envs (ids 0-1 and 2-3) take turns: each env's next transition still reuses its last observation
+    # row, and every stored transition's next observation is its own
+    compact, full = CompactReplayBuffer(200, 3, 2), ReplayBuffer(200, 3, 2)
+    actors = [episodes(30, n_envs=2), episodes(30, n_envs=2)]
+    for _ in range(30):
+        for a, stream in enumerate(actors):
+            obs, actions, rewards, next_obs, terminated, valid = next(stream)
+            obs, next_obs = obs.copy(), next_obs.copy()
+            obs[:, 2] += 2 * a  # the global env id in the observation
+            next_obs[:, 2] += 2 * a
+            ids = np.array([2 * a, 2 * a + 1])
+            compact.add(obs, actions, rewards, next_obs, terminated, valid, env_ids=ids)
+            full.add(obs, actions, rewards, next_obs, terminated, valid, env_ids=ids)
+    assert compact.size == full.size
+    assert compact.filled < 1.5 * full.size  # rows reused across the interleaving (2 x size without it)
+    rows = np.flatnonzero(compact.starts[: compact.filled])
+    batch = compact.take(rows)
+    pairs = {(tuple(o), tuple(n)) for o, n in zip(batch.obs.numpy().tolist(), batch.next_obs.numpy().tolist())}
+    every = full.take(np.arange(full.size))
+    assert pairs == {(tuple(o), tuple(n)) for o, n in zip(every.obs.numpy().tolist(), every.next_obs.numpy().tolist())}

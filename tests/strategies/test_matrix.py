@@ -39,13 +39,31 @@ ALGOS = {  # the smallest budgets that make each algorithm update more than once
         "--learning-rate",
         "0.001",
     ],
+    "dqn": [
+        "CartPole-v1",
+        "--preset",
+        "none",
+        "--total-steps",
+        "160",
+        "--learning-starts",
+        "64",
+        "--batch-size",
+        "16",
+        "--buffer-size",
+        "1000",
+        "--net-arch",
+        "16",
+        "--learning-rate",
+        "0.001",
+    ],
     "reinforce": ["CartPole-v1", "--total-steps", "150", "--episodes-per-iter", "4", "--n-envs", "2"],
     "grpo": ["toy", "--learner-steps", "2"],
 }
 STRATEGIES = ["single", "ddp", "actor-learner", "decoupled", "pipeline"]
 
 # Worked out by hand for two workers: what one update trains on (ppo: env steps, reinforce: episodes,
-# grpo: completions; sac: the effective learning rate, the one thing its scaling shows in a short run).
+# grpo: completions; sac and dqn: the effective learning rate, the one thing their scaling shows in a short run;
+# under actor-learner their learner samples a shared replay, unscaled).
 TRAINS = {
     ("ppo", "single"): (64, 64),
     ("ppo", "ddp"): (128, 64),
@@ -54,6 +72,10 @@ TRAINS = {
     ("ppo", "pipeline"): (64, None),
     ("sac", "single"): (1e-3, 1e-3),
     ("sac", "ddp"): (1e-3, 2e-3),
+    ("sac", "actor-learner"): (1e-3, 1e-3),
+    ("dqn", "single"): (1e-3, 1e-3),
+    ("dqn", "ddp"): (1e-3, 2e-3),
+    ("dqn", "actor-learner"): (1e-3, 1e-3),
     ("reinforce", "single"): (4, 4),
     ("reinforce", "ddp"): (8, 4),
     ("reinforce", "actor-learner"): (4, 4),
@@ -62,8 +84,9 @@ TRAINS = {
     ("grpo", "pipeline"): (512, None),
 }
 UNAVAILABLE = {  # (algo, strategy): the field the error names
-    ("sac", "actor-learner"): "algo='sac'",
     ("sac", "decoupled"): "algo='sac'",
+    ("dqn", "decoupled"): "algo='dqn'",
+    ("dqn", "pipeline"): "strategy='pipeline'",
     ("sac", "pipeline"): "strategy='pipeline'",
     ("reinforce", "decoupled"): "algo='reinforce'",
     ("reinforce", "pipeline"): "strategy='pipeline'",
@@ -83,7 +106,7 @@ def per_update(algo: str, run_dir) -> float:
         return summary["episodes"] / summary["iterations"]
     if algo == "grpo":
         return summary["completions"] / summary["learner_steps"]
-    return json.loads((run_dir / "config.json").read_text())["sac_effective"]["learning_rate"]
+    return json.loads((run_dir / "config.json").read_text())[f"{algo}_effective"]["learning_rate"]
 
 
 @pytest.mark.parametrize("scaling", ["per-worker", "equivalent"])

@@ -183,11 +183,14 @@ def _train(
         run_training(run, algo_cfg, resume_path)
     elif strategy.strategy in ("actor-learner", "pipeline"):
         from distrl.strategies.actor_learner import WorkerError, run_actor_learner
+        from distrl.strategies.apex import run_apex
         from distrl.strategies.pipeline_ppo import run_async_ppo
         from distrl.strategies.pool import GeneratorFailed, PipelineStalled
 
         checkpoint.check_new_run_dir(Path(run.run_dir), resume_path)
         runner = run_actor_learner if strategy.strategy == "actor-learner" else run_async_ppo
+        if strategy.strategy == "actor-learner" and algo in ("dqn", "sac"):
+            runner = run_apex  # distributed prioritised replay (Ape-X)
         try:
             runner(run, strategy, algo_cfg, Path(run.run_dir), resume_path)
         except (WorkerError, GeneratorFailed, PipelineStalled) as exc:

@@ -225,6 +225,10 @@ class SACConfig:
         )
         self.entropy_setting()  # validates ent_coef
 
+    def gradient_steps_per_phase(self) -> int:
+        """Gradient steps after each ``train_freq`` vector steps (as DQNConfig's)."""
+        return self.gradient_steps
+
     def entropy_setting(self) -> tuple[bool, float]:
         """(learned?, initial or fixed value) parsed from ``ent_coef``."""
         text = self.ent_coef.strip()

@@ -256,6 +256,10 @@ class StrategyConfig:
     With 0: 16 slices for grpo, one fragment per generator for ppo."""
     starve_timeout_s: float = 60.0
     """pipeline: the learner fails, naming the stage it waits on, when no data arrives for this long."""
+    replay_ratio: float = 0.0
+    """actor-learner with dqn or sac (Ape-X): samples the learner draws per transition the actors insert. 0 lets
+    both run free (actors never wait; the learner takes gradient_steps per iteration without waiting); a ratio
+    paces them to it (the learner waits for data when ahead and holds the actors back when behind)."""
     engine: Engine = "ray"
     """pipeline: the actor engine: Ray (embedded, or --ray-address), or Monarch process meshes on this
     host (distrl[monarch])."""
@@ -264,6 +268,7 @@ class StrategyConfig:
         require_positive(self, "workers", "timeout_s", "buffer_capacity", "max_reuse", "starve_timeout_s")
         require(self.queue_size >= 0, "queue_size", self.queue_size, ">= 0 (0: the default for the algorithm)")
         require(self.max_policy_lag >= 0, "max_policy_lag", self.max_policy_lag, ">= 0")
+        require(self.replay_ratio >= 0, "replay_ratio", self.replay_ratio, ">= 0 (0: actors and learner run free)")
         require(self.worker_cpus >= 0, "worker_cpus", self.worker_cpus, ">= 0")
         require(self.worker_gpus >= 0, "worker_gpus", self.worker_gpus, ">= 0")
         require(self.max_worker_restarts >= 0, "max_worker_restarts", self.max_worker_restarts, ">= 0")

@@ -166,13 +166,16 @@ class PrioritizedReplay:
     def capacity(self) -> int:
         return self.buffer.capacity
 
-    def add(self, *args: Any, **kwargs: Any) -> np.ndarray:
+    def add(self, *args: Any, priorities: np.ndarray | None = None, **kwargs: Any) -> np.ndarray:
         """The buffer's ``add``; of the rows it wrote, those that begin a transition take the largest priority so
-        far and those that hold only an observation priority 0. Returns the rows."""
+        far (or, with ``priorities``, one |TD error| per transition added, in order: an actor's initial
+        priorities, Ape-X) and those that hold only an observation priority 0. Returns the rows."""
         rows = self.buffer.add(*args, **kwargs)
         live = self.buffer.live(rows)
         self.sampler.added(rows[live])
         self.sampler.removed(rows[~live])
+        if priorities is not None and len(priorities):
+            self.sampler.update(rows[: len(priorities)], priorities)  # a buffer returns transition rows first
         return rows
 
     def sample(

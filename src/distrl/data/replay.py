@@ -126,11 +126,13 @@ class ReplayBuffer:
         valid: np.ndarray,
         *,
         discounts: np.ndarray | None = None,
+        env_ids: np.ndarray | None = None,
     ) -> np.ndarray:
         """Add one vector step [n_envs, ...]; rows with ``valid == False`` (reset steps) are skipped.
 
-        ``discounts`` [n_envs] float32 is given exactly when the buffer stores discounts. Returns the rows
-        written, [number of valid envs] int64 in env order."""
+        ``discounts`` [n_envs] float32 is given exactly when the buffer stores discounts; ``env_ids`` (which env
+        each row comes from) only matters to the compact buffer. Returns the rows written, [number of valid envs]
+        int64 in env order: each is its transition's row."""
         _check_discounts(self.discounts, discounts)
         columns = dict(zip(self.fields, (obs, actions, rewards, next_obs, terminated, discounts)))
         if not valid.all():
@@ -249,34 +251,43 @@ class CompactReplayBuffer:
         valid: np.ndarray,
         *,
         discounts: np.ndarray | None = None,
+        env_ids: np.ndarray | None = None,
     ) -> np.ndarray:
         """Add one vector step [n_envs, ...]; rows with ``valid == False`` (reset steps) are skipped.
 
-        ``discounts`` [n_envs] float32 is given exactly when the buffer stores discounts. Returns every row
-        written, int64: each valid env's transition row (new or reused) and then its next observation's row, which
-        holds only that observation until the env's next step starts from it."""
+        ``discounts`` [n_envs] float32 is given exactly when the buffer stores discounts. ``env_ids`` [n_envs]
+        names the env each row comes from (default 0..n_envs-1), for a buffer that many actors' envs add to: an
+        env's next transition reuses the row of its last observation. Returns every row written, int64: first
+        each valid env's transition row (new or reused) in env order, then the rows of their next observations,
+        which hold only that observation until the env's next step starts from it."""
         _check_discounts(self.discounts, discounts)
-        if len(self.last) != len(valid):
-            self.last = np.full(len(valid), -1, dtype=np.int64)
-        written = []
-        for env in np.flatnonzero(valid):
+        if env_ids is None:
+            env_ids = np.arange(len(valid))
+            if len(self.last) != len(valid):
+                self.last = np.full(len(valid), -1, dtype=np.int64)
+        elif len(self.last) <= env_ids.max(initial=-1):
+            self.last = np.concatenate([self.last, np.full(int(env_ids.max()) + 1 - len(self.last), -1, np.int64)])
+        transitions, observations = [], []
+        for i in np.flatnonzero(valid):
+            env = int(env_ids[i])
             row = int(self.last[env])
-            if row < 0 or not np.array_equal(self.obs[row], obs[env]):
+            if row < 0 or not np.array_equal(self.obs[row], obs[i]):
                 row = self._take()
-                self.obs[row] = obs[env]
+                self.obs[row] = obs[i]
             following = self._take()
-            self.obs[following] = next_obs[env]
-            self.actions[row] = actions[env]
-            self.rewards[row] = rewards[env]
-            self.terminated[row] = terminated[env]
+            self.obs[following] = next_obs[i]
+            self.actions[row] = actions[i]
+            self.rewards[row] = rewards[i]
+            self.terminated[row] = terminated[i]
             if self.discounts is not None:
-                self.discounts[row] = discounts[env]  # type: ignore[index]
+                self.discounts[row] = discounts[i]  # type: ignore[index]
             self.next_row[row] = following
             self.starts[row] = True
             self.size += 1
             self.last[env] = following
-            written += (row, following)
-        return np.array(written, dtype=np.int64)
+            transitions.append(row)
+            observations.append(following)
+        return np.array(transitions + observations, dtype=np.int64)
 
     def live(self, rows: np.ndarray) -> np.ndarray:
         """Whether each row [B] begins a stored transition (False where it holds only an observation, or nothing)."""

@@ -351,7 +351,9 @@ def run_actor_learner(
     from distrl.training import make_trainer
 
     if run.algo not in ("ppo", "reinforce"):
-        raise ConfigError(f"algo={run.algo!r} is not available with --strategy actor-learner: use ppo or reinforce")
+        raise ConfigError(
+            f"algo={run.algo!r} is not available here: run_actor_learner trains ppo or reinforce (dqn and sac: run_apex)"
+        )
     effective = scaled(cfg, strategy, strategy.workers)
     start = time.perf_counter()
     cpus = max(os.cpu_count() or 1, int(np.ceil(strategy.workers * strategy.worker_cpus)))

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -12,14 +14,22 @@ from gymnasium import spaces
 
 from distrl.algos.sac import SACAlgo
 from distrl.config import ConfigError, RunConfig, SACConfig, StrategyConfig
-from distrl.data.replay import CompactReplayBuffer, ReplayBuffer, check_replay_memory
+from distrl.data.replay import CompactReplayBuffer, ReplayBuffer, Transitions, check_replay_memory
 from distrl.env_names import shown_name
 from distrl.nets.factory import PolicySource, make_sac_networks
 from distrl.protocols import Sync
 from distrl.spaces import check_observation_space, stored_layout
 from distrl.training.common import TrainerBase
+from distrl.training.replay_learner import ReplaySource, learn_from_actors
 
 REPLAY_FILE = "replay.safetensors"
+
+
+def make_sac_replay(cfg: SACConfig, obs_shape: tuple[int, ...], obs_dtype: np.dtype | type, action_dim: int) -> Any:
+    """SAC's replay: actions in [-1, 1], each observation once with ``optimize_memory_usage``. The same class
+    serves one process and the shared replay of many actors (``--strategy actor-learner``)."""
+    buffer = CompactReplayBuffer if cfg.optimize_memory_usage else ReplayBuffer
+    return buffer(cfg.buffer_size, obs_shape, action_dim, obs_dtype)
 
 
 class ReplayCheckpoints:
@@ -66,7 +76,10 @@ class OffPolicyTrainer(ReplayCheckpoints, TrainerBase):
         requested: SACConfig | None = None,
         device: torch.device | None = None,
         policy: PolicySource = None,
+        collector_factory: Callable[[OffPolicyTrainer], ReplaySource] | None = None,
     ):
+        """``collector_factory``: actors that collect elsewhere into a replay they share (``--strategy
+        actor-learner``, Ape-X), in place of this process's environments and replay."""
         self.policy_source = policy if policy is not None else run.policy
         super().__init__(run, cfg, sync, run_dir, log, strategy, requested, device)
         space = self.env.single_action_space
@@ -77,8 +90,11 @@ class OffPolicyTrainer(ReplayCheckpoints, TrainerBase):
             self.env.single_observation_space, space, cfg, self.device, run.seed, self.policy_source, run.precision
         )
         self.algo = SACAlgo(cfg, networks, self.device, run.seed)
-        buffer = CompactReplayBuffer if cfg.optimize_memory_usage else ReplayBuffer
-        self.replay = buffer(cfg.buffer_size, self.obs_shape, self.action_dim, self.obs_dtype)
+        self.actors: ReplaySource | None = None
+        self.replay: Any = make_sac_replay(cfg, self.obs_shape, self.obs_dtype, self.action_dim)
+        if collector_factory is not None:
+            self.actors = self.collector = collector_factory(self)
+            self.replay = self.actors.replay  # its holder saves and loads it with checkpoints
         self.env_offset = self.sync.rank * cfg.n_envs
         self.keeps_worker_state = cfg.save_replay  # under ddp each rank keeps its own buffer in checkpoints
         self.start_segment()
@@ -119,6 +135,8 @@ class OffPolicyTrainer(ReplayCheckpoints, TrainerBase):
     def train(self, total_steps: int | None = None, stop_at: int | None = None) -> dict[str, Any]:
         total = total_steps if total_steps is not None else self.run.total_steps
         limit = min(total, stop_at) if stop_at is not None else total
+        if self.actors is not None:
+            return learn_from_actors(self, self.actors, total, limit)
         cfg = self.cfg
         per_iteration = cfg.n_envs * cfg.train_freq * self.sync.world_size
         while self.steps < limit:
@@ -146,6 +164,24 @@ class OffPolicyTrainer(ReplayCheckpoints, TrainerBase):
             if self.end_of_iteration(per_iteration, votes, self.steps < total):
                 break
         return self.summary()
+
+    def learner_step(self, batch: Transitions, progress: float) -> tuple[dict[str, float], np.ndarray | None]:
+        """One gradient step (SAC samples uniformly: no TD errors go back)."""
+        return self.algo.update(batch, self.sync), None
+
+    def beta(self, progress: float) -> float:
+        return 1.0
+
+    def after_steps(self, new_steps: int) -> None:
+        """SAC's target critics follow its gradient steps, not the env steps."""
+
+    def replay_recipe(self) -> functools.partial:
+        """How to make this run's replay elsewhere (the holder of a replay that many actors share)."""
+        return functools.partial(make_sac_replay, self.cfg, self.obs_shape, self.obs_dtype, self.action_dim)
+
+    def weights(self) -> dict[str, Any]:
+        """What actors collecting elsewhere act with: the policy version and the actor's parameters."""
+        return {"version": self.policy_version, "params": self.algo.actor.params.flat()}
 
     def act_for_eval(self, obs: np.ndarray, starts: np.ndarray) -> np.ndarray:
         return self.to_env(self.algo.actor.act(obs.astype(self.obs_dtype), None))

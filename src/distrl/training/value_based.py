@@ -3,7 +3,9 @@ log → evaluate → checkpoint."""
 
 from __future__ import annotations
 
+import functools
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,13 +17,14 @@ from distrl.algos.dqn import DQNAlgo
 from distrl.config import ConfigError, DQNConfig, RunConfig, StrategyConfig
 from distrl.data.nstep import NStepAccumulator, NStepBatch
 from distrl.data.prioritized import PrioritizedReplay
-from distrl.data.replay import CompactReplayBuffer, ReplayBuffer, check_replay_memory
+from distrl.data.replay import CompactReplayBuffer, ReplayBuffer, Transitions, check_replay_memory
 from distrl.env_names import shown_name
 from distrl.nets.factory import PolicySource, make_q_network
 from distrl.protocols import Sync
 from distrl.spaces import check_observation_space, stored_layout
 from distrl.training.common import TrainerBase
 from distrl.training.off_policy import ReplayCheckpoints
+from distrl.training.replay_learner import ReplaySource, learn_from_actors
 
 ACTION_BYTES = 8
 """An action is stored as one int64 per transition."""
@@ -85,7 +88,10 @@ class DQNTrainer(ReplayCheckpoints, TrainerBase):
         requested: DQNConfig | None = None,
         device: torch.device | None = None,
         policy: PolicySource = None,
+        collector_factory: Callable[[DQNTrainer], ReplaySource] | None = None,
     ):
+        """``collector_factory``: actors that collect elsewhere into a replay they share (``--strategy
+        actor-learner``, Ape-X), in place of this process's environments and replay."""
         self.policy_source = policy if policy is not None else run.policy
         super().__init__(run, cfg, sync, run_dir, log, strategy, requested, device)
         obs_space, space = self.env.single_observation_space, self.env.single_action_space
@@ -93,7 +99,11 @@ class DQNTrainer(ReplayCheckpoints, TrainerBase):
         self.n_actions, self.action_start = int(space.n), int(space.start)
         build = (obs_space, space, cfg, self.device, run.seed, self.policy_source, run.precision)
         self.algo = DQNAlgo(cfg, make_q_network(*build), make_q_network(*build), self.device)
-        self.replay = make_replay(cfg, self.obs_shape, self.obs_dtype)
+        self.actors: ReplaySource | None = None
+        self.replay: Any = make_replay(cfg, self.obs_shape, self.obs_dtype)
+        if collector_factory is not None:
+            self.actors = self.collector = collector_factory(self)
+            self.replay = self.actors.replay  # its holder saves and loads it with checkpoints
         self.nstep = NStepAccumulator(cfg.n_envs, cfg.n_steps, cfg.gamma) if cfg.n_steps > 1 else None
         self.env_offset = self.sync.rank * cfg.n_envs
         self.keeps_worker_state = cfg.save_replay  # under ddp each rank keeps its own buffer in checkpoints
@@ -159,6 +169,8 @@ class DQNTrainer(ReplayCheckpoints, TrainerBase):
     def train(self, total_steps: int | None = None, stop_at: int | None = None) -> dict[str, Any]:
         total = total_steps if total_steps is not None else self.run.total_steps
         limit = min(total, stop_at) if stop_at is not None else total
+        if self.actors is not None:
+            return learn_from_actors(self, self.actors, total, limit)
         cfg = self.cfg
         per_iteration = cfg.n_envs * cfg.train_freq * self.sync.world_size
         while self.steps < limit:
@@ -199,17 +211,39 @@ class DQNTrainer(ReplayCheckpoints, TrainerBase):
                 break
         return self.summary()
 
+    def after_steps(self, new_steps: int) -> None:
+        """Target network updates for every multiple of ``target_update_interval`` the last ``new_steps`` env steps
+        crossed: stable-baselines3 updates while collecting, before the phase's gradient steps."""
+        every = self.cfg.target_update_interval
+        self.algo.update_target(self.steps // every - (self.steps - new_steps) // every)
+
+    def beta(self, progress: float) -> float:
+        return self.cfg.beta(progress)
+
+    def learner_step(self, batch: Transitions, progress: float) -> tuple[dict[str, float], np.ndarray | None]:
+        """One gradient step; the batch's TD errors when its replay samples by priority."""
+        metrics, errors = self.algo.update(batch, self.sync)
+        if self.cfg.prioritized_replay:
+            metrics["replay/beta"] = self.beta(progress)
+            return metrics, errors
+        return metrics, None
+
     def _gradient_steps(self, n: int, progress: float) -> dict[str, float]:
         metrics: dict[str, float] = {}
-        beta = self.cfg.beta(progress)
         for _ in range(n):
-            batch = self.replay.sample(self.cfg.batch_size, self.sample_rng, self.device, beta)
-            metrics, errors = self.algo.update(batch, self.sync)
-            if isinstance(self.replay, PrioritizedReplay):
+            batch = self.replay.sample(self.cfg.batch_size, self.sample_rng, self.device, self.beta(progress))
+            metrics, errors = self.learner_step(batch, progress)
+            if errors is not None:
                 self.replay.update_priorities(batch.rows, errors)
-        if isinstance(self.replay, PrioritizedReplay):
-            metrics["replay/beta"] = beta
         return metrics
+
+    def replay_recipe(self) -> functools.partial:
+        """How to make this run's replay elsewhere (the holder of a replay that many actors share)."""
+        return functools.partial(make_replay, self.cfg, self.obs_shape, self.obs_dtype)
+
+    def weights(self) -> dict[str, Any]:
+        """What actors collecting elsewhere act with: the policy version and the Q network's parameters."""
+        return {"version": self.policy_version, "params": self.algo.q.params.flat()}
 
     def act_for_eval(self, obs: np.ndarray, starts: np.ndarray) -> np.ndarray:
         return self.algo.q.act(obs.astype(self.obs_dtype, copy=False)) + self.action_start

@@ -1,0 +1,110 @@
+"""actor-learner for dqn and sac (Ape-X): learning, a killed actor, a lost replay holder, pacing and lag figures."""
+
+import os
+import signal
+
+import numpy as np
+import pytest
+
+from distrl.config import DQNConfig, RunConfig, SACConfig, StrategyConfig
+from distrl.strategies.actors import RayActors
+from distrl.strategies.apex import ApexSource
+from distrl.strategies.replay_actors import ReplayHolderLost, actor_epsilon
+from distrl.training import DQNTrainer, OffPolicyTrainer
+
+pytestmark = pytest.mark.multiprocess
+
+# tests/test_dqn_runs.py's quick CartPole setting: 32 gradient steps of 64 per 64 env steps, a replay ratio of 32
+FAST_CARTPOLE = dict(
+    learning_rate=2.3e-3,
+    batch_size=64,
+    buffer_size=50_000,
+    learning_starts=1000,
+    target_update_interval=10,
+    train_freq=64,
+    gradient_steps=32,
+    exploration_fraction=0.16,
+    exploration_final_eps=0.04,
+    net_arch=(64, 64),
+)
+
+
+def apex(ray, cls=DQNTrainer, cfg=None, env="CartPole-v1", total_steps=10**9, workers=2, **strategy):
+    strategy = StrategyConfig(strategy="actor-learner", workers=workers, **strategy)
+    run = RunConfig(env=env, seed=0, vec="sync", quiet=True, total_steps=total_steps, eval_every=5000)
+    return cls(
+        run,
+        cfg or DQNConfig(learning_starts=256, batch_size=32, buffer_size=5000, net_arch=(16,)),
+        strategy=strategy,
+        collector_factory=lambda t: ApexSource(t, strategy, RayActors(ray)),
+    )
+
+
+def actor_pids(trainer):
+    source = trainer.actors
+    return [source.engine.result(source.engine.call(a, "where"), 30)["pid"] for a in source.pool.actors]
+
+
+def test_ape_x_epsilons():
+    assert actor_epsilon(0, 1) == 0.4
+    assert [round(actor_epsilon(i, 3), 6) for i in range(3)] == [0.4, round(0.4**4.5, 6), round(0.4**8, 6)]
+
+
+def test_two_actors_learn_cartpole_at_the_single_process_replay_ratio(ray_local):
+    trainer = apex(ray_local, cfg=DQNConfig(**FAST_CARTPOLE), total_steps=40_000, replay_ratio=32.0)
+    trainer.run = trainer.run.replace(target_return=475.0)
+    trainer.train()
+    summary = trainer.summary()
+    trainer.close()
+    assert trainer.last_eval[0] >= 475
+    assert summary["replay_ratio_measured"] == pytest.approx(32.0, rel=0.15)  # paced to the ratio asked for
+    assert summary["insert_rate"] > 0 and summary["sample_rate"] > 0
+    assert 0 <= summary["lag_mean"] <= summary["lag_p95"] <= summary["lag_max"]
+
+
+def test_a_killed_actor_is_replaced_and_the_run_completes(ray_local):
+    trainer = apex(ray_local, total_steps=2_000)
+    trainer.train(stop_at=600)
+    victim = actor_pids(trainer)[1]
+    os.kill(victim, signal.SIGKILL)
+    trainer.train()
+    assert trainer.steps >= 2_000
+    assert trainer.actors.pool.restarts == [0, 1]
+    assert actor_pids(trainer)[1] != victim
+    assert any("generator 1 died" in e for e in trainer.events), trainer.events
+    trainer.close()
+
+
+def test_the_replay_holders_loss_is_named_and_ends_the_run(ray_local):
+    trainer = apex(ray_local, total_steps=5_000)
+    trainer.train(stop_at=600)
+    source = trainer.actors
+    holder = source.engine.result(source.engine.call(source.holder, "where"), 30)["pid"]
+    os.kill(holder, signal.SIGKILL)
+    with pytest.raises(ReplayHolderLost, match=r"the replay holder \(pid \d+ on .*\) failed: .*--resume continues"):
+        trainer.train()
+    trainer.close()
+
+
+def test_free_running_actors_and_learner_report_rates_lag_and_replay_size(ray_local):
+    trainer = apex(ray_local, total_steps=3_000)
+    trainer.train()
+    summary = trainer.summary()
+    trainer.close()
+    # every env step is a transition or the reset step after an episode (one per episode but those whose reset
+    # falls in an actor's next push): the replay received every transition the counted steps made
+    assert 0 <= summary["total_steps"] - summary["replay_inserted"] - summary["episodes"] <= 2
+    assert summary["replay_size"] == summary["replay_inserted"]  # below the buffer's 5,000
+    assert summary["gradient_steps"] > 0 and summary["replay_sampled"] == 32 * summary["gradient_steps"]
+    assert summary["lag_max"] >= 1  # data collected before the learner's latest versions was trained on
+    assert np.isfinite(summary["insert_rate"])
+
+
+@pytest.mark.slow  # learning: SAC's gradient step, not the env, bounds it
+def test_sac_with_two_actors_reaches_minus_200_on_pendulum(ray_local):
+    cfg = SACConfig(learning_rate=1e-3, learning_starts=500, net_arch=(64, 64))
+    trainer = apex(ray_local, cls=OffPolicyTrainer, cfg=cfg, env="Pendulum-v1", total_steps=15_000, replay_ratio=256.0)
+    trainer.run = trainer.run.replace(target_return=-200.0)
+    trainer.train()
+    trainer.close()
+    assert trainer.last_eval[0] >= -200
