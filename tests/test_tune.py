@@ -182,6 +182,10 @@ def test_the_space_keeps_only_what_a_trial_can_train_within_its_budget(tmp_path)
     assert (narrowed.low, narrowed.high, narrowed.step) == (16, 288, 16)  # the last step with 8 x n_steps <= 2400
     assert trial_steps("ppo", {"n_envs": 8, "n_steps": 256}, 12_000, 5) == 10_240  # whole rollouts, not past
     assert trial_steps("sac", {"train_freq": 64}, 1000, 5) == 960
+    dqn = fit_space("dqn", build_space("dqn"), {}, budget=20_000, evaluations=5)
+    assert dqn.distributions["train_freq"].choices == (1, 4, 8, 16, 128, 256, 1000)  # all <= 4000
+    assert dqn.distributions["learning_starts"].choices == (0, 1000, 5000)  # 10000 would leave under half
+    assert build_space("dqn").values({"train_freq": 16})["gradient_steps"] == 16
     assert trial_steps("reinforce", {"episodes_per_iter": 8}, 1000, 5) == 1000  # episodes: known as they end
     with pytest.raises(ConfigError, match=r"n_steps=256 × n_envs=16 = 4096 steps is not allowed with budget_steps="):
         trial_steps("ppo", {"n_envs": 16, "n_steps": 256}, 12_000, 5)  # a space sampling n_envs can combine these

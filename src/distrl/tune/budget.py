@@ -7,7 +7,7 @@ trial's ``total_steps`` is set so that it never trains past the budget:
   rollout fits in ``budget_steps / evaluations`` (every evaluation follows an update of its own), and
   a trial trains the most whole rollouts the budget holds: at least ``budget_steps × (1 - 1 /
   evaluations)`` steps, at most ``budget_steps``.
-* sac: an iteration is ``train_freq × n_envs`` steps, kept like ppo's rollout. The budget counts the
+* sac and dqn: an iteration is ``train_freq × n_envs`` steps, kept like ppo's rollout. The budget counts the
   ``learning_starts`` steps of random actions too, and the space keeps the ``learning_starts`` below
   half of it: a trial learns for half its budget or more.
 * reinforce: an iteration is ``episodes_per_iter`` whole episodes, whose length is known only once
@@ -26,7 +26,7 @@ from typing import Any
 from distrl.config import ALGO_CONFIGS, ConfigError
 from distrl.tune.space import Space
 
-ITERATION_FIELD = {"ppo": "n_steps", "sac": "train_freq"}
+ITERATION_FIELD = {"ppo": "n_steps", "sac": "train_freq", "dqn": "train_freq"}
 """The field that, times ``n_envs``, is the steps of one iteration, for the algorithms whose iterations
 have a fixed length."""
 
@@ -48,7 +48,7 @@ def fit_space(algo: str, space: Space, base: dict[str, Any], budget: int, evalua
                 f"(evaluations={evaluations}); or give fewer --evaluations"
             ),
         )
-    if algo == "sac":
+    if algo in ("sac", "dqn"):
         least = _smallest("learning_starts", space, base, algo)
         _keep_below(
             "learning_starts",

@@ -60,6 +60,20 @@ DEFAULT_SPACES: dict[str, dict[str, Any]] = {
         "tau": [0.001, 0.005, 0.01, 0.02, 0.05, 0.08],
         "net_arch": ["small", "medium", "big"],
     },
+    # rl-baselines3-zoo's DQN sampler's ranges
+    "dqn": {
+        "gamma": [0.9, 0.99, 0.995, 0.999, 0.9999],
+        "learning_rate": _log(1e-5, 0.1),
+        "batch_size": [16, 32, 64, 100, 128, 256, 512],
+        "buffer_size": [10_000, 50_000, 100_000, 1_000_000],
+        "exploration_final_eps": {"type": "float", "low": 0.0, "high": 0.2},
+        "exploration_fraction": {"type": "float", "low": 0.0, "high": 0.5},
+        "target_update_interval": [1, 1000, 5000, 10_000, 15_000, 20_000],
+        "learning_starts": [0, 1000, 5000, 10_000, 20_000],
+        "train_freq": [1, 4, 8, 16, 128, 256, 1000],
+        "gradient_steps": {"same_as": "train_freq"},
+        "net_arch": ["tiny", "small", "medium"],
+    },
     "reinforce": {
         "learning_rate": _log(1e-4, 0.01),
         "gamma": [0.9, 0.95, 0.98, 0.99, 0.995, 0.999],
