@@ -108,3 +108,38 @@ def test_sac_with_two_actors_reaches_minus_200_on_pendulum(ray_local):
     trainer.train()
     trainer.close()
     assert trainer.last_eval[0] >= -200
+
+
+def test_the_shared_replay_is_saved_with_checkpoints_and_comes_back_on_resume(ray_local, tmp_path):
+    from distrl import checkpoint
+
+    cfg = DQNConfig(learning_starts=256, batch_size=32, buffer_size=5000, net_arch=(16,), save_replay=True)
+    strategy = StrategyConfig(strategy="actor-learner", workers=2)
+
+    def trainer():
+        run = RunConfig(
+            env="CartPole-v1",
+            seed=0,
+            vec="sync",
+            quiet=True,
+            total_steps=1_500,
+            checkpoint_every=512,
+            run_dir=str(tmp_path / "run"),
+        )
+        factory = lambda t: ApexSource(t, strategy, RayActors(ray_local))  # noqa: E731
+        return DQNTrainer(run, cfg, run_dir=tmp_path / "run", strategy=strategy, collector_factory=factory)
+
+    first = trainer()
+    first.train()
+    first.close()
+    latest = checkpoint.find_latest(tmp_path / "run")
+    assert (latest / "replay.safetensors").exists()
+    resumed = trainer()
+    resumed.load_checkpoint(latest)
+    assert resumed.replay.size > 256 and resumed.actors.inserted == resumed.replay.size
+    at_load = resumed.algo.gradient_steps
+    resumed.train(stop_at=resumed.steps + 1)  # one iteration: it learns at once from the replay it got back
+    assert resumed.algo.gradient_steps > at_load
+    resumed.train()
+    assert resumed.steps >= 1_500
+    resumed.close()
