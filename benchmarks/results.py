@@ -45,6 +45,7 @@ REFERENCES = {
     ("sac", "Ant-v5"): "RL Zoo 4616",
     ("ppo", "CartPole-v1"): "solved at 475",
     ("sac", "Pendulum-v1"): "solved at -200",
+    ("dqn", "LunarLander-v3"): "RL Zoo 154 ± 79 (v2, 100k steps)",
 }
 # Published PPO Atari curves at the same agent-step counts, with PPO's Atari settings (8 envs x 128 steps,
 # 4 epochs x 4 minibatches, lr 2.5e-4 and clip 0.1 annealed, ent 0.01) on NoFrameskip-v4: no sticky actions,
@@ -76,6 +77,7 @@ SHORT = {
     "Ant-v5": "ant",
     "CartPole-v1": "cartpole",
     "Pendulum-v1": "pendulum",
+    "LunarLander-v3": "lunarlander",
     "ALE/Breakout-v5": "breakout",
     "ALE/Pong-v5": "pong",
 }

@@ -1,13 +1,14 @@
-"""stable-baselines3 PPO with a distrl preset: a reference run on the same env version.
+"""stable-baselines3 PPO or DQN with a distrl preset: a reference run on the same env version.
 
     python benchmarks/sb3_reference.py Hopper-v5 --seed 0 --steps 1000000 [--preset hopper-zoo]
+    python benchmarks/sb3_reference.py LunarLander-v3 --algo dqn --seed 0 --steps 100000
     python benchmarks/results.py      # lists the kept reference runs in docs/results.md
 
 The published figures distrl's presets come from were measured on v3/v4 MuJoCo envs. This
-trains stable-baselines3 with exactly the hyperparameters of ``distrl train ppo ENV --preset
-PRESET`` (``auto`` by default; translated field by field, VecNormalize for the normalisers)
+trains stable-baselines3 with exactly the hyperparameters of ``distrl train ALGO ENV --preset
+PRESET`` (``auto`` by default; translated field by field, VecNormalize for PPO's normalisers)
 on the env distrl uses, and keeps its episode log and a summary under
-docs/results/sb3/sb3-ppo-ENV-PRESET-sSEED/.
+docs/results/sb3/sb3-ALGO-ENV-PRESET-sSEED/.
 """
 
 from __future__ import annotations
@@ -66,6 +67,42 @@ def sb3_ppo(env_id: str, seed: int, preset: str = "auto"):
     return model
 
 
+def sb3_dqn(env_id: str, seed: int, preset: str = "auto"):
+    """An SB3 DQN model configured like distrl's ``preset`` for ``env_id`` (vector observations: MlpPolicy)."""
+    import torch
+    from stable_baselines3 import DQN
+    from stable_baselines3.common.env_util import make_vec_env
+
+    from distrl.presets import algo_configs
+
+    _, cfg, _ = algo_configs("dqn", env_id, preset)
+    if cfg.double_q or cfg.dueling or cfg.prioritized_replay or cfg.n_steps > 1:
+        raise SystemExit(
+            "sb3_reference.py: stable-baselines3's DQN has no double, dueling, prioritised or n-step option"
+        )
+    activation = {"tanh": torch.nn.Tanh, "relu": torch.nn.ReLU}[cfg.activation]
+    return DQN(
+        "MlpPolicy",
+        make_vec_env(env_id, n_envs=cfg.n_envs, seed=seed),
+        learning_rate=cfg.learning_rate,
+        buffer_size=cfg.buffer_size,
+        learning_starts=cfg.learning_starts,
+        batch_size=cfg.batch_size,
+        tau=cfg.tau,
+        gamma=cfg.gamma,
+        train_freq=cfg.train_freq,
+        gradient_steps=cfg.gradient_steps,
+        target_update_interval=cfg.target_update_interval,
+        exploration_fraction=cfg.exploration_fraction,
+        exploration_initial_eps=cfg.exploration_initial_eps,
+        exploration_final_eps=cfg.exploration_final_eps,
+        max_grad_norm=cfg.max_grad_norm,
+        seed=seed,
+        device="cpu",
+        policy_kwargs=dict(net_arch=list(cfg.net_arch), activation_fn=activation),
+    )
+
+
 def main() -> None:
     import torch
     from stable_baselines3.common.callbacks import BaseCallback
@@ -75,14 +112,15 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--steps", type=int, default=1_000_000)
     parser.add_argument("--preset", default="auto")
+    parser.add_argument("--algo", choices=("ppo", "dqn"), default="ppo")
     args = parser.parse_args()
     from distrl.presets import resolve_preset
 
-    preset, _ = resolve_preset("ppo", args.env, args.preset)
+    preset, _ = resolve_preset(args.algo, args.env, args.preset)
     torch.set_num_threads(1)
-    out = OUT / f"sb3-ppo-{args.env}-{preset}-s{args.seed}"
+    out = OUT / f"sb3-{args.algo}-{args.env}-{preset}-s{args.seed}"
     out.mkdir(parents=True, exist_ok=True)
-    model = sb3_ppo(args.env, args.seed, preset)
+    model = (sb3_ppo if args.algo == "ppo" else sb3_dqn)(args.env, args.seed, preset)
     start = time.perf_counter()
 
     class EpisodeLog(BaseCallback):
@@ -111,7 +149,7 @@ def main() -> None:
         json.dumps(
             {
                 "library": f"stable-baselines3 {stable_baselines3.__version__}",
-                "algo": "ppo",
+                "algo": args.algo,
                 "env": args.env,
                 "seed": args.seed,
                 "total_steps": args.steps,

@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -347,14 +348,29 @@ def run_actor_learner(
 ) -> dict[str, Any]:
     """Train with ``strategy.workers`` Ray rollout workers and this process as the learner."""
     from distrl.config import ConfigError, scaled
-    from distrl.strategies.ray_engine import ray_session
-    from distrl.training import make_trainer
 
     if run.algo not in ("ppo", "reinforce"):
         raise ConfigError(
             f"algo={run.algo!r} is not available here: run_actor_learner trains ppo or reinforce (dqn and sac: run_apex)"
         )
     effective = scaled(cfg, strategy, strategy.workers)
+    return train_with_ray_actors(run, strategy, cfg, effective, run_dir, resume_path, RemoteCollector)
+
+
+def train_with_ray_actors(
+    run: RunConfig,
+    strategy: StrategyConfig,
+    cfg: Any,
+    effective: Any,
+    run_dir: Any,
+    resume_path: Any,
+    source: Callable[[Any, StrategyConfig, ActorEngine], Any],
+) -> dict[str, Any]:
+    """Run ``run.algo``'s trainer here on ``effective`` (``cfg`` as asked for), collecting through
+    ``source(trainer, strategy, engine)``: Ray actors on an embedded instance or the cluster at ``--ray-address``."""
+    from distrl.strategies.ray_engine import ray_session
+    from distrl.training import make_trainer
+
     start = time.perf_counter()
     cpus = max(os.cpu_count() or 1, int(np.ceil(strategy.workers * strategy.worker_cpus)))
     with ray_session(strategy.ray_address, run_dir, num_cpus=cpus, debug=run.debug) as ray:
@@ -366,7 +382,7 @@ def run_actor_learner(
             run_dir=run_dir,
             strategy=strategy,
             requested=cfg,
-            collector_factory=lambda t: RemoteCollector(t, strategy, RayActors(ray)),
+            collector_factory=lambda t: source(t, strategy, RayActors(ray)),
         )
         return trainer.run_to_end(resume_path, start)
 

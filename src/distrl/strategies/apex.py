@@ -11,7 +11,6 @@ and sample rates.
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ import torch
 from distrl.config import RunConfig, StrategyConfig
 from distrl.data.replay import Transitions
 from distrl.data.wire import pack, unpack
-from distrl.strategies.actors import ActorDied, ActorEngine, ActorRaised, RayActors, resolve_placements
+from distrl.strategies.actors import ActorDied, ActorEngine, ActorRaised, resolve_placements
 from distrl.strategies.pool import GeneratorPool, PipelineStalled
 from distrl.strategies.replay_actors import PUSH_STEPS, ActorSpec, ReplayActor, ReplayHolder, ReplayHolderLost
 from distrl.training.replay_learner import Arrivals
@@ -229,21 +228,8 @@ class ApexSource:
 def run_apex(
     run: RunConfig, strategy: StrategyConfig, cfg: Any, run_dir: Path, resume_path: Path | None = None
 ) -> dict[str, Any]:
-    """DQN or SAC with ``strategy.workers`` replay actors feeding a shared replay and this process's learner."""
-    from distrl.strategies.actor_learner import _check_resources
-    from distrl.strategies.ray_engine import ray_session
-    from distrl.training import make_trainer
+    """DQN or SAC with ``strategy.workers`` replay actors feeding a shared replay and this process's learner (its
+    config unscaled: the learner samples its batches from the replay whatever the number of actors)."""
+    from distrl.strategies.actor_learner import train_with_ray_actors
 
-    start = time.perf_counter()
-    cpus = max(os.cpu_count() or 1, int(np.ceil(strategy.workers * strategy.worker_cpus)))
-    with ray_session(strategy.ray_address, run_dir, num_cpus=cpus, debug=run.debug) as ray:
-        _check_resources(ray, strategy)
-        trainer = make_trainer(
-            run.algo,
-            run,
-            cfg,
-            run_dir=run_dir,
-            strategy=strategy,
-            collector_factory=lambda t: ApexSource(t, strategy, RayActors(ray)),
-        )
-        return trainer.run_to_end(resume_path, start)
+    return train_with_ray_actors(run, strategy, cfg, cfg, run_dir, resume_path, ApexSource)

@@ -115,11 +115,6 @@ class DQNTrainer(ReplayCheckpoints, TrainerBase):
     def check_spaces(cls, env_id: str, observation_space: Any, action_space: Any, cfg: Any) -> None:
         check_dqn_spaces(env_id, observation_space, action_space, cfg)
 
-    @property
-    def agent(self) -> Any:
-        """The Q network: what acts, is exported and evaluated."""
-        return self.algo.q
-
     def start_segment(self) -> None:
         """Restart environments, exploration and replay sampling from the step count; n-step transitions under
         way end where the segment does, bootstrapping from the observation each environment was at."""
@@ -247,9 +242,6 @@ class DQNTrainer(ReplayCheckpoints, TrainerBase):
 
     def act_for_eval(self, obs: np.ndarray, starts: np.ndarray) -> np.ndarray:
         return self.algo.q.act(obs.astype(self.obs_dtype, copy=False)) + self.action_start
-
-    def greedy_actions(self, obs: np.ndarray, starts: np.ndarray) -> np.ndarray:
-        return self.algo.q.act(obs)
 
     # ---- state ----
 

@@ -91,7 +91,10 @@ class PBTStudy:
         base.pop("total_steps", None)
         base = {k: list(v) if isinstance(v, tuple) else v for k, v in base.items()}
         base.update({k: list(v) if isinstance(v, tuple) else v for k, v in space.fixed.items()})
-        if algo in ("sac", "dqn"):  # a copy takes the source's replay buffer too (space file: save_replay: false saves disk)
+        if algo in (
+            "sac",
+            "dqn",
+        ):  # a copy takes the source's replay buffer too (space file: save_replay: false saves disk)
             base.setdefault("save_replay", True)
         space = fit_interval(algo, fit_space(algo, space, base, args.budget_steps, 1), base, self.interval)
         space = one_choice_fixed(space, base)
