@@ -74,18 +74,28 @@ def test_the_replay_holders_loss_is_named_and_ends_the_run(ray_local):
     trainer.close()
 
 
-def test_free_running_actors_and_learner_report_rates_lag_and_replay_size(ray_local):
-    trainer = apex(ray_local, total_steps=3_000)
+def test_free_running_actors_with_priorities_and_n_step_report_rates_lag_and_replay_size(ray_local):
+    # the actors compute initial priorities and push 3-step transitions; the holder stores both
+    cfg = DQNConfig(
+        learning_starts=256, batch_size=32, buffer_size=5000, net_arch=(16,), prioritized_replay=True, n_steps=3
+    )
+    trainer = apex(ray_local, cfg=cfg, total_steps=3_000)
     trainer.train()
     summary = trainer.summary()
+    source = trainer.actors
+    priorities = source.engine.result(source.engine.call(source.holder, "sample", 1, 64, 1.0), 30)
     trainer.close()
-    # every env step is a transition or the reset step after an episode (one per episode but those whose reset
-    # falls in an actor's next push): the replay received every transition the counted steps made
-    assert 0 <= summary["total_steps"] - summary["replay_inserted"] - summary["episodes"] <= 2
+    # every env step is a transition or the reset step after an episode; an actor still holds up to 2 steps of
+    # 3-step transitions, and an episode's reset may fall in its next push
+    assert 0 <= summary["total_steps"] - summary["replay_inserted"] - summary["episodes"] <= 2 * 3
     assert summary["replay_size"] == summary["replay_inserted"]  # below the buffer's 5,000
     assert summary["gradient_steps"] > 0 and summary["replay_sampled"] == 32 * summary["gradient_steps"]
     assert summary["lag_max"] >= 1  # data collected before the learner's latest versions was trained on
     assert np.isfinite(summary["insert_rate"])
+    from distrl.data.wire import unpack
+
+    weights = unpack(priorities)["weights"]
+    assert weights.max() == pytest.approx(1.0) and weights.min() < 1.0  # drawn by priority: unequal weights
 
 
 @pytest.mark.slow  # learning: SAC's gradient step, not the env, bounds it

@@ -20,6 +20,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -30,7 +31,7 @@ from distrl.strategies.actor_learner import WorkerError
 from distrl.strategies.actors import as_array, placement
 
 PUSH_STEPS = 64
-"""Vector steps an actor collects between pushes (Ape-X's actors send every 50 steps; a power of two here)."""
+"""Vector steps an actor collects between pushes: one push, and one round trip to the holder, per 64 steps."""
 
 APEX_EPS, APEX_ALPHA = 0.4, 7.0
 """Ape-X's per-actor exploration: actor i of N acts epsilon-greedily with eps^(1 + alpha i / (N - 1))."""
@@ -74,7 +75,6 @@ class ReplayHolder:
         self.prioritized = isinstance(self.replay, PrioritizedReplay)
         self.versions = np.zeros(self.replay.capacity, dtype=np.int64)
         self.rng = np.random.default_rng([seed, 0xA9E])
-        self.inserted = self.sampled = 0
 
     def where(self) -> dict[str, Any]:
         return placement()
@@ -96,7 +96,6 @@ class ReplayHolder:
             rows = self.replay.add(*step, env_ids=data["env_ids"], **more)
             self.versions[rows[:n]] = int(data["version"])
             added += n
-        self.inserted += added
         return added
 
     def sample(self, n: int, batch_size: int, beta: float) -> bytes:
@@ -107,24 +106,17 @@ class ReplayHolder:
             if getattr(batches[0], f) is not None:
                 fields[f] = np.stack([getattr(b, f).numpy() for b in batches])
         rows = np.stack([b.rows for b in batches])
-        self.sampled += n * batch_size
         return pack({**fields, "rows": rows, "versions": self.versions[rows]})
 
     def update_priorities(self, message: bytes) -> None:
         data = unpack(message)
         self.replay.update_priorities(data["rows"], data["errors"])
 
-    def counters(self) -> dict[str, int]:
-        return {"size": int(self.replay.size), "inserted": self.inserted, "sampled": self.sampled}
-
     def save(self, path: str) -> None:
-        from pathlib import Path
-
         self.replay.save(Path(path))
 
     def load(self, path: str) -> int:
-        from pathlib import Path
-
+        """Restore the replay a checkpoint kept; returns how many transitions it holds."""
         self.replay.load(Path(path))
         return int(self.replay.size)
 
