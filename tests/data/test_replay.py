@@ -11,7 +11,7 @@ from safetensors.numpy import load_file, save_file
 from distrl import checkpoint
 from distrl.cli import main
 from distrl.config import ConfigError, SACConfig
-from distrl.data import replay
+from distrl.data import replay_memory
 from distrl.data.replay import CompactReplayBuffer, ReplayBuffer
 
 
@@ -119,13 +119,13 @@ def test_compact_samples_are_stored_transitions_drawn_uniformly(tmp_path):
 
 
 def test_the_memory_check_counts_one_observation_per_transition(monkeypatch):
-    monkeypatch.setattr(replay, "available_memory_bytes", lambda: 10 * 2**30)  # budget 8 GiB
+    monkeypatch.setattr(replay_memory, "available_memory_bytes", lambda: 10 * 2**30)  # budget 8 GiB
     image = ((96, 96, 3), np.uint8)  # 27,648 bytes
     with pytest.raises(ConfigError, match="buffer_size=200000 is not allowed: must be at most 155,"):
-        replay.check_replay_memory(200_000, *image, 3)
-    replay.check_replay_memory(200_000, *image, 3, compact=True)
+        replay_memory.check_replay_memory(200_000, *image, 3)
+    replay_memory.check_replay_memory(200_000, *image, 3, compact=True)
     with pytest.raises(ConfigError, match="at most 310,"):
-        replay.check_replay_memory(400_000, *image, 3, compact=True)
+        replay_memory.check_replay_memory(400_000, *image, 3, compact=True)
     assert CompactReplayBuffer(10, image[0], 3, image[1]).obs.nbytes * 2 == sum(
         getattr(ReplayBuffer(10, image[0], 3, image[1]), f).nbytes for f in ("obs", "next_obs")
     )
@@ -310,12 +310,12 @@ def test_a_full_buffer_loads_in_place_at_its_capacity_and_newest_first_at_anothe
 
 
 def test_the_memory_check_counts_discrete_actions_discounts_and_priorities(monkeypatch):
-    monkeypatch.setattr(replay, "available_memory_bytes", lambda: 10 * 2**30)  # budget 8,589,934,592 bytes
+    monkeypatch.setattr(replay_memory, "available_memory_bytes", lambda: 10 * 2**30)  # budget 8,589,934,592 bytes
     # [4] float32 observations: 2 * 16 + an int64 action 8 + reward 4 + terminated 4 + discount 4 + sum tree 16 = 68
     dqn = dict(action_bytes=8, extra_bytes=4 + 16)
-    replay.check_replay_memory(126_322_567, (4,), np.float32, 1, **dqn)
+    replay_memory.check_replay_memory(126_322_567, (4,), np.float32, 1, **dqn)
     with pytest.raises(ConfigError, match="must be at most 126,322,567 here: 126,322,568 transitions of 68 bytes"):
-        replay.check_replay_memory(126_322_568, (4,), np.float32, 1, **dqn)
+        replay_memory.check_replay_memory(126_322_568, (4,), np.float32, 1, **dqn)
     # compact: one observation, the next row's index 8 and whether it starts one 1: 68 - 16 + 9 = 61
     with pytest.raises(ConfigError, match="at most 140,818,599 here: 140,818,600 transitions of 61 bytes"):
-        replay.check_replay_memory(140_818_600, (4,), np.float32, 1, compact=True, **dqn)
+        replay_memory.check_replay_memory(140_818_600, (4,), np.float32, 1, compact=True, **dqn)

@@ -14,7 +14,8 @@ from gymnasium import spaces
 
 from distrl.algos.sac import SACAlgo
 from distrl.config import ConfigError, RunConfig, SACConfig, StrategyConfig
-from distrl.data.replay import CompactReplayBuffer, ReplayBuffer, Transitions, check_replay_memory
+from distrl.data.replay import CompactReplayBuffer, ReplayBuffer, Transitions
+from distrl.data.replay_memory import check_replay_memory
 from distrl.env_names import shown_name
 from distrl.nets.factory import PolicySource, make_sac_networks
 from distrl.protocols import Sync

@@ -17,7 +17,8 @@ from distrl.algos.dqn import DQNAlgo
 from distrl.config import ConfigError, DQNConfig, RunConfig, StrategyConfig
 from distrl.data.nstep import NStepAccumulator, NStepBatch
 from distrl.data.prioritized import PrioritizedReplay
-from distrl.data.replay import CompactReplayBuffer, ReplayBuffer, Transitions, check_replay_memory
+from distrl.data.replay import CompactReplayBuffer, ReplayBuffer, Transitions
+from distrl.data.replay_memory import check_replay_memory
 from distrl.env_names import shown_name
 from distrl.nets.factory import PolicySource, make_q_network
 from distrl.protocols import Sync
