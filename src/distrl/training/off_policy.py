@@ -33,13 +33,27 @@ def make_sac_replay(cfg: SACConfig, obs_shape: tuple[int, ...], obs_dtype: np.dt
     return buffer(cfg.buffer_size, obs_shape, action_dim, obs_dtype)
 
 
-class ReplayCheckpoints:
-    """The checkpoint hooks of a trainer with a replay buffer (SAC's, DQN's): with ``save_replay`` the main worker
-    keeps its buffer in each checkpoint, and under ddp every other rank keeps its own beside it."""
+class ReplayOwner:
+    """A trainer's replay (SAC's, DQN's): its own, or the one actors elsewhere fill; and the checkpoint hooks that
+    keep it: with ``save_replay`` the main worker keeps its buffer in each checkpoint, and under ddp every other
+    rank keeps its own beside it."""
 
     cfg: Any
     replay: Any
     sync: Sync
+    actors: ReplaySource | None
+
+    def take_replay(
+        self, make_local: Callable[[], Any], collector_factory: Callable[[Any], ReplaySource] | None
+    ) -> None:
+        """Make this process's replay, or, with ``collector_factory`` (``--strategy actor-learner``, Ape-X), take
+        the shared one its actors fill: its holder saves and loads it with checkpoints."""
+        self.actors = None
+        if collector_factory is None:
+            self.replay = make_local()
+            return
+        self.actors = self.collector = collector_factory(self)  # type: ignore[attr-defined]
+        self.replay = self.actors.replay
 
     def load_replay(self, path: Path) -> None:
         if self.cfg.save_replay and (path / REPLAY_FILE).exists():
@@ -61,7 +75,7 @@ class ReplayCheckpoints:
             self.replay.load(self._rank_replay(path))
 
 
-class OffPolicyTrainer(ReplayCheckpoints, TrainerBase):
+class OffPolicyTrainer(ReplayOwner, TrainerBase):
     """Trains SAC on one worker's environments and replay buffer; the main worker logs and checkpoints."""
 
     algo_name = "sac"
@@ -91,11 +105,9 @@ class OffPolicyTrainer(ReplayCheckpoints, TrainerBase):
             self.env.single_observation_space, space, cfg, self.device, run.seed, self.policy_source, run.precision
         )
         self.algo = SACAlgo(cfg, networks, self.device, run.seed)
-        self.actors: ReplaySource | None = None
-        self.replay: Any = make_sac_replay(cfg, self.obs_shape, self.obs_dtype, self.action_dim)
-        if collector_factory is not None:
-            self.actors = self.collector = collector_factory(self)
-            self.replay = self.actors.replay  # its holder saves and loads it with checkpoints
+        self.take_replay(
+            lambda: make_sac_replay(cfg, self.obs_shape, self.obs_dtype, self.action_dim), collector_factory
+        )
         self.env_offset = self.sync.rank * cfg.n_envs
         self.keeps_worker_state = cfg.save_replay  # under ddp each rank keeps its own buffer in checkpoints
         self.start_segment()

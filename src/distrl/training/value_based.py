@@ -24,7 +24,7 @@ from distrl.nets.factory import PolicySource, make_q_network
 from distrl.protocols import Sync
 from distrl.spaces import check_observation_space, stored_layout
 from distrl.training.common import TrainerBase
-from distrl.training.off_policy import ReplayCheckpoints
+from distrl.training.off_policy import ReplayOwner
 from distrl.training.replay_learner import ReplaySource, learn_from_actors
 
 ACTION_BYTES = 8
@@ -73,7 +73,7 @@ def check_dqn_spaces(env_id: str, observation_space: spaces.Space, action_space:
     )
 
 
-class DQNTrainer(ReplayCheckpoints, TrainerBase):
+class DQNTrainer(ReplayOwner, TrainerBase):
     """Trains DQN on one worker's environments and replay buffer; the main worker logs and checkpoints."""
 
     algo_name = "dqn"
@@ -100,11 +100,7 @@ class DQNTrainer(ReplayCheckpoints, TrainerBase):
         self.n_actions, self.action_start = int(space.n), int(space.start)
         build = (obs_space, space, cfg, self.device, run.seed, self.policy_source, run.precision)
         self.algo = DQNAlgo(cfg, make_q_network(*build), make_q_network(*build), self.device)
-        self.actors: ReplaySource | None = None
-        self.replay: Any = make_replay(cfg, self.obs_shape, self.obs_dtype)
-        if collector_factory is not None:
-            self.actors = self.collector = collector_factory(self)
-            self.replay = self.actors.replay  # its holder saves and loads it with checkpoints
+        self.take_replay(lambda: make_replay(cfg, self.obs_shape, self.obs_dtype), collector_factory)
         self.nstep = NStepAccumulator(cfg.n_envs, cfg.n_steps, cfg.gamma) if cfg.n_steps > 1 else None
         self.env_offset = self.sync.rank * cfg.n_envs
         self.keeps_worker_state = cfg.save_replay  # under ddp each rank keeps its own buffer in checkpoints
