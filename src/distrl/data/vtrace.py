@@ -1,0 +1,72 @@
+"""V-trace off-policy targets (Espeholt et al. 2018, arXiv:1802.01561, section 4.1)."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+
+class VTrace(NamedTuple):
+    """V-trace's targets for a [T, N] fragment; 0 on invalid steps."""
+
+    vs: np.ndarray
+    """[T, N] value targets ``v_s``: what the critic regresses to."""
+    pg_advantages: np.ndarray
+    """[T, N] policy-gradient advantages ``rho_s (r_s + gamma v_{s+1} - V(x_s))``."""
+
+
+def vtrace(
+    log_rhos: np.ndarray,
+    rewards: np.ndarray,
+    values: np.ndarray,
+    terminated: np.ndarray,
+    truncated: np.ndarray,
+    valid: np.ndarray,
+    gamma: float,
+    lam: float = 1.0,
+    rho_bar: float = 1.0,
+    c_bar: float = 1.0,
+) -> VTrace:
+    """V-trace targets of a fragment collected by a behaviour policy ``mu``, for the target policy ``pi``.
+
+    With ``rho_t = min(rho_bar, pi/mu)`` and ``c_t = lam * min(c_bar, pi/mu)`` at step t, the paper's
+    definition (its eq. 1, with lambda as in its section 4.2 remark)::
+
+        v_s = V(x_s) + sum_{t >= s} gamma^(t-s) (c_s ... c_{t-1}) rho_t (r_t + gamma V(x_{t+1}) - V(x_t))
+
+    is computed backwards as ``v_s - V(x_s) = delta_s + gamma c_s (v_{s+1} - V(x_{s+1}))``. The sum stops
+    where the episode ends: a terminated step does not bootstrap (``V(x_{t+1})`` is dropped), a
+    truncated one bootstraps from its true final observation's value and carries no trace past it, as
+    :func:`distrl.data.rollout.gae` does. With ``pi = mu`` and ``rho_bar, c_bar >= 1``, ``v_s - V(x_s)``
+    is GAE(lam)'s advantage (and with ``lam = 1`` ``v_s`` is the n-step return bootstrapped at the
+    fragment's end).
+
+    Args:
+        log_rhos: [T, N] ``log pi(a_t|x_t) - log mu(a_t|x_t)`` of the actions taken.
+        rewards, terminated, truncated, valid: [T, N] per step (``valid`` 0 marks the reset steps of
+            next-step autoreset and padding; their targets are 0 and nothing flows through them).
+        values: [T + 1, N] the critic's ``V(x)``; ``values[t + 1]`` is the value of the observation
+            step t produced (the true final observation when step t ends an episode).
+        gamma: discount; lam: the trace's lambda (1 in the paper's experiments).
+        rho_bar, c_bar: truncation levels of the importance weights (the paper's defaults: 1).
+    """
+    T = rewards.shape[0]
+    ratio = np.exp(np.asarray(log_rhos, dtype=np.float64))
+    rho = np.minimum(rho_bar, ratio)
+    c = lam * np.minimum(c_bar, ratio)
+    values = np.asarray(values, dtype=np.float64)
+    not_terminated = 1.0 - terminated.astype(np.float64)
+    continues = not_terminated * (1.0 - truncated.astype(np.float64))
+    valid_f = valid.astype(np.float64)
+    # corrections[t] = v_t - V(x_t); the row after the fragment has none (v_T = V(x_T))
+    corrections = np.zeros((T + 1, rewards.shape[1]), dtype=np.float64)
+    pg_advantages = np.zeros(rewards.shape, dtype=np.float64)
+    for t in range(T - 1, -1, -1):
+        next_correction = continues[t] * corrections[t + 1]
+        delta = rho[t] * (rewards[t] + gamma * not_terminated[t] * values[t + 1] - values[t])
+        corrections[t] = (delta + gamma * c[t] * next_correction) * valid_f[t]
+        next_target = values[t + 1] + next_correction  # v_{t+1} within the episode, V(x_{t+1}) at its end
+        pg_advantages[t] = rho[t] * (rewards[t] + gamma * not_terminated[t] * next_target - values[t]) * valid_f[t]
+    vs = (values[:T] + corrections[:T]) * valid_f
+    return VTrace(vs.astype(np.float32), pg_advantages.astype(np.float32))
