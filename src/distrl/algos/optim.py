@@ -1,4 +1,4 @@
-"""Adam over one flat parameter buffer, with global-norm clipping after the sync."""
+"""Adam and RMSProp over one flat parameter buffer, with global-norm clipping after the sync."""
 
 from __future__ import annotations
 
@@ -99,3 +99,37 @@ class ClippedAdam:
         self.exp_avg.copy_(tensors["exp_avg"])
         self.exp_avg_sq.copy_(tensors["exp_avg_sq"])
         self.steps = int(tensors["steps"][0])
+
+
+class ClippedRMSprop:
+    """RMSProp (Tieleman & Hinton 2012) on a :class:`ParamBuffer`, clipped as :class:`ClippedAdam` is.
+
+    The update of ``torch.optim.RMSprop`` without momentum or centring:
+    ``s = alpha s + (1 - alpha) g^2``, ``p -= lr g / (sqrt(s) + eps)``. Its state has Adam's names so the
+    start-up broadcast and checkpoints carry either: ``exp_avg_sq`` is ``s``, ``exp_avg`` stays zero.
+    """
+
+    def __init__(self, params: ParamBuffer, lr: float, alpha: float, eps: float, max_grad_norm: float | None):
+        self.params = params
+        self.lr, self.alpha, self.eps, self.max_grad_norm = lr, alpha, eps, max_grad_norm
+        self.exp_avg = torch.zeros_like(params.data)
+        self.exp_avg_sq = torch.zeros_like(params.data)
+        self.steps = 0
+
+    def step(self, lr: float | None = None) -> float:
+        """Clip and step; returns the gradient norm before clipping."""
+        grad = self.params.grad
+        norm = float(torch.linalg.vector_norm(grad))
+        scale = 1.0 if self.max_grad_norm is None else min(1.0, self.max_grad_norm / (norm + 1e-6))
+        self.steps += 1
+        self.exp_avg_sq.mul_(self.alpha).addcmul_(grad, grad, value=(1.0 - self.alpha) * scale * scale)
+        denom = self.exp_avg_sq.sqrt().add_(self.eps)
+        self.params.data.addcdiv_(grad, denom, value=-(self.lr if lr is None else lr) * scale)
+        return norm
+
+    state_dict = ClippedAdam.state_dict
+    load_state_dict = ClippedAdam.load_state_dict
+
+
+FlatOptimizer = ClippedAdam | ClippedRMSprop
+"""The optimizers over one flat buffer: both clip after the sync and keep ``exp_avg``, ``exp_avg_sq`` and ``steps``."""

@@ -17,12 +17,31 @@ import numpy as np
 import torch
 
 from distrl.algos.autodiff import leaves, output_grads
-from distrl.algos.optim import ClippedAdam, linear
+from distrl.algos.optim import ClippedAdam, FlatOptimizer, linear
 from distrl.config import PPOConfig
 from distrl.data.rollout import Rollout, RolloutBatch, Sequences, gae
 from distrl.nets import Agent
 from distrl.nets.recurrent import sequence_minibatch_rows, state_from_numpy
 from distrl.protocols import Sync
+
+
+class Targets(NamedTuple):
+    """What a rollout's batch trains toward (see :meth:`PPOAlgo.targets`)."""
+
+    log_probs: torch.Tensor
+    """[T * N] the behaviour policy's log-probs of the actions taken."""
+    values: np.ndarray
+    """[T + 1, N] the critic's values the advantages were computed from."""
+    advantages: np.ndarray
+    """[T, N] the policy gradient's advantages."""
+    returns: np.ndarray
+    """[T, N] the critic's targets."""
+
+
+def rollout_starts(rollout: Rollout, obs: torch.Tensor) -> torch.Tensor:
+    """[T + 1, N] episode starts of a recurrent rollout, as floats on ``obs``'s device."""
+    assert rollout.starts is not None
+    return torch.from_numpy(rollout.starts.astype(np.float32)).to(obs.device)
 
 
 class PPOLoss(NamedTuple):
@@ -94,7 +113,9 @@ UPDATE_METRICS = (
 """What ``update`` returns, in this order (decoupled's trainers send them to the player as one tensor)."""
 
 
-class _Rows(NamedTuple):
+class Minibatch(NamedTuple):
+    """A minibatch's rows of a :class:`PackedBatch`, each [B, ...]."""
+
     obs: torch.Tensor
     actions: torch.Tensor
     old_log_prob: torch.Tensor
@@ -125,7 +146,7 @@ class PackedBatch:
         self.action_shape, self.discrete = tuple(action_shape), discrete
         self.action_columns = math.prod(self.action_shape)
         self.device = data.device
-        self._all: _Rows | None = None
+        self._all: Minibatch | None = None
 
     @staticmethod
     def columns(action_shape: tuple[int, ...]) -> int:
@@ -145,21 +166,21 @@ class PackedBatch:
     def size(self) -> int:
         return int(self.data.shape[0])
 
-    def rows(self, idx: torch.Tensor) -> _Rows:
+    def rows(self, idx: torch.Tensor) -> Minibatch:
         return self._split(self.obs.index_select(0, idx), self.data.index_select(0, idx))
 
-    def all_rows(self) -> _Rows:
+    def all_rows(self) -> Minibatch:
         if self._all is None:
             self._all = self._split(self.obs, self.data)
         return self._all
 
-    def _split(self, obs: torch.Tensor, rows: torch.Tensor) -> _Rows:
+    def _split(self, obs: torch.Tensor, rows: torch.Tensor) -> Minibatch:
         a = self.action_columns
         actions = rows[:, :a].reshape(len(rows), *self.action_shape)
         if self.discrete:
             actions = actions.long()
         log_prob, values, advantages, returns, valid = rows[:, a:].unbind(1)
-        return _Rows(obs, actions, log_prob, values, advantages, returns, valid)
+        return Minibatch(obs, actions, log_prob, values, advantages, returns, valid)
 
     def explained_variance(self) -> float:
         """1 - Var[returns - values] / Var[returns] over valid steps (1 is perfect, <= 0 is useless)."""
@@ -176,7 +197,9 @@ class PPOAlgo:
     def __init__(self, cfg: PPOConfig, agent: Agent, seed: int):
         self.cfg = cfg
         self.agent = agent
-        self.optimizer = ClippedAdam(agent.params, cfg.learning_rate, eps=1e-5, max_grad_norm=cfg.max_grad_norm)
+        self.optimizer: FlatOptimizer = ClippedAdam(
+            agent.params, cfg.learning_rate, eps=1e-5, max_grad_norm=cfg.max_grad_norm
+        )
         self.shuffle_rng = np.random.default_rng()
         self.reseed(seed, 0, 0)
 
@@ -185,7 +208,7 @@ class PPOAlgo:
         self.shuffle_rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, rank, segment, 0x5EED])))
 
     def prepare(self, rollout: Rollout) -> RolloutBatch:
-        """Values, behaviour log-probs and GAE for a rollout, flattened to a batch."""
+        """Values, behaviour log-probs and advantages (:meth:`targets`) for a rollout, flattened to a batch."""
         device = self.agent.device
         T, N = rollout.rewards.shape
         obs = torch.from_numpy(rollout.obs).to(device)
@@ -194,50 +217,39 @@ class PPOAlgo:
             assert rollout.initial_state is not None
             starts = torch.from_numpy(rollout.starts.astype(np.float32)).to(device)
             sequences = Sequences(starts[:T], state_from_numpy(rollout.initial_state, device))
-        if rollout.values is not None:
-            values = rollout.values
-        elif sequences is not None:  # lagged data (pipeline): this critic's values, in one pass over the sequences
-            values = self.agent.sequence_values(obs, sequences.initial_state, starts).cpu().numpy()
-        else:
-            values = self._values(obs)
-        advantages, returns = gae(
-            rollout.rewards,
-            values,
-            rollout.terminated,
-            rollout.truncated,
-            rollout.valid,
-            self.cfg.gamma,
-            self.cfg.gae_lambda,
-        )
         flat_obs = obs[:T].reshape(T * N, *obs.shape[2:])
         actions = torch.from_numpy(rollout.actions.reshape(T * N, *rollout.actions.shape[2:])).to(device)
-        if rollout.log_probs is not None:
-            log_probs = torch.from_numpy(rollout.log_probs.reshape(-1)).to(device)
-        else:
-            log_probs = self.agent.log_prob(flat_obs, actions)
+        targets = self.targets(rollout, obs, actions, sequences)
         return RolloutBatch(
             obs=flat_obs,
             actions=actions,
-            log_probs=log_probs,
-            values=torch.from_numpy(values[:T].reshape(-1).copy()).to(device),
-            advantages=torch.from_numpy(advantages.reshape(-1)).to(device),
-            returns=torch.from_numpy(returns.reshape(-1)).to(device),
+            log_probs=targets.log_probs,
+            values=torch.from_numpy(targets.values[:T].reshape(-1).copy()).to(device),
+            advantages=torch.from_numpy(targets.advantages.reshape(-1)).to(device),
+            returns=torch.from_numpy(targets.returns.reshape(-1)).to(device),
             valid=torch.from_numpy(rollout.valid.reshape(-1).astype(np.float32)).to(device),
             policy_version=rollout.policy_version,
             sequences=sequences,
             rollout=rollout if self.cfg.recompute_advantage else None,
         )
 
-    def _values(self, obs: torch.Tensor) -> np.ndarray:
-        """The critic's values of rollout observations [T + 1, N, ...] as [T + 1, N]."""
-        rows, n = obs.shape[:2]
-        return self.agent.values(obs.reshape(rows * n, *obs.shape[2:])).reshape(rows, n).cpu().numpy()
+    def targets(
+        self, rollout: Rollout, obs: torch.Tensor, actions: torch.Tensor, sequences: Sequences | None
+    ) -> Targets:
+        """PPO's: GAE on the values recorded while acting, else on this critic's (in one batched pass).
 
-    def recomputed(self, batch: RolloutBatch) -> RolloutBatch:
-        """``batch`` with the current critic's values, and the GAE advantages and returns they give."""
-        rollout = batch.rollout
-        assert rollout is not None, "the batch was prepared without recompute_advantage"
-        values = self._values(torch.from_numpy(rollout.obs).to(self.agent.device))
+        ``obs`` are the rollout's [T + 1, N, ...] observations and ``actions`` its flat [T * N, ...] actions;
+        the behaviour log-probs are the recorded ones, else this policy's.
+        """
+        T = rollout.rewards.shape[0]
+        if rollout.values is not None:
+            values = rollout.values
+        elif sequences is not None:  # lagged data (pipeline): this critic's values, in one pass over the sequences
+            values = (
+                self.agent.sequence_values(obs, sequences.initial_state, rollout_starts(rollout, obs)).cpu().numpy()
+            )
+        else:
+            values = self.critic_values(obs)
         advantages, returns = gae(
             rollout.rewards,
             values,
@@ -247,13 +259,31 @@ class PPOAlgo:
             self.cfg.gamma,
             self.cfg.gae_lambda,
         )
-        T = rollout.rewards.shape[0]
+        if rollout.log_probs is not None:
+            log_probs = torch.from_numpy(rollout.log_probs.reshape(-1)).to(self.agent.device)
+        else:
+            log_probs = self.agent.log_prob(obs[:T].reshape(-1, *obs.shape[2:]), actions)
+        return Targets(log_probs, values, advantages, returns)
+
+    def critic_values(self, obs: torch.Tensor) -> np.ndarray:
+        """The critic's values of rollout observations [T + 1, N, ...] as [T + 1, N]."""
+        rows, n = obs.shape[:2]
+        return self.agent.values(obs.reshape(rows * n, *obs.shape[2:])).reshape(rows, n).cpu().numpy()
+
+    def recomputed(self, batch: RolloutBatch) -> RolloutBatch:
+        """``batch`` with the current critic's values, and the advantages and returns they give."""
+        rollout = batch.rollout
+        assert rollout is not None, "the batch was prepared without recompute_advantage"
         device = self.agent.device
+        obs = torch.from_numpy(rollout.obs).to(device)
+        T = rollout.rewards.shape[0]
+        behaviour = batch.log_probs.reshape(T, -1).cpu().numpy()
+        targets = self.targets(dataclasses.replace(rollout, values=None, log_probs=behaviour), obs, batch.actions, None)
         return dataclasses.replace(
             batch,
-            values=torch.from_numpy(values[:T].reshape(-1).copy()).to(device),
-            advantages=torch.from_numpy(advantages.reshape(-1)).to(device),
-            returns=torch.from_numpy(returns.reshape(-1)).to(device),
+            values=torch.from_numpy(targets.values[:T].reshape(-1).copy()).to(device),
+            advantages=torch.from_numpy(targets.advantages.reshape(-1)).to(device),
+            returns=torch.from_numpy(targets.returns.reshape(-1)).to(device),
         )
 
     @staticmethod
@@ -382,12 +412,11 @@ class PPOAlgo:
         T, N = sequences.length, sequences.count
         return ((packed.rows(sequence_minibatch_rows(T, N, envs)), sequences.select(envs)) for envs in chunks)
 
-    def _minibatch_gradient(self, mb: _Rows, clip_range: float, sequences: Sequences | None = None) -> torch.Tensor:
+    def _minibatch_gradient(self, mb: Minibatch, clip_range: float, sequences: Sequences | None = None) -> torch.Tensor:
         """Put the gradient of the minibatch's :func:`ppo_loss` (summed over valid samples) in the buffer.
 
         Returns the summed statistics (see ``_STATS``) that travel with the gradient.
         """
-        cfg = self.cfg
         agent = self.agent
         if sequences is None:
             fwd = agent.forward_train(mb.obs)
@@ -395,7 +424,21 @@ class PPOAlgo:
             fwd = agent.forward_sequences(mb.obs, sequences.initial_state, sequences.starts)
         terms = agent.dist_terms(fwd, mb.actions)
         outputs = leaves(terms.log_prob, terms.entropy, fwd.values)
-        loss = ppo_loss(
+        loss = self.loss(outputs, mb, clip_range)
+        agent.backward(fwd, terms, mb.actions, *output_grads(loss.loss, outputs))  # d loss / d outputs, onwards
+        with torch.no_grad():
+            ratio_minus_one = loss.ratio - 1.0
+            approx_kl = ratio_minus_one - (outputs[0] - mb.old_log_prob)  # (http://joschu.net/blog/kl-approx.html)
+            was_clipped = (ratio_minus_one.abs() > clip_range).float()
+            per_sample = torch.stack(
+                [mb.valid, approx_kl, was_clipped, loss.policy_loss, loss.value_loss, terms.entropy.detach()]
+            )
+            return (per_sample @ mb.valid).double()
+
+    def loss(self, outputs: tuple[torch.Tensor, ...], mb: Minibatch, clip_range: float) -> PPOLoss:
+        """The minibatch's :func:`ppo_loss` on the network's (log_prob, entropy, values)."""
+        cfg = self.cfg
+        return ppo_loss(
             *outputs,
             mb.old_log_prob,
             mb.old_values,
@@ -407,15 +450,6 @@ class PPOAlgo:
             cfg.vf_coef,
             cfg.ent_coef,
         )
-        agent.backward(fwd, terms, mb.actions, *output_grads(loss.loss, outputs))  # d loss / d outputs, onwards
-        with torch.no_grad():
-            ratio_minus_one = loss.ratio - 1.0
-            approx_kl = ratio_minus_one - (outputs[0] - mb.old_log_prob)  # (http://joschu.net/blog/kl-approx.html)
-            was_clipped = (ratio_minus_one.abs() > clip_range).float()
-            per_sample = torch.stack(
-                [mb.valid, approx_kl, was_clipped, loss.policy_loss, loss.value_loss, terms.entropy.detach()]
-            )
-            return (per_sample @ mb.valid).double()
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         return self.optimizer.state_dict()

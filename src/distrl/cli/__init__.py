@@ -22,7 +22,7 @@ from distrl.export import ExportFailed
 from distrl.preemption import Stopped
 from distrl.rundir import WriteFailed
 
-ALGOS = ("ppo", "sac", "dqn", "reinforce", "grpo")
+ALGOS = ("ppo", "appo", "impala", "sac", "dqn", "reinforce", "grpo")
 
 
 def _flowing_help() -> None:

@@ -16,9 +16,11 @@ from distrl import checkpoint, preemption, rundir, trust
 from distrl.argv import checkpoint_every_time, flag_value, merge_repeated, parse_flags, set_flag
 from distrl.cli import ALGOS
 from distrl.config import (
+    APPOConfig,
     ConfigError,
     DQNConfig,
     GRPOConfig,
+    IMPALAConfig,
     PPOConfig,
     REINFORCEConfig,
     RunConfig,
@@ -44,6 +46,20 @@ class PPOTrainArgs(TrainFlags):
     run: RunConfig
     strategy: StrategyConfig
     ppo: PPOConfig
+
+
+@dataclass(frozen=True)
+class APPOTrainArgs(TrainFlags):
+    run: RunConfig
+    strategy: StrategyConfig
+    appo: APPOConfig
+
+
+@dataclass(frozen=True)
+class IMPALATrainArgs(TrainFlags):
+    run: RunConfig
+    strategy: StrategyConfig
+    impala: IMPALAConfig
 
 
 @dataclass(frozen=True)
@@ -76,11 +92,25 @@ class GRPOTrainArgs(TrainFlags):
 
 TRAIN_ARGS = {
     "ppo": PPOTrainArgs,
+    "appo": APPOTrainArgs,
+    "impala": IMPALATrainArgs,
     "sac": SACTrainArgs,
     "dqn": DQNTrainArgs,
     "reinforce": REINFORCETrainArgs,
     "grpo": GRPOTrainArgs,
 }
+
+
+ASYNC_ALGOS = ("ppo", "appo", "impala")
+"""The algorithms ``--strategy pipeline`` trains on Gymnasium envs: asynchronous actors, a learner that never waits."""
+
+
+def default_strategy(algo: str, argv: list[str]) -> StrategyConfig:
+    """What a run spreads over unless its flags (``argv``) name a strategy: APPO and IMPALA are asynchronous by
+    design, so two actors feed their learner (``--strategy pipeline --workers 2``); the rest run in one process."""
+    if algo in ("appo", "impala") and flag_value(argv, "--strategy") is None:
+        return StrategyConfig(strategy="pipeline", workers=2)
+    return StrategyConfig()
 
 
 def train_command(argv: list[str]) -> int:
@@ -110,7 +140,7 @@ def _train_command(argv: list[str]) -> int:
     rest = checkpoint_every_time(rest)
     resume_arg = flag_value(rest, "--resume")
     resume_path = None
-    strategy = StrategyConfig()
+    strategy = default_strategy(algo, rest)
     if resume_arg:
         resume_path = checkpoint.newest_intact(Path(resume_arg))
         run_cfg, strategy, cfg, state = configs_from_checkpoint(resume_path)
@@ -148,10 +178,10 @@ def _train_command(argv: list[str]) -> int:
         from distrl.tracking import check_trackers
 
         check_trackers(run.track)
-    if args.strategy.strategy == "pipeline" and algo not in ("ppo", "grpo"):
+    if args.strategy.strategy == "pipeline" and algo not in (*ASYNC_ALGOS, "grpo"):
         raise ConfigError(
-            f"strategy='pipeline' is not available for {algo}: it runs ppo on Gymnasium envs "
-            "and grpo on group tasks (distrl train grpo bandit --strategy pipeline)"
+            f"strategy='pipeline' is not available for {algo}: it runs {', '.join(ASYNC_ALGOS)} on Gymnasium "
+            "envs and grpo on group tasks (distrl train grpo bandit --strategy pipeline)"
         )
     if not run.run_dir:  # every worker must agree on the run directory: fix it before launching
         run = run.replace(run_dir=str(default_run_dir(run, run.env if algo == "grpo" else resolve_env_id(run.env))))

@@ -39,9 +39,14 @@ from distrl.config.base import (
 )
 from distrl.config.dqn import DQNConfig
 from distrl.config.run import RunConfig, StrategyConfig, parse_env_kwargs, scaled
+from distrl.config.vtrace import APPOConfig, IMPALAConfig
+
+ALGO_CONFIGS.update({"appo": APPOConfig, "impala": IMPALAConfig})
 
 __all__ = [
     "ALGO_CONFIGS",
+    "APPOConfig",
+    "IMPALAConfig",
     "unknown_algo",
     "Activation",
     "ActorCriticNet",

@@ -396,12 +396,11 @@ ALGO_CONFIGS: dict[str, type] = {
     "reinforce": REINFORCEConfig,
     "grpo": GRPOConfig,
 }
+"""Each algorithm's config; ``distrl.config`` adds the V-trace algorithms (appo, impala), whose configs extend PPO's."""
 
 # What distrl has that comes closest to an algorithm it does not have, for the refusal to say.
 _CLOSEST = {
     "a2c": "ppo with --n-epochs 1 --batch-size n_steps*n_envs (one synchronous actor-critic step per rollout)",
-    "appo": "ppo --strategy actor-learner (asynchronous rollout workers, one learner; no V-trace correction)",
-    "impala": "ppo --strategy actor-learner (asynchronous rollout workers, one learner; no V-trace correction)",
     "trpo": "ppo (a clipped surrogate in place of the trust region)",
     "mappo": "ppo on one agent's view (no multi-agent envs yet)",
     "ddpg": "sac (continuous actions, off-policy, twin critics)",

@@ -248,6 +248,10 @@ class StrategyConfig:
     evicted past it."""
     replay_sampling: ReplaySampling = "version"
     """pipeline: replay sampling, uniform or weighted by policy version + 1 (newer data more often)."""
+    fragments_per_step: int = 0
+    """pipeline on Gymnasium envs: the generators' fragments each learner step trains on, merged along the env
+    axis (several actors' data per batch, as IMPALA's learner batches them). 0: one for ppo, one per generator
+    for appo and impala."""
     max_reuse: int = 1
     """pipeline: learner steps that may train on one slice or fragment before it leaves the buffer."""
     queue_size: int = 0
@@ -266,6 +270,7 @@ class StrategyConfig:
 
     def __post_init__(self) -> None:
         require_positive(self, "workers", "timeout_s", "buffer_capacity", "max_reuse", "starve_timeout_s")
+        require(self.fragments_per_step >= 0, "fragments_per_step", self.fragments_per_step, ">= 0 (0: the default)")
         require(self.queue_size >= 0, "queue_size", self.queue_size, ">= 0 (0: the default for the algorithm)")
         require(self.max_policy_lag >= 0, "max_policy_lag", self.max_policy_lag, ">= 0")
         require(self.replay_ratio >= 0, "replay_ratio", self.replay_ratio, ">= 0 (0: actors and learner run free)")

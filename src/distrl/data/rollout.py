@@ -106,6 +106,39 @@ class Rollout:
         return self.collected_steps * int(self.rewards.shape[1])
 
 
+def merge_rollouts(parts: list[Rollout]) -> Rollout:
+    """Concatenate fragments from several workers along the env axis (in the given order)."""
+    cat = lambda name: np.concatenate([getattr(p, name) for p in parts], axis=1)  # noqa: E731
+    merged = Rollout(
+        cat("obs"),
+        cat("actions"),
+        cat("rewards"),
+        cat("terminated"),
+        cat("truncated"),
+        cat("valid"),
+        parts[0].policy_version,
+    )
+    if parts[0].values is not None:
+        merged.values = cat("values")
+    if parts[0].log_probs is not None:
+        merged.log_probs = cat("log_probs")
+    if parts[0].starts is not None:  # recurrent: each fragment's starts and initial state, env axis 1 alike
+        merged.starts = cat("starts")
+        merged.initial_state = {
+            key: np.concatenate([p.initial_state[key] for p in parts], axis=1) for key in parts[0].initial_state
+        }
+    for p in parts:
+        merged.episode_returns.extend(p.episode_returns)
+        merged.episode_lengths.extend(p.episode_lengths)
+    if parts[0].obs_moments is not None:
+        merged.obs_moments = sum(p.obs_moments for p in parts)
+    if parts[0].reward_moments is not None:
+        merged.reward_moments = sum(p.reward_moments for p in parts)
+    merged.collected_steps = parts[0].collected_steps
+    merged.collect_s = max(p.collect_s for p in parts)
+    return merged
+
+
 @dataclass(frozen=True)
 class Sequences:
     """How a flat batch of B = T * N rows (row t * N + n) is N environment sequences of T steps."""

@@ -27,7 +27,7 @@ import numpy as np
 
 from distrl.config import RunConfig, StrategyConfig
 from distrl.data.episodes import EpisodeBatch, merge_episode_batches
-from distrl.data.rollout import Rollout
+from distrl.data.rollout import Rollout, merge_rollouts
 from distrl.data.wire import pack, unpack
 from distrl.strategies.actors import (
     ActorDied,
@@ -195,37 +195,6 @@ def unpack_batch(result: bytes | Rollout | EpisodeBatch) -> Rollout | EpisodeBat
     return BATCH_TYPES[fields.pop("type")](**fields)
 
 
-def merge_rollouts(parts: list[Rollout]) -> Rollout:
-    """Concatenate fragments from several workers along the env axis (in the given order)."""
-    cat = lambda name: np.concatenate([getattr(p, name) for p in parts], axis=1)  # noqa: E731
-    merged = Rollout(
-        cat("obs"),
-        cat("actions"),
-        cat("rewards"),
-        cat("terminated"),
-        cat("truncated"),
-        cat("valid"),
-        parts[0].policy_version,
-    )
-    if parts[0].values is not None:
-        merged.values, merged.log_probs = cat("values"), cat("log_probs")
-    if parts[0].starts is not None:  # recurrent: each fragment's starts and initial state, env axis 1 alike
-        merged.starts = cat("starts")
-        merged.initial_state = {
-            key: np.concatenate([p.initial_state[key] for p in parts], axis=1) for key in parts[0].initial_state
-        }
-    for p in parts:
-        merged.episode_returns.extend(p.episode_returns)
-        merged.episode_lengths.extend(p.episode_lengths)
-    if parts[0].obs_moments is not None:
-        merged.obs_moments = sum(p.obs_moments for p in parts)
-    if parts[0].reward_moments is not None:
-        merged.reward_moments = sum(p.reward_moments for p in parts)
-    merged.collected_steps = parts[0].collected_steps
-    merged.collect_s = max(p.collect_s for p in parts)
-    return merged
-
-
 @dataclass
 class Failure:
     worker: int
@@ -349,9 +318,10 @@ def run_actor_learner(
     """Train with ``strategy.workers`` Ray rollout workers and this process as the learner."""
     from distrl.config import ConfigError, scaled
 
-    if run.algo not in ("ppo", "reinforce"):
+    if run.algo not in ("ppo", "appo", "impala", "reinforce"):
         raise ConfigError(
-            f"algo={run.algo!r} is not available here: run_actor_learner trains ppo or reinforce (dqn and sac: run_apex)"
+            f"algo={run.algo!r} is not available here: run_actor_learner trains ppo, appo, impala or reinforce "
+            "(dqn and sac: run_apex)"
         )
     effective = scaled(cfg, strategy, strategy.workers)
     return train_with_ray_actors(run, strategy, cfg, effective, run_dir, resume_path, RemoteCollector)

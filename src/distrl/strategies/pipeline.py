@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -168,6 +169,8 @@ class PipelineStats:
     lag_count: int = 0
     lag_min: float = float("inf")
     lag_max: float = 0.0
+    lag_counts: Counter[int] = field(default_factory=Counter)
+    """How many trained items had each lag (in versions): the distribution, in as many entries as lags seen."""
     events: list[str] = field(default_factory=list)
 
     def record_queue(self, depth: int) -> None:
@@ -177,10 +180,20 @@ class PipelineStats:
         self.queue_depth_max = max(self.queue_depth_max, depth)
 
     def record_lag(self, lag: float) -> None:
+        """One trained item's lag: the learner's version minus the version that drew it."""
+        self.lag_counts[round(lag)] += 1
         self.lag_total += lag
         self.lag_count += 1
         self.lag_min = min(self.lag_min, lag)
         self.lag_max = max(self.lag_max, lag)
+
+    def lag_quantile(self, q: float) -> float:
+        """The ``q`` quantile of the recorded lags (the smallest lag with at least ``q`` of them at or below it)."""
+        if not self.lag_counts:
+            return 0.0
+        lags = sorted(self.lag_counts)
+        cumulative = np.cumsum([self.lag_counts[lag] for lag in lags])
+        return float(lags[int(np.searchsorted(cumulative, q * cumulative[-1]))])
 
     def summary(
         self, wall: float, steps: int, generators: int, replay: VersionedReplay, restarts: int, unit: str
@@ -201,7 +214,10 @@ class PipelineStats:
             "buffer_max": replay.max_size,
             "policy_lag_min": self.lag_min if self.lag_count else 0.0,
             "policy_lag_mean": self.lag_total / max(self.lag_count, 1),
+            "policy_lag_p95": self.lag_quantile(0.95),
             "policy_lag_max": self.lag_max,
+            "policy_lag_counts": {str(lag): n for lag, n in sorted(self.lag_counts.items())},
+            f"{unit}s_dropped_for_lag_fraction": replay.dropped_for_lag / max(replay.added, 1),
             "generator_restarts": restarts,
             "events": self.events,
             **counters,
@@ -313,7 +329,8 @@ class PipelineGroups:
             self._submit(version)
         batch = GroupSamples.concat([piece for _, piece in taken])
         lags = version - batch.version
-        self.stats.record_lag(float(lags.mean()))
+        for drawn_by, _ in taken:  # one lag per slice trained on
+            self.stats.record_lag(float(version - drawn_by))
         self.wait_s += time.perf_counter() - start
         self.last_metrics = {
             "pipeline/policy_lag_max": float(lags.max()),

@@ -1,7 +1,11 @@
-"""``pipeline`` on Gymnasium envs: asynchronous PPO with the pipeline's generators, queue and replay.
+"""``pipeline`` on Gymnasium envs: PPO, APPO and IMPALA with asynchronous actors (the pipeline's generators),
+its queue and its versioned replay; the learner never waits while a batch of fragments is there.
 
-The generators are rollout workers; :class:`AsyncCollector` is the on-policy trainer's
-collector, so the trainer, its logs, evaluation and checkpoints are those of every PPO run.
+The generators are rollout workers that collect continuously, each with its own environments, and pick
+up the newest weights between fragments; :class:`AsyncCollector` is the on-policy trainer's
+collector, so the trainer, its logs, evaluation and checkpoints are those of every PPO run. Each
+fragment carries the policy version that drew it and its behaviour log-probs; the correction for the
+lag is the algorithm's (APPO's and IMPALA's V-trace, PPO's ratio), never the transport's.
 The machinery (generator pool, versioned replay, engines, counters) is
 :mod:`distrl.strategies.pipeline`'s.
 """
@@ -17,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from distrl.config import ConfigError, RunConfig, StrategyConfig
+from distrl.data.rollout import merge_rollouts
 from distrl.data.versioned import VersionedReplay
 from distrl.strategies.actors import ActorEngine, Overheads, RayActors
 from distrl.strategies.pipeline import PipelineStats, actor_engine
@@ -24,10 +29,11 @@ from distrl.strategies.pool import GeneratorPool
 
 
 class AsyncCollector:
-    """PPO's pipeline: rollout workers keep collecting while the learner trains; same interface as a collector.
+    """The pipeline of PPO, APPO and IMPALA: rollout workers keep collecting while the learner trains; same
+    interface as a collector.
 
-    ``collect()`` returns the next fragment from the versioned replay (behaviour log-probs
-    included), waiting only when the buffer is empty. The rollout it returns counts, in
+    ``collect()`` returns the next ``n_workers`` fragments from the versioned replay (behaviour log-probs
+    included), merged along the env axis, waiting only while fewer are buffered. The rollout it returns counts, in
     ``collected_steps`` and its episode lists, every step and episode the generators delivered
     since the previous call, so that step budgets, SPS and monitor.csv cover everything played,
     whether or not it was trained on.
@@ -37,7 +43,16 @@ class AsyncCollector:
         from distrl.strategies.actor_learner import RolloutWorker, WorkerSpec
 
         self.trainer, self.strategy, self.engine = trainer, strategy, engine
-        self.n_workers = 1  # fragments per learner step
+        default_fragments = 1 if trainer.algo_name == "ppo" else strategy.workers
+        self.n_workers = strategy.fragments_per_step or default_fragments
+        """Fragments per learner step (the trainer counts an iteration's steps with it)."""
+        self.queue_size = strategy.queue_size or strategy.workers + self.n_workers - 1
+        for name, value in (("queue_size", self.queue_size), ("buffer_capacity", strategy.buffer_capacity)):
+            if value < self.n_workers:
+                raise ConfigError(
+                    f"{name}={value} is not allowed: must be at least fragments_per_step = {self.n_workers} "
+                    "(the learner waits for that many fragments)"
+                )
         self.replay = VersionedReplay(
             strategy.buffer_capacity,
             strategy.max_policy_lag,
@@ -64,8 +79,8 @@ class AsyncCollector:
             return engine.call(actor, "collect", weights if weights is not None else {"version": version}, 0, True)
 
         self.pool = GeneratorPool(engine, strategy.workers, spawn, request, strategy, self.events)
-        self.queue_size = strategy.queue_size or strategy.workers
-        self.pending_steps, self.pending_returns, self.pending_lengths = 0, [], []
+        self.pending_env_steps, self.pending_returns, self.pending_lengths = 0, [], []
+        """What the generators delivered since the last batch: env steps, finished episodes' returns and lengths."""
         self.overheads = Overheads()
         self.last_overhead_s = 0.0
         self.last_metrics: dict[str, float] = {}
@@ -97,7 +112,7 @@ class AsyncCollector:
                 setattr(fragment, name, np.array(getattr(fragment, name)))
         self.stats.generated += 1
         self.stats.generate_s += fragment.collect_s
-        self.pending_steps += fragment.collected_steps
+        self.pending_env_steps += fragment.steps
         self.pending_returns += fragment.episode_returns
         self.pending_lengths += fragment.episode_lengths
         self.replay.add(fragment.policy_version, fragment)
@@ -113,24 +128,36 @@ class AsyncCollector:
         start = time.perf_counter()
         self._harvest()
         self._submit(policy_version)
-        while (taken := self.replay.sample(1, policy_version)) is None:
+        while (taken := self.replay.sample(self.n_workers, policy_version)) is None:
             self.pool.wait_any("generators", policy_version, len(self.replay))
             self._harvest()
             self._submit(policy_version)
-        version, fragment = taken[0]
-        self.stats.record_lag(float(policy_version - version))
+        lags = [policy_version - version for version, _ in taken]
+        for lag in lags:
+            self.stats.record_lag(float(lag))
+        fragments = [fragment for _, fragment in taken]
+        batch = merge_rollouts(fragments) if len(fragments) > 1 else fragments[0]
+        # the steps and episodes delivered count once each, in whole vector steps of the batch's width
+        # (the remainder waits for the next batch; what is left at the end is reported as drained)
+        width = int(batch.rewards.shape[1])
+        vector_steps = self.pending_env_steps // width
+        self.pending_env_steps -= vector_steps * width
         rollout = dataclasses.replace(
-            fragment,
-            collected_steps=self.pending_steps,
+            batch,
+            policy_version=policy_version - max(lags),
+            collected_steps=vector_steps,
             episode_returns=self.pending_returns,
             episode_lengths=self.pending_lengths,
             collect_s=time.perf_counter() - start,
         )
-        self.pending_steps, self.pending_returns, self.pending_lengths = 0, [], []
+        self.pending_returns, self.pending_lengths = [], []
         self.last_overhead_s = rollout.collect_s  # the learner's wait for data
         self.overheads.add(self.last_overhead_s)
         self.last_metrics = {
-            "pipeline/policy_lag": float(policy_version - version),
+            "pipeline/policy_lag": float(np.mean(lags)),
+            "pipeline/policy_lag_max": float(max(lags)),
+            "pipeline/dropped_for_lag": float(self.replay.dropped_for_lag),
+            "pipeline/learner_busy_fraction": self.trainer.update_s / max(self.trainer.train_s, 1e-9),
             "pipeline/queue_depth": float(self.stats.queue_depth),
             "pipeline/buffer_size": float(len(self.replay)),
             "pipeline/generator_restarts": float(self.pool.restarted()),
@@ -164,7 +191,7 @@ class AsyncCollector:
         )
         return {
             **summary,
-            "drained_steps": self.pending_steps * self.trainer.cfg.n_envs,
+            "drained_steps": self.pending_env_steps,
             "startup_s": self.startup_s,
             "placement": {"generators": self.pool.placement()},
         }
@@ -176,14 +203,14 @@ class AsyncCollector:
 def run_async_ppo(
     run: RunConfig, strategy: StrategyConfig, cfg: Any, run_dir: Path, resume_path: Path | None = None
 ) -> dict[str, Any]:
-    """PPO on a Gymnasium env with ``strategy.workers`` generators feeding this process's learner."""
+    """PPO, APPO or IMPALA on a Gymnasium env with ``strategy.workers`` generators feeding this process's learner."""
     from distrl.strategies.actor_learner import _check_resources
     from distrl.training import make_trainer
 
-    if run.algo != "ppo":
+    if run.algo not in ("ppo", "appo", "impala"):
         raise ConfigError(
             f"algo={run.algo!r} is not available with --strategy pipeline on a Gymnasium env: "
-            "use ppo (or grpo on a group task)"
+            "use ppo, appo or impala (or grpo on a group task)"
         )
     start = time.perf_counter()
     cpus = max(os.cpu_count() or 1, int(np.ceil(strategy.workers * strategy.worker_cpus)))
@@ -191,7 +218,7 @@ def run_async_ppo(
         if isinstance(engine, RayActors):
             _check_resources(engine.ray, strategy)
         trainer = make_trainer(
-            "ppo",
+            run.algo,
             run,
             cfg,
             run_dir=run_dir,

@@ -16,6 +16,8 @@ from distrl.training.value_based import DQNTrainer
 
 TRAINERS: dict[str, Any] = {
     "ppo": OnPolicyTrainer,
+    "appo": OnPolicyTrainer,
+    "impala": OnPolicyTrainer,
     "sac": OffPolicyTrainer,
     "dqn": DQNTrainer,
     "reinforce": EpisodicTrainer,

@@ -1,4 +1,5 @@
-"""The on-policy loop (PPO): collect a rollout → share statistics → update → log → evaluate → checkpoint."""
+"""The on-policy loop (PPO, and the V-trace actor-critics APPO and IMPALA): collect a rollout → share
+statistics → update → log → evaluate → checkpoint."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from distrl.algos.optim import ClippedAdam
+from distrl.algos.appo import APPOAlgo
+from distrl.algos.impala import IMPALAAlgo
+from distrl.algos.optim import FlatOptimizer
 from distrl.algos.ppo import PPOAlgo
 from distrl.config import PPOConfig, RunConfig, StrategyConfig
 from distrl.data.normalize import ObsNormalizer, RewardScaler
@@ -28,8 +31,8 @@ class OnPolicyUpdate(Protocol):
     """What the on-policy loop asks of its learning rule: :class:`~distrl.algos.ppo.PPOAlgo`, or a stand-in
     that prepares batches here and updates elsewhere (decoupled's player)."""
 
-    optimizer: ClippedAdam
-    """Its Adam state is broadcast at start-up and kept in checkpoints."""
+    optimizer: FlatOptimizer
+    """Its Adam (or RMSProp) state is broadcast at start-up and kept in checkpoints."""
 
     def reseed(self, seed: int, rank: int, segment: int) -> None: ...
 
@@ -50,8 +53,12 @@ class OnPolicyUpdate(Protocol):
     def load_state_dict(self, tensors: dict[str, torch.Tensor]) -> None: ...
 
 
+ON_POLICY_ALGOS: dict[str, type[PPOAlgo]] = {"ppo": PPOAlgo, "appo": APPOAlgo, "impala": IMPALAAlgo}
+"""The learning rules this loop runs, by ``run.algo``: PPO's, and the V-trace ones that reuse its batching."""
+
+
 class OnPolicyTrainer(TrainerBase):
-    """Trains PPO on one worker's environments; the main worker logs and checkpoints."""
+    """Trains PPO (or APPO, IMPALA: ``run.algo``) on one worker's environments; the main worker logs and checkpoints."""
 
     algo_name = "ppo"
 
@@ -81,6 +88,8 @@ class OnPolicyTrainer(TrainerBase):
             update_factory: wraps the PPO learning rule in place of using it here (decoupled's player).
             policy: the network, when the Python API was given a module, class or factory (default: ``run.policy``).
         """
+        if run.algo in ON_POLICY_ALGOS:
+            self.algo_name = run.algo
         super().__init__(run, cfg, sync, run_dir, log, strategy, requested, device)
         self.agent = make_agent(
             self.env.single_observation_space,
@@ -106,7 +115,7 @@ class OnPolicyTrainer(TrainerBase):
         )
         if collector_factory is not None:
             self.collector = collector_factory(self)
-        algo = PPOAlgo(cfg, self.agent, run.seed)
+        algo = ON_POLICY_ALGOS[self.algo_name](cfg, self.agent, run.seed)
         self.algo: OnPolicyUpdate = update_factory(algo) if update_factory is not None else algo
         self.start_segment()
 
@@ -228,7 +237,7 @@ class OnPolicyTrainer(TrainerBase):
 
     @staticmethod
     def start_state(
-        agent: Agent, optimizer: ClippedAdam, obs_normalizer: ObsNormalizer, reward_scaler: RewardScaler
+        agent: Agent, optimizer: FlatOptimizer, obs_normalizer: ObsNormalizer, reward_scaler: RewardScaler
     ) -> list[torch.Tensor]:
         """What the start-up broadcast carries, for any holder of these parts (a trainer, or decoupled's
         trainer ranks): the live parameter and Adam tensors, then one float64 tensor packing the obs and
@@ -240,7 +249,10 @@ class OnPolicyTrainer(TrainerBase):
 
     @staticmethod
     def load_start_state(
-        tensors: list[torch.Tensor], optimizer: ClippedAdam, obs_normalizer: ObsNormalizer, reward_scaler: RewardScaler
+        tensors: list[torch.Tensor],
+        optimizer: FlatOptimizer,
+        obs_normalizer: ObsNormalizer,
+        reward_scaler: RewardScaler,
     ) -> None:
         """Unpack what :meth:`start_state` packed (its first three tensors were received in place)."""
         values, offset = tensors[-1].numpy(), 0
