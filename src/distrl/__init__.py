@@ -7,6 +7,6 @@
 
 __version__ = "0.1.0"
 
-from distrl.api import DQN, PPO, REINFORCE, SAC  # noqa: E402
+from distrl.api import APPO, DQN, IMPALA, PPO, REINFORCE, SAC  # noqa: E402
 
-__all__ = ["DQN", "PPO", "REINFORCE", "SAC", "__version__"]
+__all__ = ["APPO", "DQN", "IMPALA", "PPO", "REINFORCE", "SAC", "__version__"]

@@ -446,7 +446,28 @@ class REINFORCE(PPO):
     algo = "reinforce"
 
 
-MODELS: dict[str, type[Model]] = {"ppo": PPO, "sac": SAC, "dqn": DQN, "reinforce": REINFORCE}
+class APPO(PPO):
+    """Asynchronous PPO on V-trace targets; hyperparameters as :class:`~distrl.config.APPOConfig`. Trained here in
+    one process (the command line spreads it over actors: ``distrl train appo ENV``)."""
+
+    algo = "appo"
+
+
+class IMPALA(PPO):
+    """IMPALA's V-trace actor-critic; hyperparameters as :class:`~distrl.config.IMPALAConfig`. Trained here in one
+    process (the command line spreads it over actors: ``distrl train impala ENV``)."""
+
+    algo = "impala"
+
+
+MODELS: dict[str, type[Model]] = {
+    "ppo": PPO,
+    "appo": APPO,
+    "impala": IMPALA,
+    "sac": SAC,
+    "dqn": DQN,
+    "reinforce": REINFORCE,
+}
 
 
 class Player:
