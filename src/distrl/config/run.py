@@ -227,7 +227,8 @@ class StrategyConfig:
     timeout_s: float = 120.0
     """Longest wait on another worker (collectives, start-up) before the run fails naming it."""
     worker_cpus: float = 1.0
-    """CPUs Ray reserves for each rollout worker (actor-learner) or rank (ddp on Ray)."""
+    """CPUs Ray reserves for each rollout worker (actor-learner), actor (pipeline) or rank (ddp on Ray): below 1,
+    more actors than cores fit, as for environments that wait on a remote simulator."""
     worker_gpus: float = 0.0
     """GPUs Ray reserves for each rollout worker or rank."""
     max_worker_restarts: int = 3
