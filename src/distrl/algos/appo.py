@@ -30,7 +30,8 @@ def vtrace_targets(
     One pass without gradients gives the current policy's log-probs of the actions taken (``pi``) and the
     critic's values of all T + 1 observations; the behaviour log-probs (``mu``) are the fragment's, recorded
     by the actor that collected it. A rollout without them was collected by this very network (``single``),
-    so ``pi = mu`` and V-trace is GAE(lambda).
+    so ``pi = mu``: the value targets are then GAE(lambda)'s returns, and the advantages GAE(1)'s at lambda 1
+    (below 1 they are a TD error plus gamma times the next step's GAE advantage, as the paper defines them).
     """
     agent = algo.agent
     T, N = rollout.rewards.shape

@@ -40,7 +40,7 @@ def vtrace(
     truncated one bootstraps from its true final observation's value and carries no trace past it, as
     :func:`distrl.data.rollout.gae` does. With ``pi = mu`` and ``rho_bar, c_bar >= 1``, ``v_s - V(x_s)``
     is GAE(lam)'s advantage (and with ``lam = 1`` ``v_s`` is the n-step return bootstrapped at the
-    fragment's end).
+    fragment's end); ``pg_advantages`` bootstrap from ``v_{s+1}``, so they equal it only at ``lam = 1``.
 
     Args:
         log_rhos: [T, N] ``log pi(a_t|x_t) - log mu(a_t|x_t)`` of the actions taken.
