@@ -1,7 +1,7 @@
 """APPO on Breakout with 2 actors against distrl's synchronous PPO and Sample Factory's APPO, in one run.
 
     python benchmarks/appo_atari.py              # 2 rounds; writes its section of docs/benchmarks.md
-    python benchmarks/appo_atari.py --quick      # 1 round of 5k steps, prints the section, writes nothing
+    python benchmarks/appo_atari.py --quick      # 1 round of 15k steps, prints the section, writes nothing
 
 All three train ALE/Breakout-v5 (84x84 grey, 4 frames, frame skip 4, sticky actions 0.25) with the Nature CNN
 and the same batching: 8 environments, fragments of 32 steps, one gradient step per 128 steps (one epoch; an
@@ -85,7 +85,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=30_000, help="agent steps per run")
     parser.add_argument("--sf-python", default="/work/sfvenv/bin/python")
     args = parser.parse_args()
-    rounds, steps = (1, 5_000) if args.quick else (args.rounds, args.steps)
+    rounds, steps = (1, 15_000) if args.quick else (args.rounds, args.steps)
     sps: dict[str, list[float]] = {name: [] for name in [*DISTRL, SF]}
     with tempfile.TemporaryDirectory() as tmp:
         for name in alternating(list(sps), rounds):

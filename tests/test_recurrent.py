@@ -7,10 +7,12 @@ import pytest
 import torch
 
 from distrl import PPO, REINFORCE
+from distrl.algos.appo import APPOAlgo
 from distrl.algos.ppo import PPOAlgo
-from distrl.config import ConfigError, PPOConfig
+from distrl.config import APPOConfig, ConfigError, PPOConfig
 from distrl.data.normalize import ObsNormalizer, RewardScaler
 from distrl.data.rollout import RolloutCollector, Sequences
+from distrl.data.vtrace import vtrace
 from distrl.envs import make_env
 from distrl.nets import make_agent
 from distrl.nets.recurrent import RecurrentAgent, RecurrentCore, sequence_minibatch_rows
@@ -211,6 +213,41 @@ def test_state_restarts_where_an_episode_starts_and_training_replays_what_acting
     torch.testing.assert_close(lagged.prepare(second).values, recorded, rtol=0, atol=1e-5)
     # 4. the second fragment's recorded initial state is where the first one's acting left off, not zeros
     assert any(np.abs(s).sum() > 0 for s in second.initial_state.values())
+
+
+def test_appo_replays_recurrent_fragments_from_their_initial_state_for_its_vtrace_targets():
+    agent = lstm_agent()
+    _, rollout = _collect(agent)
+    T, N = rollout.rewards.shape
+    sizes = dict(core="lstm", core_size=8, net_arch=(8,), n_envs=N, n_steps=T, batch_size=T * N, gae_lambda=1.0)
+    # the behaviour is the policy: V-trace's targets are GAE's, on the values acting recorded
+    on_policy = APPOAlgo(APPOConfig(**sizes), agent, 0).prepare(rollout)
+    gae_batch = PPOAlgo(PPOConfig(**sizes), agent, 0).prepare(rollout)
+    torch.testing.assert_close(on_policy.returns, gae_batch.returns, rtol=0, atol=1e-5)
+    torch.testing.assert_close(on_policy.advantages, gae_batch.advantages, rtol=0, atol=1e-5)
+    # the learner moved on: pi and the values come from replaying the sequences with its weights
+    agent.params.data.add_(0.1 * torch.randn_like(agent.params.data))
+    agent.refresh_acting_copy()
+    lagged = APPOAlgo(APPOConfig(**sizes), agent, 0).prepare(rollout)
+    assert torch.equal(lagged.log_probs, torch.from_numpy(rollout.log_probs.reshape(-1)))
+    starts = torch.from_numpy(rollout.starts.astype(np.float32))
+    initial = lagged.sequences.initial_state
+    with torch.no_grad():
+        fwd = agent.forward_sequences(lagged.obs, initial, starts[:T])
+        pi = agent.dist_terms(fwd, lagged.actions).log_prob.numpy().reshape(T, N)
+        values = agent.sequence_values(torch.from_numpy(rollout.obs), initial, starts).numpy()
+    expected = vtrace(
+        pi - rollout.log_probs,
+        rollout.rewards,
+        values,
+        rollout.terminated,
+        rollout.truncated,
+        rollout.valid,
+        0.99,
+    )
+    assert np.abs(pi - rollout.log_probs).max() > 1e-3  # the correction has something to correct
+    np.testing.assert_allclose(lagged.returns.numpy(), expected.vs.reshape(-1), rtol=0, atol=1e-5)
+    np.testing.assert_allclose(lagged.advantages.numpy(), expected.pg_advantages.reshape(-1), rtol=0, atol=1e-5)
 
 
 def test_a_leaking_state_would_be_caught():

@@ -37,9 +37,10 @@ def vtrace_targets(
     T, N = rollout.rewards.shape
     flat_obs = obs[:T].reshape(T * N, *obs.shape[2:])
     with torch.no_grad():
-        if sequences is None:
-            values = algo.critic_values(obs)
-            target_log_probs = agent.log_prob(flat_obs, actions)
+        if sequences is None:  # one pass for pi and V over the T steps, the critic alone for the last observation
+            fwd = agent.forward_train(flat_obs)
+            target_log_probs = agent.dist_terms(fwd, actions).log_prob
+            values = torch.cat([fwd.values.reshape(T, N), agent.values(obs[T])[None]]).float().cpu().numpy()
         else:  # recurrent: replayed from each sequence's recorded initial state, as the update will
             starts = rollout_starts(rollout, obs)
             values = agent.sequence_values(obs, sequences.initial_state, starts).cpu().numpy()

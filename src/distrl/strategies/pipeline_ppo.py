@@ -43,10 +43,15 @@ class AsyncCollector:
         from distrl.strategies.actor_learner import RolloutWorker, WorkerSpec
 
         self.trainer, self.strategy, self.engine = trainer, strategy, engine
-        default_fragments = 1 if trainer.algo_name == "ppo" else strategy.workers
-        self.n_workers = strategy.fragments_per_step or default_fragments
+        vtrace = trainer.algo_name != "ppo"
+        self.n_workers = strategy.fragments_per_step or (strategy.workers if vtrace else 1)
         """Fragments per learner step (the trainer counts an iteration's steps with it)."""
-        self.queue_size = strategy.queue_size or strategy.workers + self.n_workers - 1
+        # APPO's and IMPALA's actors never wait for the learner: each has its next request queued behind the one
+        # it runs (depth 2), and the queue holds those and a whole batch besides. PPO's generators, one request
+        # each, keep its lag small: its only correction is the ratio.
+        depth = 2 if vtrace else 1
+        default_queue = depth * strategy.workers + self.n_workers if vtrace else strategy.workers + self.n_workers - 1
+        self.queue_size = strategy.queue_size or default_queue
         for name, value in (("queue_size", self.queue_size), ("buffer_capacity", strategy.buffer_capacity)):
             if value < self.n_workers:
                 raise ConfigError(
@@ -78,7 +83,7 @@ class AsyncCollector:
         def request(actor: Any, version: int, weights: dict[str, Any] | None) -> Any:
             return engine.call(actor, "collect", weights if weights is not None else {"version": version}, 0, True)
 
-        self.pool = GeneratorPool(engine, strategy.workers, spawn, request, strategy, self.events)
+        self.pool = GeneratorPool(engine, strategy.workers, spawn, request, strategy, self.events, depth=depth)
         self.pending_env_steps, self.pending_returns, self.pending_lengths = 0, [], []
         """What the generators delivered since the last batch: env steps, finished episodes' returns and lengths."""
         self.overheads = Overheads()
