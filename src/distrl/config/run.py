@@ -258,7 +258,8 @@ class StrategyConfig:
     queue_size: int = 0
     """pipeline: how far the generators may run ahead of the learner, in slices (grpo) or fragments (ppo)
     requested, being scored, or buffered and not trained on yet; past it they idle (back-pressure).
-    With 0: 16 slices for grpo, one fragment per generator for ppo."""
+    With 0: 16 slices for grpo; for ppo one fragment per generator (and fragments_per_step - 1 more); for appo and
+    impala two per actor (each keeps its next request queued) and one batch of fragments_per_step besides."""
     starve_timeout_s: float = 60.0
     """pipeline: the learner fails, naming the stage it waits on, when no data arrives for this long."""
     replay_ratio: float = 0.0
