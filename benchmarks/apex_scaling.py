@@ -20,13 +20,10 @@ import platform
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
-import psutil
-
-from harness import alternating, markdown_table, median, write_section
+from harness import PeakMemory, alternating, child_env, markdown_table, median, write_section
 
 HERE = Path(__file__).parent
 SRC = HERE.parent / "src"
@@ -54,43 +51,9 @@ DQN = [
 WORKER_CPUS = 0.25  # what Ray reserves per actor, so that 8 actors fit on 2 cores
 
 
-class PeakMemory:
-    """Samples, every ``every_s``, the RSS of a process and the sum over it and all its descendants (Ray's
-    raylet, GCS, replay holder and actors). Sampling misses spikes shorter than ``every_s``."""
-
-    def __init__(self, pid: int, every_s: float = 0.5):
-        self.root = psutil.Process(pid)
-        self.every_s = every_s
-        self.own_mb = self.tree_mb = 0.0
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._sample, daemon=True)
-        self.thread.start()
-
-    def _sample(self) -> None:
-        while not self.stop.wait(self.every_s):
-            try:
-                own = self.root.memory_info().rss
-                tree = own
-                for child in self.root.children(recursive=True):
-                    try:
-                        tree += child.memory_info().rss
-                    except psutil.Error:  # ended between the listing and the reading
-                        pass
-            except psutil.Error:  # the run itself has ended
-                return
-            self.own_mb = max(self.own_mb, own / 2**20)
-            self.tree_mb = max(self.tree_mb, tree / 2**20)
-
-    def close(self) -> None:
-        self.stop.set()
-        self.thread.join()
-
-
 def run_once(actors: int, steps_per_actor: int, step_ms: float, seed: int) -> dict:
     """One Ape-X run in its own process; its summary.json with peak memory and the process's wall time."""
-    env = dict(os.environ)
-    # the Ray actors import slow_envs too: they inherit this PYTHONPATH
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SRC), str(HERE), env.get("PYTHONPATH", "")) if p)
+    env = child_env()  # the Ray actors import slow_envs too: they inherit its PYTHONPATH
     args = [
         *("dqn", ENV, "--env-kwargs", f"step_ms={step_ms:g}", *DQN),
         *("--strategy", "actor-learner", "--workers", str(actors), "--worker-cpus", str(WORKER_CPUS)),
@@ -106,7 +69,7 @@ def run_once(actors: int, steps_per_actor: int, step_ms: float, seed: int) -> di
                 stderr=err,  # a file, not a pipe: a full pipe would stall the run
                 env=env,
             )
-            memory = PeakMemory(proc.pid)
+            memory = PeakMemory([proc.pid])
             code = proc.wait()
             memory.close()
             wall_s = time.perf_counter() - start

@@ -43,13 +43,12 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 import psutil
 
-from harness import alternating, markdown_table, median, write_section
+from harness import PeakMemory, alternating, child_env, markdown_table, median, write_section
 
 HERE = Path(__file__).parent
 SRC = HERE.parent / "src"
@@ -70,53 +69,6 @@ TITLES = {
     "local": "APPO: asynchronous actors on a slow env, 1-16 actors",
     "two-node": "APPO: asynchronous actors on a slow env, 1-16 actors, two Ray nodes",
 }
-
-
-def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """This environment with src/ and benchmarks/ on PYTHONPATH: the Ray actors import slow_envs by name,
-    and inherit it (from the driver when Ray is embedded, from the raylets on the two-node cluster)."""
-    env = {**os.environ, **(extra or {})}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SRC), str(HERE), env.get("PYTHONPATH", "")) if p)
-    return env
-
-
-class PeakMemory:
-    """Samples, every ``every_s``, the RSS of the first root process and the sum over every root and all its
-    descendants (the learner; Ray's GCS, raylets and actors). Sampling misses spikes shorter than ``every_s``."""
-
-    def __init__(self, pids: list[int], every_s: float = 0.5):
-        self.roots = [psutil.Process(pid) for pid in pids]
-        self.every_s = every_s
-        self.own_mb = self.tree_mb = 0.0
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._sample, daemon=True)
-        self.thread.start()
-
-    def _sample(self) -> None:
-        while not self.stop.wait(self.every_s):
-            own = tree = 0
-            for i, root in enumerate(self.roots):
-                try:
-                    rss = root.memory_info().rss
-                    children = root.children(recursive=True)
-                except psutil.Error:  # the run itself has ended
-                    if i == 0:
-                        return
-                    continue
-                if i == 0:
-                    own = rss
-                tree += rss
-                for child in children:
-                    try:
-                        tree += child.memory_info().rss
-                    except psutil.Error:  # ended between the listing and the reading
-                        pass
-            self.own_mb = max(self.own_mb, own / 2**20)
-            self.tree_mb = max(self.tree_mb, tree / 2**20)
-
-    def close(self) -> None:
-        self.stop.set()
-        self.thread.join()
 
 
 class TwoNodes:

@@ -60,16 +60,15 @@ def assert_fragments_add_up(s):
     assert sum(s["policy_lag_counts"].values()) == s["fragment_uses"]
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("algo", ["appo", "impala"])
 def test_vtrace_algos_learn_cartpole_in_one_process(tmp_path, algo):
+    # in the default suite, as the learning tests of APPO and IMPALA under single and pipeline (5-10 s each here)
     # The CartPole presets, seed 0: appo evaluated 500 (100k steps), impala 471.1 (200k); a random policy ~22.
     s = train_cli(algo, "CartPole-v1", tmp_path / "run", "--strategy", "single", "--seed", "0")
     assert s["strategy"] == "single" and s["algo"] == algo
     assert s["final_eval_mean_return"] >= 400
 
 
-@pytest.mark.slow
 @pytest.mark.multiprocess
 def test_appo_learns_cartpole_with_two_actors_and_accounts_for_every_fragment(tmp_path):
     # the CLI's default for appo: --strategy pipeline --workers 2, each learner step on both actors' fragments.
@@ -147,8 +146,11 @@ def test_a_killed_actor_is_replaced_and_appo_goes_on(ray_local):
     assert s["policy_lag_max"] <= StrategyConfig().max_policy_lag
 
 
-def whole_run(rank, world, algo, cfg, iterations):
-    from distrl.strategies.ddp import DistributedSync
+def whole_run(rank, world, algo, cfg, iterations, actors_per_rank=0):
+    """A ddp rank's run; with ``actors_per_rank`` its learner is fed by actors of its own (one fragment ahead)."""
+    from contextlib import nullcontext
+
+    from distrl.strategies.ddp import DistributedSync, own_actors
 
     run = RunConfig(
         env="CartPole-v1",
@@ -158,11 +160,33 @@ def whole_run(rank, world, algo, cfg, iterations):
         vec="sync",
         quiet=True,
     )
-    trainer = OnPolicyTrainer(run, cfg, sync=DistributedSync(torch.device("cpu"), 30))
-    trainer.broadcast_state()
-    trainer.train()
-    trainer.close()
+    strategy = StrategyConfig(
+        strategy="ddp", workers=world, actors_per_rank=actors_per_rank, queue_size=1, fragments_per_step=1
+    )
+    with own_actors(run, strategy, None) if actors_per_rank else nullcontext(None) as collector_factory:
+        trainer = OnPolicyTrainer(
+            run,
+            cfg,
+            sync=DistributedSync(torch.device("cpu"), 30),
+            strategy=strategy,
+            collector_factory=collector_factory,
+        )
+        trainer.broadcast_state()
+        trainer.train()
+        trainer.close()
     return trainer.agent.params.data.clone(), trainer.steps
+
+
+@pytest.mark.multiprocess
+def test_ddp_ranks_fed_by_actors_of_their_own_compute_what_ranks_collecting_themselves_compute():
+    # one actor per rank, one fragment ahead of its learner (queue 1): every fragment is drawn by the learner's
+    # current weights from the environments the rank would have played itself, so ddp's numbers come out
+    cfg = APPOConfig(n_envs=2, n_steps=16, batch_size=32, n_epochs=2, learning_rate=3e-3)
+    (fed, steps), (fed1, _) = run_ranks(whole_run, 2, "appo", cfg, 4, 1, timeout=300)
+    (plain, plain_steps), _ = run_ranks(whole_run, 2, "appo", cfg, 4)
+    assert steps == plain_steps == 4 * 2 * 32
+    assert torch.equal(fed, fed1)
+    torch.testing.assert_close(fed, plain, rtol=0, atol=1e-5)
 
 
 @pytest.mark.multiprocess
@@ -203,7 +227,6 @@ PIXELS_CFG = APPOConfig(
 )
 
 
-@pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("strategy", ["single", "pipeline"])
 def test_appo_learns_from_pixels(ray_local, strategy):
@@ -219,3 +242,36 @@ def test_appo_learns_from_pixels(ray_local, strategy):
     assert (
         mean >= 7.0
     )  # seed 0 reached 8 under both (32 learner steps under single, 16 of two fragments under pipeline)
+
+
+@pytest.mark.slow  # learning
+def test_appo_learns_dict_observations():
+    # image + vector keys, each through its own encoder (either key alone earns 4 of 8; guessing 2)
+    cfg = APPOConfig(
+        n_envs=8, n_steps=32, batch_size=64, n_epochs=4, learning_rate=1e-3, net_arch=(64,), gamma=0.9, clip_range=0.2
+    )
+    run = RunConfig(algo="appo", env="distrl_spaceenvs:DictSignEnv", total_steps=8192, seed=0, vec="sync", quiet=True)
+    trainer = OnPolicyTrainer(run, cfg)
+    trainer.train()
+    mean, _ = trainer.evaluate_now()
+    trainer.close()
+    assert mean >= 7.0
+
+
+def test_impala_trains_a_users_module_through_vtrace():
+    run = RunConfig(
+        algo="impala",
+        env="CartPole-v1",
+        policy="distrl_spaceenvs:tiny_net",
+        total_steps=2 * 64,
+        seed=0,
+        vec="sync",
+        quiet=True,
+    )
+    trainer = OnPolicyTrainer(run, IMPALAConfig(n_envs=2, n_steps=32, batch_size=64))
+    assert isinstance(trainer.agent, ModuleAgent) and type(trainer.agent.module).__name__ == "TinyNet"
+    before = trainer.agent.params.data.clone()
+    trainer.train()
+    assert trainer.policy_version == 2
+    assert not torch.equal(trainer.agent.params.data, before)  # the user's layers were trained
+    trainer.close()

@@ -253,6 +253,10 @@ class StrategyConfig:
     """pipeline on Gymnasium envs: the generators' fragments each learner step trains on, merged along the env
     axis (several actors' data per batch, as IMPALA's learner batches them). 0: one for ppo, one per generator
     for appo and impala."""
+    actors_per_rank: int = 0
+    """ddp with ppo, appo or impala: feed each rank's learner from this many asynchronous Ray actors of its own (as
+    the pipeline feeds its learner) instead of its own environments; gradients are summed over ranks as always.
+    0: every rank collects itself."""
     max_reuse: int = 1
     """pipeline: learner steps that may train on one slice or fragment before it leaves the buffer."""
     queue_size: int = 0
@@ -272,6 +276,13 @@ class StrategyConfig:
 
     def __post_init__(self) -> None:
         require_positive(self, "workers", "timeout_s", "buffer_capacity", "max_reuse", "starve_timeout_s")
+        require(
+            self.actors_per_rank >= 0, "actors_per_rank", self.actors_per_rank, ">= 0 (0: ranks collect themselves)"
+        )
+        if self.actors_per_rank:
+            require(
+                self.strategy == "ddp", "actors_per_rank", self.actors_per_rank, "0 with --strategy " + self.strategy
+            )
         require(self.fragments_per_step >= 0, "fragments_per_step", self.fragments_per_step, ">= 0 (0: the default)")
         require(self.queue_size >= 0, "queue_size", self.queue_size, ">= 0 (0: the default for the algorithm)")
         require(self.max_policy_lag >= 0, "max_policy_lag", self.max_policy_lag, ">= 0")

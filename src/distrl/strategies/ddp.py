@@ -13,10 +13,13 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -94,38 +97,61 @@ def run_worker(
             raise ConfigError(f"workers={strategy.workers} differs from the process group's world size {world}")
         strategy = dataclasses.replace(strategy, workers=world)
         effective = scaled(cfg, strategy, world)
-        trainer = make_trainer(
-            run.algo,
-            run.replace(device=str(device.type)),
-            effective,
-            sync=sync,
-            run_dir=run_dir,
-            strategy=strategy,
-            requested=cfg,
-            device=device,
-        )
-        try:
-            places: list[dict[str, Any] | None] = [None] * world
-            dist.all_gather_object(places, placement())
-            trainer.extra_summary["placement"] = {"ranks": places}
-            if sync.rank == 0:
-                trainer.begin(resume_path)
-            trainer.broadcast_state()
-            if sync.rank != 0 and resume_path is not None and trainer.keeps_worker_state:
-                trainer.load_worker_state(resume_path)  # each rank's own part of the checkpoint (SAC's replay)
-            for i, tensor in enumerate(trainer.broadcast_tensors()):
-                sync.verify_identical(tensor, f"start-up tensor {i} (parameters or optimizer state)")
-            trainer.train()
-            checksums: list[str | None] = [None] * world
-            dist.all_gather_object(checksums, checksum(trainer.broadcast_tensors()[0]))
-            trainer.extra_summary["param_checksums"] = checksums
-        except BaseException:
-            trainer.close()
-            raise
-        summary = trainer.finish(time.perf_counter() - start)
-        return summary if sync.rank == 0 else None
+        fed = own_actors(run, strategy, run_dir) if strategy.actors_per_rank else nullcontext(None)
+        with fed as collector_factory:
+            extra = {"collector_factory": collector_factory} if collector_factory is not None else {}
+            trainer = make_trainer(
+                run.algo,
+                run.replace(device=str(device.type)),
+                effective,
+                sync=sync,
+                run_dir=run_dir,
+                strategy=strategy,
+                requested=cfg,
+                device=device,
+                **extra,
+            )
+            return _train_rank(trainer, sync, resume_path, start)
     finally:
         dist.destroy_process_group()
+
+
+@contextmanager
+def own_actors(run: RunConfig, strategy: StrategyConfig, run_dir: Path) -> Iterator[Any]:
+    """``--actors-per-rank N``: a collector factory whose collector is fed by N asynchronous actors of this rank's
+    own, as the pipeline's learner is (on an embedded Ray instance per rank, or the cluster at ``--ray-address``)."""
+    from distrl.strategies.pipeline import actor_engine
+    from distrl.strategies.pipeline_ppo import AsyncCollector
+
+    actors = dataclasses.replace(strategy, workers=strategy.actors_per_rank)
+    cpus = max(1, int(np.ceil(actors.workers * actors.worker_cpus)))
+    with actor_engine(actors, run_dir, num_cpus=cpus, debug=run.debug) as engine:
+        yield lambda trainer: AsyncCollector(trainer, actors, engine)
+
+
+def _train_rank(trainer: Any, sync: DistributedSync, resume_path: Path | None, start: float) -> dict[str, Any] | None:
+    """Train this rank's replica to the end; rank 0 returns the run's summary."""
+    world = sync.world_size
+    try:
+        places: list[dict[str, Any] | None] = [None] * world
+        dist.all_gather_object(places, placement())
+        trainer.extra_summary["placement"] = {"ranks": places}
+        if sync.rank == 0:
+            trainer.begin(resume_path)
+        trainer.broadcast_state()
+        if sync.rank != 0 and resume_path is not None and trainer.keeps_worker_state:
+            trainer.load_worker_state(resume_path)  # each rank's own part of the checkpoint (SAC's replay)
+        for i, tensor in enumerate(trainer.broadcast_tensors()):
+            sync.verify_identical(tensor, f"start-up tensor {i} (parameters or optimizer state)")
+        trainer.train()
+        checksums: list[str | None] = [None] * world
+        dist.all_gather_object(checksums, checksum(trainer.broadcast_tensors()[0]))
+        trainer.extra_summary["param_checksums"] = checksums
+    except BaseException:
+        trainer.close()
+        raise
+    summary = trainer.finish(time.perf_counter() - start)
+    return summary if sync.rank == 0 else None
 
 
 def _run_decoupled(

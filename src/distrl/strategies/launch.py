@@ -58,6 +58,10 @@ def check_before_launch(run: Any, strategy: Any, cfg: Any, resume_path: Path | N
         check_layout(cfg, strategy, strategy.workers)
     else:
         scaled(cfg, strategy, strategy.workers)
+    if strategy.actors_per_rank and run.algo not in ("ppo", "appo", "impala"):
+        raise ConfigError(
+            f"actors_per_rank={strategy.actors_per_rank} is not available for {run.algo}: use ppo, appo or impala"
+        )
     TRAINERS[run.algo].check_env(run, cfg)
 
 

@@ -69,10 +69,12 @@ class AsyncCollector:
         self.events = self.stats.events
         self.seed, self.segment = trainer.run.seed, 0
 
+        first = trainer.sync.rank * strategy.workers  # a ddp rank's actors play environments of their own
+
         def spawn(i: int, restarts: int) -> Any:
             actor = engine.spawn(
                 RolloutWorker,
-                WorkerSpec("ppo", trainer.run, trainer.cfg, i),
+                WorkerSpec("ppo", trainer.run, trainer.cfg, first + i),
                 cpus=strategy.worker_cpus,
                 gpus=strategy.worker_gpus,
             )
