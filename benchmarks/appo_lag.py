@@ -29,6 +29,8 @@ from pathlib import Path
 
 from harness import alternating, markdown_table, median, write_section
 
+RESULT = Path(__file__).parents[1] / "docs" / "results" / "appo_lag.json"
+
 SETTINGS = {
     "lag 0": ["--workers", "1", "--queue-size", "1", "--fragments-per-step", "1"],
     "lagged": [
@@ -88,13 +90,25 @@ def main() -> None:
             r = train(setting, seed, Path(tmp))
             results[setting].append(r)
             print(f"  {setting} seed {seed}: {json.dumps({k: round(v, 3) for k, v in r.items()})}", flush=True)
+    data = {"command": "appo_lag.py", "env": "CartPole-v1", "algo": "appo", "steps": 100_000, "settings": SETTINGS}
+    data["runs"] = {setting: [dict(r, seed=seed) for seed, r in enumerate(runs)] for setting, runs in results.items()}
+    body = "\n".join(report(data))
+    if args.quick:
+        print(body)
+    else:
+        RESULT.write_text(json.dumps(data, indent=1) + "\n")  # docs/results.md shows it too
+        write_section("APPO: learning with lagged actors (V-trace)", body)
+
+
+def report(data: dict) -> list[str]:
+    """The table of a result of this benchmark (as written to docs/results/appo_lag.json)."""
     rows = []
-    for setting, runs in results.items():
-        for seed, r in enumerate(runs):
+    for setting, runs in data["runs"].items():
+        for r in runs:
             rows.append(
                 [
                     setting,
-                    str(seed),
+                    str(r["seed"]),
                     f"{r['eval']:.0f}",
                     f"{r['last_100']:.0f}",
                     f"{r['lag_mean']:.1f} / {r['lag_p95']:.0f} / {r['lag_max']:.0f}",
@@ -102,34 +116,28 @@ def main() -> None:
                     f"{r['train_s']:.1f}",
                 ]
             )
-    medians = {s: median([r["eval"] for r in runs]) for s, runs in results.items()}
-    body = "\n".join(
-        [
-            "APPO on CartPole-v1 with its preset (100k steps), `--strategy pipeline`, one fragment per learner step: "
-            "`lag 0` is one actor with `--queue-size 1` (every fragment drawn by the learner's current policy); "
-            "`lagged` is two actors with `--queue-size 8 --replay-sampling uniform --max-policy-lag 12`. "
-            "Reproduce: `python benchmarks/appo_lag.py`.",
-            "",
-            *markdown_table(
-                [
-                    "setting",
-                    "seed",
-                    "final 10-episode eval",
-                    "last 100 episodes",
-                    "lag mean / p95 / max",
-                    "dropped for lag",
-                    "training s",
-                ],
-                rows,
-            ),
-            "",
-            f"Median final evaluation: lag 0 {medians['lag 0']:.0f}, lagged {medians['lagged']:.0f}.",
-        ]
-    )
-    if args.quick:
-        print(body)
-    else:
-        write_section("APPO: learning with lagged actors (V-trace)", body)
+    medians = {s: median([r["eval"] for r in runs]) for s, runs in data["runs"].items()}
+    return [
+        "APPO on CartPole-v1 with its preset (100k steps), `--strategy pipeline`, one fragment per learner step: "
+        "`lag 0` is one actor with `--queue-size 1` (every fragment drawn by the learner's current policy); "
+        "`lagged` is two actors with `--queue-size 8 --replay-sampling uniform --max-policy-lag 12`. "
+        "Reproduce: `python benchmarks/appo_lag.py`.",
+        "",
+        *markdown_table(
+            [
+                "setting",
+                "seed",
+                "final 10-episode eval",
+                "last 100 episodes",
+                "lag mean / p95 / max",
+                "dropped for lag",
+                "training s",
+            ],
+            rows,
+        ),
+        "",
+        f"Median final evaluation: lag 0 {medians['lag 0']:.0f}, lagged {medians['lagged']:.0f}.",
+    ]
 
 
 if __name__ == "__main__":

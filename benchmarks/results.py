@@ -406,6 +406,16 @@ def pbt_section() -> list[str]:
     return ["## Population-based training against random search", "", *lines] if lines else []
 
 
+def lag_section() -> list[str]:
+    """APPO with lagged actors against lag 0 (benchmarks/appo_lag.py's kept result)."""
+    path = RESULTS / "appo_lag.json"
+    if not path.is_file():
+        return []
+    from appo_lag import report
+
+    return ["## APPO: learning with lagged actors (V-trace)", "", *report(json.loads(path.read_text())), ""]
+
+
 def sb3_section(runs: list[dict]) -> list[str]:
     """Reference runs of stable-baselines3 with distrl's preset on the same env version (sb3_reference.py)."""
     rows = []
@@ -479,6 +489,7 @@ def page_text(draw: bool = True) -> str:
         *curve_figures(runs, draw),
         *atari_section(runs),
         *sb3_section(runs),
+        *lag_section(),
         "## Speedup against ideal, per strategy",
         "",
         *scaling_section(),
