@@ -256,7 +256,7 @@ class StrategyConfig:
     actors_per_rank: int = 0
     """ddp with ppo, appo or impala: feed each rank's learner from this many asynchronous Ray actors of its own (as
     the pipeline feeds its learner) instead of its own environments; gradients are summed over ranks as always.
-    0: every rank collects itself."""
+    With 0 every rank collects itself."""
     max_reuse: int = 1
     """pipeline: learner steps that may train on one slice or fragment before it leaves the buffer."""
     queue_size: int = 0
