@@ -43,7 +43,7 @@ def vtrace_targets(
             values = torch.cat([fwd.values.reshape(T, N), agent.values(obs[T])[None]]).float().cpu().numpy()
         else:  # recurrent: replayed from each sequence's recorded initial state, as the update will
             starts = rollout_starts(rollout, obs)
-            values = agent.sequence_values(obs, sequences.initial_state, starts).cpu().numpy()
+            values = agent.sequence_values(obs, sequences.initial_state, starts).float().cpu().numpy()
             fwd = agent.forward_sequences(flat_obs, sequences.initial_state, sequences.starts)
             target_log_probs = agent.dist_terms(fwd, actions).log_prob
     if rollout.log_probs is None:
