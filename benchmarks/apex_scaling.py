@@ -14,19 +14,12 @@ lasts about as long (~60 s of training). Actor counts alternate over ``--repeats
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
-import subprocess
-import sys
-import tempfile
 import time
-from pathlib import Path
 
-from harness import PeakMemory, alternating, child_env, markdown_table, median, write_section
+from harness import alternating, child_env, markdown_table, measured_run, median, write_section
 
-HERE = Path(__file__).parent
-SRC = HERE.parent / "src"
 ENV = "slow_envs:SleepyCartPole"
 ACTORS, QUICK_ACTORS = (1, 2, 4, 8), (1, 2)
 LEARNING_STARTS = 1_000
@@ -59,35 +52,11 @@ def run_once(actors: int, steps_per_actor: int, step_ms: float, seed: int) -> di
         *("--strategy", "actor-learner", "--workers", str(actors), "--worker-cpus", str(WORKER_CPUS)),
         *("--total-steps", str(steps_per_actor * actors), "--seed", str(seed)),
     ]
-    with tempfile.TemporaryDirectory() as tmp:
-        run_dir = Path(tmp) / "run"
-        with open(Path(tmp) / "stderr", "w+") as err:
-            start = time.perf_counter()
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "distrl", "train", *args, "--quiet", "--run-dir", str(run_dir)],
-                stdout=subprocess.DEVNULL,
-                stderr=err,  # a file, not a pipe: a full pipe would stall the run
-                env=env,
-            )
-            memory = PeakMemory([proc.pid])
-            code = proc.wait()
-            memory.close()
-            wall_s = time.perf_counter() - start
-            err.seek(0)
-            message = err.read()
-        if code != 0:
-            raise RuntimeError(f"{actors} actors, seed {seed} failed:\n{message[-3000:]}")
-        summary = json.loads((run_dir / "summary.json").read_text())
+    summary = measured_run(args, env, f"apex_scaling: {actors} actors, seed {seed}")
     # The learner does nothing until LEARNING_STARTS transitions are in (4-5 s with one actor, 0.5 s with 8):
     # its speed is counted over the time after that, estimated at the run's mean insert rate.
     learning_s = summary["train_s"] - LEARNING_STARTS / summary["insert_rate"]
-    summary.update(
-        process_wall_s=wall_s,
-        learner_rss_mb=memory.own_mb,
-        tree_rss_mb=memory.tree_mb,
-        gradient_steps_per_s=summary["gradient_steps"] / max(learning_s, 1e-9),
-        stderr=message.strip(),
-    )
+    summary.update(gradient_steps_per_s=summary["gradient_steps"] / max(learning_s, 1e-9))
     return summary
 
 

@@ -48,11 +48,9 @@ from pathlib import Path
 
 import psutil
 
-from harness import PeakMemory, alternating, child_env, markdown_table, median, write_section
+from harness import alternating, child_env, markdown_table, measured_run, median, write_section
 
-HERE = Path(__file__).parent
-SRC = HERE.parent / "src"
-RESULTS = HERE.parent / "docs" / "results" / "async_scaling"
+RESULTS = Path(__file__).parents[1] / "docs" / "results" / "async_scaling"
 ENV = "slow_envs:SleepyCartPole"
 ACTORS = (1, 2, 4, 8, 16)
 QUICK_ACTORS, QUICK_SECONDS = (1, 2), 5.0
@@ -154,43 +152,16 @@ def run_once(actors: int, steps: int, step_ms: float, seed: int, cluster: TwoNod
         *("--total-steps", str(steps * actors), "--seed", str(seed)),
         *(("--ray-address", cluster.address) if cluster else ()),
     ]
-    with tempfile.TemporaryDirectory() as tmp:
-        run_dir = Path(tmp) / "run"
-        with open(Path(tmp) / "stderr", "w+") as err:
-            start = time.perf_counter()
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "distrl", "train", *args, "--quiet", "--run-dir", str(run_dir)],
-                stdout=subprocess.DEVNULL,
-                stderr=err,  # a file, not a pipe: a full pipe would stall the run
-                env=cluster.env if cluster else child_env(),
-            )
-            memory = PeakMemory([proc.pid] + ([cluster.proc.pid] if cluster else []))
-            try:
-                code = proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                code = proc.wait()
-                err.write(f"\n[async_scaling] killed after {timeout_s:.0f} s\n")
-            memory.close()
-            wall_s = time.perf_counter() - start
-            err.seek(0)
-            message = err.read()
-        if code != 0:
-            raise RuntimeError(f"{actors} actors, seed {seed} failed:\n{message[-3000:]}")
-        summary = json.loads((run_dir / "summary.json").read_text())
+    env = cluster.env if cluster else child_env()
+    others = [cluster.proc.pid] if cluster else []
+    summary = measured_run(args, env, f"async_scaling: {actors} actors, seed {seed}", timeout_s, *others)
     nodes = [row[0]["node"] for row in summary.get("placement", {}).get("generators", []) if row]
     names = cluster.nodes if cluster else {}
     per_node: dict[str, int] = {}
     for node in nodes:
         name = names.get(node, "this node" if not cluster else node[:8])
         per_node[name] = per_node.get(name, 0) + 1
-    summary.update(
-        process_wall_s=wall_s,
-        learner_rss_mb=memory.own_mb,
-        tree_rss_mb=memory.tree_mb,
-        actors_per_node=per_node,
-        stderr=message.strip()[-3000:],
-    )
+    summary.update(actors_per_node=per_node)
     return summary
 
 

@@ -9,7 +9,9 @@ import resource
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -216,3 +218,39 @@ class PeakMemory:
     def close(self) -> None:
         self.stop.set()
         self.thread.join()
+
+
+def measured_run(
+    args: list[str], env: dict[str, str], label: str, timeout_s: float | None = None, *others: int
+) -> dict:
+    """``distrl train ARGS`` in its own process, its memory sampled (see :class:`PeakMemory`; ``others``: more
+    process trees to count, such as a local Ray cluster's): its summary.json with the process's wall time, the
+    peak RSS of the learner and of all its processes, and its stderr. A run past ``timeout_s`` is killed."""
+    with tempfile.TemporaryDirectory() as tmp:
+        run_dir = Path(tmp) / "run"
+        with open(Path(tmp) / "stderr", "w+") as err:
+            start = time.perf_counter()
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "distrl", "train", *args, "--quiet", "--run-dir", str(run_dir)],
+                stdout=subprocess.DEVNULL,
+                stderr=err,  # a file, not a pipe: a full pipe would stall the run
+                env=env,
+            )
+            memory = PeakMemory([proc.pid, *others])
+            try:
+                code = proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                code = proc.wait()
+                err.write(f"\n[{label}] killed after {timeout_s:.0f} s\n")
+            memory.close()
+            wall_s = time.perf_counter() - start
+            err.seek(0)
+            message = err.read()
+        if code != 0:
+            raise RuntimeError(f"{label} failed:\n{message[-3000:]}")
+        summary = json.loads((run_dir / "summary.json").read_text())
+    summary.update(
+        process_wall_s=wall_s, learner_rss_mb=memory.own_mb, tree_rss_mb=memory.tree_mb, stderr=message.strip()[-3000:]
+    )
+    return summary

@@ -100,7 +100,7 @@ def test_the_sequence_gradient_equals_autograd_on_the_plain_loss():
     returns = torch.randn(T * N, generator=gen)
     valid = torch.ones(T * N)
     valid[7] = 0.0  # a reset step: no weight
-    from distrl.algos.ppo import Minibatch
+    from distrl.data.packed import Minibatch
 
     envs = torch.tensor([2, 0, 1])  # a minibatch's sequences, in shuffled order
     rows = sequence_minibatch_rows(T, N, envs)

@@ -6,8 +6,9 @@ import torch
 from gymnasium import spaces
 
 from distrl.algos.optim import ClippedAdam, linear
-from distrl.algos.ppo import PackedBatch, PPOAlgo, ppo_loss
+from distrl.algos.ppo import PPOAlgo, ppo_loss
 from distrl.config import ConfigError, PPOConfig
+from distrl.data.packed import PackedBatch
 from distrl.data.rollout import Rollout, RolloutBatch
 from distrl.nets import ActorCritic, ParamBuffer
 from distrl.protocols import LocalSync

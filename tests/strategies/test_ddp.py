@@ -8,8 +8,9 @@ import torch
 from gymnasium import spaces
 
 from distributed import run_ranks
-from distrl.algos.ppo import PackedBatch, PPOAlgo
+from distrl.algos.ppo import PPOAlgo
 from distrl.config import ConfigError, PPOConfig, REINFORCEConfig, RunConfig, StrategyConfig, scaled
+from distrl.data.packed import PackedBatch
 from distrl.data.rollout import RolloutBatch
 from distrl.nets import ActorCritic
 from distrl.protocols import LocalSync

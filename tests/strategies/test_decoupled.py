@@ -57,7 +57,7 @@ def test_player_weights_match_trainers_after_every_update(share):
 
 
 def scatter_rows(rank, world):
-    from distrl.algos.ppo import PackedBatch
+    from distrl.data.packed import PackedBatch
     from distrl.strategies.decoupled import _receive_batch, _send_batch
 
     rows, columns = 12, PackedBatch.columns(())

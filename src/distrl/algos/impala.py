@@ -18,8 +18,9 @@ import torch
 
 from distrl.algos.appo import vtrace_targets
 from distrl.algos.optim import ClippedRMSprop
-from distrl.algos.ppo import Minibatch, PPOAlgo, PPOLoss, Targets
+from distrl.algos.ppo import PPOAlgo, PPOLoss, Targets
 from distrl.config import IMPALAConfig
+from distrl.data.packed import Minibatch
 from distrl.data.rollout import Rollout, Sequences
 from distrl.nets import Agent
 

@@ -9,7 +9,6 @@ strategy's ``Sync`` before the gradient is clipped and Adam steps.
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -19,6 +18,7 @@ import torch
 from distrl.algos.autodiff import leaves, output_grads
 from distrl.algos.optim import ClippedAdam, FlatOptimizer, linear
 from distrl.config import PPOConfig
+from distrl.data.packed import Minibatch, PackedBatch
 from distrl.data.rollout import Rollout, RolloutBatch, Sequences, gae
 from distrl.nets import Agent
 from distrl.nets.recurrent import sequence_minibatch_rows, state_from_numpy
@@ -111,84 +111,6 @@ UPDATE_METRICS = (
     "charts/clip_range",
 )
 """What ``update`` returns, in this order (decoupled's trainers send them to the player as one tensor)."""
-
-
-class Minibatch(NamedTuple):
-    """A minibatch's rows of a :class:`PackedBatch`, each [B, ...]."""
-
-    obs: torch.Tensor
-    actions: torch.Tensor
-    old_log_prob: torch.Tensor
-    old_values: torch.Tensor
-    advantages: torch.Tensor
-    returns: torch.Tensor
-    valid: torch.Tensor
-
-
-class PackedBatch:
-    """A batch as two tensors: observations [B, *obs_shape] in their stored dtype (uint8 images stay
-    uint8), and one float row per sample of actions | log_prob, value, advantage, return, valid.
-
-    A minibatch is one gather from each, and a batch travels between processes as the two tensors.
-    """
-
-    def __init__(
-        self,
-        obs: torch.Tensor,
-        data: torch.Tensor,
-        action_shape: tuple[int, ...],
-        discrete: bool,
-        sequences: Sequences | None = None,
-    ):
-        self.obs, self.data = obs, data
-        self.sequences = sequences
-        """Recurrent policies: the rows are whole environment sequences (row t * N + n); see ``Sequences``."""
-        self.action_shape, self.discrete = tuple(action_shape), discrete
-        self.action_columns = math.prod(self.action_shape)
-        self.device = data.device
-        self._all: Minibatch | None = None
-
-    @staticmethod
-    def columns(action_shape: tuple[int, ...]) -> int:
-        """Float columns per sample: the action's, then log_prob, value, advantage, return, valid."""
-        return math.prod(action_shape) + 5
-
-    @classmethod
-    def pack(cls, batch: RolloutBatch, advantages: torch.Tensor) -> PackedBatch:
-        actions = batch.actions.float().reshape(batch.size, -1)
-        columns = [batch.log_probs, batch.values, advantages, batch.returns, batch.valid]
-        data = torch.cat([actions, torch.stack(columns, 1)], 1)
-        return cls(
-            batch.obs, data, tuple(batch.actions.shape[1:]), not batch.actions.is_floating_point(), batch.sequences
-        )
-
-    @property
-    def size(self) -> int:
-        return int(self.data.shape[0])
-
-    def rows(self, idx: torch.Tensor) -> Minibatch:
-        return self._split(self.obs.index_select(0, idx), self.data.index_select(0, idx))
-
-    def all_rows(self) -> Minibatch:
-        if self._all is None:
-            self._all = self._split(self.obs, self.data)
-        return self._all
-
-    def _split(self, obs: torch.Tensor, rows: torch.Tensor) -> Minibatch:
-        a = self.action_columns
-        actions = rows[:, :a].reshape(len(rows), *self.action_shape)
-        if self.discrete:
-            actions = actions.long()
-        log_prob, values, advantages, returns, valid = rows[:, a:].unbind(1)
-        return Minibatch(obs, actions, log_prob, values, advantages, returns, valid)
-
-    def explained_variance(self) -> float:
-        """1 - Var[returns - values] / Var[returns] over valid steps (1 is perfect, <= 0 is useless)."""
-        r = self.all_rows()
-        mask = r.valid > 0
-        returns, values = r.returns[mask], r.old_values[mask]
-        var = float(returns.var()) if returns.numel() > 1 else 0.0
-        return float("nan") if var == 0 else 1.0 - float((returns - values).var()) / var
 
 
 class PPOAlgo:

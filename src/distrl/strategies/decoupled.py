@@ -28,9 +28,10 @@ import torch
 import torch.distributed as dist
 
 from distrl import preemption
-from distrl.algos.ppo import UPDATE_METRICS, PackedBatch, PPOAlgo
+from distrl.algos.ppo import UPDATE_METRICS, PPOAlgo
 from distrl.config import ConfigError, PPOConfig, RunConfig, StrategyConfig
 from distrl.data.normalize import ObsNormalizer, RewardScaler
+from distrl.data.packed import PackedBatch
 from distrl.data.rollout import Rollout, RolloutBatch, Sequences
 from distrl.nets.recurrent import sequence_minibatch_rows
 from distrl.protocols import Sync
