@@ -13,7 +13,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from gymnasium import spaces
 
 from distrl import checkpoint, export, trust
 from distrl.config import ConfigError, RunConfig, split_by_config
@@ -23,7 +22,7 @@ from distrl.evaluation import evaluate
 from distrl.export import Export, Format
 from distrl.logs import Console
 from distrl.presets import algo_configs
-from distrl.spaces import stored_layout
+from distrl.spaces import check_observation
 from distrl.training import (
     EVAL_SEED_OFFSET,
     DQNTrainer,
@@ -312,31 +311,6 @@ def policy_name(policy: Any) -> str:
     if isinstance(policy, str):
         return policy
     return object_name(policy, getattr(policy, "__name__", type(policy).__name__).strip("<>"))
-
-
-def check_observation(observation: Any, space: spaces.Space) -> None:
-    """Refuse what is neither one observation of ``space`` nor a batch of them (one more leading dimension)."""
-    if isinstance(observation, tuple) and len(observation) == 2 and isinstance(observation[1], dict):
-        raise ConfigError(
-            "observation=(obs, info) is not allowed: pass obs alone, as `obs, info = env.reset()` gives it"
-        )
-    if isinstance(space, spaces.Dict):
-        keys = sorted(observation) if isinstance(observation, dict) else None
-        if keys != sorted(space.spaces):
-            raise ConfigError(f"observation with keys {keys} is not allowed: the keys must be {sorted(space.spaces)}")
-        shapes = {f"observation[{k!r}]": (np.shape(observation[k]), stored_layout(space[k])[0]) for k in keys}
-    else:
-        shapes = {"observation": (np.shape(observation), stored_layout(space)[0])}
-    for name, (got, want) in shapes.items():
-        if got != want and got[1:] != want:
-            batch = str(("n", *want)).replace("'", "")
-            raise ConfigError(f"{name} of shape {got} is not allowed: {want} (one observation) or {batch} (a batch)")
-    leading = {got[:1] if got != want else None for got, want in shapes.values()}
-    if len(leading) > 1:
-        raise ConfigError(
-            f"observation with shapes {[got for got, _ in shapes.values()]} is not allowed: every key "
-            "one observation, or every key a batch of the same size"
-        )
 
 
 def start_flags(episode_start: Any, n: int) -> np.ndarray:

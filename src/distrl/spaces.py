@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -241,3 +241,28 @@ def stored_layout(space: spaces.Space) -> tuple[tuple[int, ...], np.dtype]:
 def is_vector(space: spaces.Space) -> bool:
     """A Box that is not an image: the observations running normalisation applies to."""
     return isinstance(space, spaces.Box) and not is_image(space)
+
+
+def check_observation(observation: Any, space: spaces.Space) -> None:
+    """Refuse what is neither one observation of ``space`` nor a batch of them (one more leading dimension)."""
+    if isinstance(observation, tuple) and len(observation) == 2 and isinstance(observation[1], dict):
+        raise ConfigError(
+            "observation=(obs, info) is not allowed: pass obs alone, as `obs, info = env.reset()` gives it"
+        )
+    if isinstance(space, spaces.Dict):
+        keys = sorted(observation) if isinstance(observation, dict) else None
+        if keys != sorted(space.spaces):
+            raise ConfigError(f"observation with keys {keys} is not allowed: the keys must be {sorted(space.spaces)}")
+        shapes = {f"observation[{k!r}]": (np.shape(observation[k]), stored_layout(space[k])[0]) for k in keys}
+    else:
+        shapes = {"observation": (np.shape(observation), stored_layout(space)[0])}
+    for name, (got, want) in shapes.items():
+        if got != want and got[1:] != want:
+            batch = str(("n", *want)).replace("'", "")
+            raise ConfigError(f"{name} of shape {got} is not allowed: {want} (one observation) or {batch} (a batch)")
+    leading = {got[:1] if got != want else None for got, want in shapes.values()}
+    if len(leading) > 1:
+        raise ConfigError(
+            f"observation with shapes {[got for got, _ in shapes.values()]} is not allowed: every key "
+            "one observation, or every key a batch of the same size"
+        )
