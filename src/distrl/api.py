@@ -21,6 +21,7 @@ from distrl.envs import make_run_env
 from distrl.evaluation import evaluate
 from distrl.export import Export, Format
 from distrl.logs import Console
+from distrl.masks import with_mask
 from distrl.presets import algo_configs
 from distrl.spaces import check_observation
 from distrl.training import (
@@ -140,6 +141,7 @@ class Model:
         deterministic: bool = True,
         *,
         rng: np.random.Generator | None = None,
+        action_mask: Any = None,
     ) -> tuple[Any, Any]:
         """``(action, state)`` for one observation, ``(actions, state)`` for a batch, whatever the policy:
         ``action, _ = model.predict(obs)``.
@@ -156,7 +158,13 @@ class Model:
             deterministic: the policy's mode (mean or most likely action) rather than a sample; True by
                 default, as :meth:`evaluate` acts.
             rng: the generator samples are drawn from when ``deterministic=False``.
+            action_mask: for an env whose masks come from ``info["action_mask"]`` or ``action_masks()``: the
+                legal actions (1) of this observation, [n] or [B, n]; None: every action is legal. An env
+                whose observation holds the mask needs none: the observation's own is used.
         """
+        observation = with_mask(
+            observation, action_mask, self._trainer.env.single_observation_space, self._trainer.run.action_mask
+        )
         check_observation(observation, self._trainer.env.single_observation_space)
         batch, single = self._trainer.stored_batch(observation)
         starts = None if episode_start is None else start_flags(episode_start, len(batch))

@@ -59,6 +59,14 @@ def checkpoint_every_time(argv: list[str]) -> list[str]:
     return [*set_flag(argv, "--checkpoint-every", ""), "--checkpoint-every-s", f"{seconds:g}"]
 
 
+def no_action_mask(argv: list[str]) -> list[str]:
+    """``--no-action-mask`` as ``--action-mask off``."""
+    out: list[str] = []
+    for arg in argv:
+        out += ["--action-mask", "off"] if arg == "--no-action-mask" else [arg]
+    return out
+
+
 def merge_repeated(argv: list[str], flag: str, into: str) -> list[str]:
     """``--wrapper A --wrapper B`` as ``--wrappers A B`` (tyro keeps only the last of a repeated flag)."""
     values: list[str] = []

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import copy
 import difflib
+import functools
 import importlib
 import inspect
 import os
+import warnings
 from collections.abc import Callable, Iterable
 from functools import partial
 from typing import Any
@@ -75,12 +77,53 @@ def resolve_env_id(name: str) -> str:
             "process that trained this run, and the run does not record which (runs saved before "
             f"distrl recorded entry points): name it, e.g. --env mypkg.envs:{class_name}"
         )
+    if is_multiagent(name):  # a PettingZoo env: distrl.multiagent builds it, not Gymnasium
+        return name
     if ":" in name:
         return _register_custom(name)
     candidates = list(gym.registry) + list(SHORT_NAMES)
     close = difflib.get_close_matches(name, candidates, n=3, cutoff=0.6)
     hint = f"; did you mean {', '.join(close)}?" if close else "; see gymnasium.pprint_registry()"
     raise ConfigError(f"env={name!r} is not a registered Gymnasium id or short name{hint}")
+
+
+@functools.cache
+def is_multiagent(name: str) -> bool:
+    """Whether ``name`` is a PettingZoo Parallel env: an id of PettingZoo's parallel registry ("classic/rps-v2"),
+    a module whose ``parallel_env`` builds one ("mpe2.simple_spread_v3"), or 'package.module:Name' naming a
+    ParallelEnv class or a function that returns one (called once here, without arguments, to find out)."""
+    if name in gym.registry or name.lower() in SHORT_NAMES or name.startswith(("ALE/", "custom/", MEMORY)):
+        return False
+    try:
+        import pettingzoo
+    except ImportError:
+        return False
+    if name in getattr(pettingzoo, "parallel_registry", {}):
+        return True
+    module_name, _, attr = name.partition(":")
+    if "." not in module_name and not attr:
+        return False
+    try:
+        with warnings.catch_warnings():  # PettingZoo deprecates importing its own envs by module path
+            warnings.simplefilter("ignore", DeprecationWarning)
+            module = importlib.import_module(module_name)
+    except ImportError:
+        return False
+    if not attr:
+        return callable(getattr(module, "parallel_env", None))
+    obj = getattr(module, attr, None)
+    if isinstance(obj, type):
+        return issubclass(obj, pettingzoo.ParallelEnv)
+    if not inspect.isfunction(obj):
+        return False
+    try:
+        made = obj()
+    except Exception:  # noqa: BLE001 - not callable bare: the Gymnasium path reports it
+        return False
+    found = isinstance(made, pettingzoo.ParallelEnv)
+    if found or isinstance(made, gym.Env):
+        made.close()
+    return found
 
 
 def _register_ale() -> bool:

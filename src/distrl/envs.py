@@ -22,18 +22,22 @@ import numpy as np
 from gymnasium.envs.registration import load_env_creator
 from gymnasium.vector import AutoresetMode
 
+from distrl import masks
 from distrl.config import ConfigError, VecMode, parse_env_kwargs
 from distrl.env_names import (
     EnvInstance,
     apply_wrappers,
     dependency_error,
     is_atari,
+    is_multiagent,
     is_user_code,
     portable_env_name,
     remembered,
     resolve_env_id,
     shown_name,
 )
+from distrl.masks import has_mask_key
+from distrl.multiagent import ParallelAgents, make_parallel_env
 from distrl.spaces import DictLayout
 
 if TYPE_CHECKING:
@@ -47,12 +51,14 @@ def make_single_env(
     render_mode: str | None = None,
     atari_wrappers: bool = True,
     evaluation: bool = False,
+    action_mask: str = "off",
 ) -> gym.Env:
     """One environment: ``name`` built with ``env_kwargs``, then ``wrappers`` applied in order.
 
     Atari games get distrl's Atari preprocessing first (unless ``atari_wrappers`` is False); with
-    ``evaluation`` it leaves out episodic life and reward clipping. Module-level so that async vector
-    envs can run it in their worker processes.
+    ``evaluation`` it leaves out episodic life and reward clipping. ``action_mask`` (auto, off or a
+    source, see :mod:`distrl.masks`) moves masks from ``info`` or ``action_masks()`` into the observation.
+    Module-level so that async vector envs can run it in their worker processes.
     """
     env_id = resolve_env_id(name)
     kwargs = dict(env_kwargs or {})
@@ -71,7 +77,8 @@ def make_single_env(
         if not env_kwargs:
             raise
         raise ConfigError(f"env_kwargs={_kwargs_text(env_kwargs)} is not accepted by {name}: {exc}") from None
-    return apply_wrappers(env, wrappers)
+    env = apply_wrappers(env, wrappers)
+    return env if action_mask == "off" else masks.with_masks(env, action_mask)
 
 
 def _kwargs_text(kwargs: dict[str, Any]) -> str:
@@ -94,8 +101,13 @@ def make_vector_env(
     wrappers: tuple[str, ...] = (),
     atari_wrappers: bool = True,
     evaluation: bool = False,
-) -> gym.vector.VectorEnv | OneEnv:
+    action_mask: str = "off",
+    global_state: bool = False,
+) -> gym.vector.VectorEnv | OneEnv | ParallelAgents:
     """A Gymnasium vector env with next-step autoreset.
+
+    A PettingZoo env (:func:`~distrl.env_names.is_multiagent`) is ``n_envs`` copies of its game as one vector
+    env of their agents (:class:`~distrl.multiagent.ParallelAgents`, ``global_state`` for a centralised critic).
 
     ``native`` uses the env's own vector implementation (e.g. CartPole's, which steps
     all environments in one numpy call); ``auto`` uses it when the env has one that takes
@@ -103,12 +115,29 @@ def make_vector_env(
     :class:`OneEnv` for a single environment.
     """
     env_kwargs = dict(env_kwargs or {})
+    if is_multiagent(env_id):
+        if wrappers or mode not in ("auto", "sync"):
+            raise ConfigError(
+                f"env={env_id!r} is a multi-agent env, which is not allowed with "
+                + (
+                    f"wrappers={list(wrappers)}: they wrap single Gymnasium envs"
+                    if wrappers
+                    else f"vec={mode!r}: use auto"
+                )
+            )
+        return ParallelAgents(make_parallel_env(env_id, env_kwargs), n_envs, global_state)
     if mode == "envpool":
         return _envpool_env(env_id, n_envs, env_kwargs, wrappers, atari_wrappers)
     spec = gym.spec(env_id) if env_id in gym.registry else None
     has_native = spec is not None and spec.vector_entry_point is not None
     atari = atari_wrappers and is_atari(env_id)
-    native_ok = has_native and not wrappers and not atari and _native_accepts(spec, env_kwargs)  # type: ignore[arg-type]
+    native_ok = (
+        has_native
+        and not wrappers
+        and not atari
+        and action_mask in ("off", "observation")
+        and _native_accepts(spec, env_kwargs)  # type: ignore[arg-type]
+    )
     if mode == "native" and not native_ok:
         why = (
             "it has no vector entry point"
@@ -117,6 +146,8 @@ def make_vector_env(
             if wrappers
             else "distrl's Atari preprocessing applies to single envs (--no-atari-wrappers turns it off)"
             if atari
+            else "its masks are moved into the observation of each env (--action-mask off keeps them out)"
+            if action_mask not in ("off", "observation")
             else f"its vector entry point does not take env_kwargs {_kwargs_text(env_kwargs)}"
         )
         raise ConfigError(f"vec='native' is not available for {env_id}: {why}; use sync or async")
@@ -137,6 +168,7 @@ def make_vector_env(
         tuple(wrappers),
         atari_wrappers=atari_wrappers,
         evaluation=evaluation,
+        action_mask=action_mask,
     )
     try:
         if mode == "one":
@@ -265,6 +297,8 @@ class VecEnv:
         self.env = env
         self.env_id = env_id
         self.n_envs = env.num_envs
+        self.agents: tuple[str, ...] = env.agents if isinstance(env, ParallelAgents) else ()
+        """A multi-agent env's agents: its rows are ``copy * len(agents) + agent``."""
         self.single_observation_space = env.single_observation_space
         self.single_action_space = env.single_action_space
         space = self.single_observation_space
@@ -286,7 +320,9 @@ class VecEnv:
         if self._layout is not None:
             obs = self._layout.pack(obs)
         valid = ~self._ended
-        if self._ended.any():  # the reset step: its reward and flags belong to no episode
+        if "active" in info:  # rows that sat this step out (distrl.multiagent: an agent out of its game)
+            valid &= np.where(info.get("_active", True), info["active"], True)
+        if not valid.all():  # the reset step, or a row that sat out: its reward and flags belong to no episode
             reward = np.where(valid, reward, 0.0)
             terminated = terminated & valid
             truncated = truncated & valid
@@ -331,12 +367,20 @@ def make_env(
     wrappers: tuple[str, ...] = (),
     atari_wrappers: bool = True,
     evaluation: bool = False,
+    action_mask: str = "off",
+    global_state: bool = False,
 ) -> VecEnv:
     """Resolve ``env_id`` and build a :class:`VecEnv` of ``n_envs`` environments, each built with
     ``env_kwargs`` and wrapped by ``wrappers`` ('package.module:function', applied in order); Atari
-    games are preprocessed first (see :mod:`distrl.atari`; ``evaluation``: no episodic life, no clipping)."""
+    games are preprocessed first (see :mod:`distrl.atari`; ``evaluation``: no episodic life, no clipping);
+    ``action_mask`` as for :func:`make_single_env`."""
     env_id = resolve_env_id(env_id)
-    return VecEnv(make_vector_env(env_id, n_envs, vec, env_kwargs, tuple(wrappers), atari_wrappers, evaluation), env_id)
+    return VecEnv(
+        make_vector_env(
+            env_id, n_envs, vec, env_kwargs, tuple(wrappers), atari_wrappers, evaluation, action_mask, global_state
+        ),
+        env_id,
+    )
 
 
 def make_run_env(run: RunConfig, n_envs: int, env_id: str | None = None, evaluation: bool = False) -> VecEnv:
@@ -347,5 +391,32 @@ def make_run_env(run: RunConfig, n_envs: int, env_id: str | None = None, evaluat
     with either backend (see :mod:`distrl.envpool_vec`)."""
     vec = "auto" if evaluation and run.vec == "envpool" else run.vec
     return make_env(
-        env_id or run.env, n_envs, vec, parse_env_kwargs(run.env_kwargs), run.wrappers, run.atari_wrappers, evaluation
+        env_id or run.env,
+        n_envs,
+        vec,
+        parse_env_kwargs(run.env_kwargs),
+        run.wrappers,
+        run.atari_wrappers,
+        evaluation,
+        run.action_mask,
+        run.critic == "centralised",
     )
+
+
+def resolve_action_mask(run: RunConfig) -> RunConfig:
+    """``run`` with ``--action-mask auto`` replaced by where this env's masks are ("observation", "info",
+    "method") or "off": what config.json records, and what every worker and evaluation then builds."""
+    if run.action_mask != "auto":
+        return run
+    if is_multiagent(resolve_env_id(run.env)):  # the agents' masks, where they have any, are in the observation
+        agents = ParallelAgents(make_parallel_env(resolve_env_id(run.env), parse_env_kwargs(run.env_kwargs)), 1)
+        agents.close()
+        return run.replace(action_mask="observation" if has_mask_key(agents.single_observation_space) else "off")
+    instance = remembered(resolve_env_id(run.env))
+    if isinstance(instance, EnvInstance) and not run.wrappers:  # the user's own env: looked at, not handed out
+        return run.replace(action_mask=masks.detect(instance.env))
+    env = make_single_env(run.env, parse_env_kwargs(run.env_kwargs), run.wrappers, atari_wrappers=run.atari_wrappers)
+    try:
+        return run.replace(action_mask=masks.detect(env))
+    finally:
+        env.close()

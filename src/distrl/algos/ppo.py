@@ -123,6 +123,9 @@ class PPOAlgo:
             agent.params, cfg.learning_rate, eps=1e-5, max_grad_norm=cfg.max_grad_norm
         )
         self.shuffle_rng = np.random.default_rng()
+        self.agents_per_env = 1
+        """Rows per environment (a multi-agent env's agents): a minibatch holds ``batch_size`` environment steps
+        of every agent, so the minibatches per epoch do not grow with the agents (MAPPO's fixed num_mini_batch)."""
         self.reseed(seed, 0, 0)
 
     def reseed(self, seed: int, rank: int, segment: int) -> None:
@@ -323,6 +326,7 @@ class PPOAlgo:
         sequences = packed.sequences
         units = packed.size if sequences is None else sequences.count
         per = self.cfg.batch_size if sequences is None else max(1, self.cfg.batch_size // sequences.length)
+        per *= self.agents_per_env
         if per >= units and part is None:  # one minibatch: the whole rollout, order irrelevant
             return [(packed.all_rows(), sequences)]
         order = torch.from_numpy(self.shuffle_rng.permutation(units)).to(packed.device)

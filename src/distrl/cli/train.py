@@ -13,7 +13,7 @@ from typing import Any
 import tyro
 
 from distrl import checkpoint, preemption, rundir, trust
-from distrl.argv import checkpoint_every_time, flag_value, merge_repeated, parse_flags, set_flag
+from distrl.argv import checkpoint_every_time, flag_value, merge_repeated, no_action_mask, parse_flags, set_flag
 from distrl.cli import ALGOS
 from distrl.config import (
     APPOConfig,
@@ -137,7 +137,7 @@ def _train_command(argv: list[str]) -> int:
             raise ConfigError(f"ENV is missing: distrl train {algo} ENV [flags], e.g. distrl train {algo} CartPole-v1")
     env, rest = argv[1], merge_repeated(argv[2:], "--wrapper", "--wrappers")
     rest = merge_repeated(merge_repeated(rest, "--reward", "--rewards"), "--track", "--track")
-    rest = checkpoint_every_time(rest)
+    rest = no_action_mask(checkpoint_every_time(rest))
     resume_arg = flag_value(rest, "--resume")
     resume_path = None
     strategy = default_strategy(algo, rest)

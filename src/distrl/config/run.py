@@ -10,6 +10,9 @@ import tyro
 
 from distrl.config.algos import GRPOConfig, REINFORCEConfig, SACConfig
 from distrl.config.base import (
+    ActionMask,
+    AgentPolicies,
+    Critic,
     Device,
     Engine,
     Launcher,
@@ -140,6 +143,19 @@ class RunConfig:
     weights, Adam and losses; on a CPU with AVX-512 BF16 it trained the Nature CNN 1.9x faster. For sac's
     MLPs (flat-vector observations) bf16 multiplies the matrices in bfloat16, everything else float32.
     ppo's and reinforce's MLPs always use float32."""
+    action_mask: ActionMask = "auto"
+    """Discrete and MultiDiscrete actions: mask illegal choices, read from the observation's action_mask
+    key, info["action_mask"] or the env's action_masks() method. auto finds which, and config.json records
+    what it found (off: none); --no-action-mask (off) trains as if every action were legal."""
+    agent_policies: AgentPolicies = "shared"
+    """Multi-agent (PettingZoo) envs: one network for every agent (shared; each sees its one-hot agent index)
+    or one per agent (per-agent)."""
+    agent_groups: tuple[str, ...] = ()
+    """Multi-agent envs: one network per named group of agents, as NAME=AGENT,AGENT (e.g. --agent-groups
+    attackers=a_0,a_1 defenders=b_0); every agent in exactly one group."""
+    critic: Critic = "local"
+    """Multi-agent envs: centralised gives each critic the global state (env.state(), else every agent's
+    observation side by side) and the agent's index, while actors see their own observation (Yu et al. 2022)."""
     threads: int = 1
     """Intra-op torch threads per process. 1 suits small networks and several workers per machine;
     wide networks (256x256 MLPs, CNNs) gain from more when the process has the cores to itself."""

@@ -12,6 +12,7 @@ import math
 import numpy as np
 from gymnasium import spaces
 
+from distrl.masks import MASK_KEY
 from distrl.spaces import DictLayout, is_vector, stored_layout
 
 
@@ -59,7 +60,7 @@ class ObsNormalizer:
     the stored dtype (float32 for vectors; images and Dict rows keep theirs).
 
     For a Dict observation (packed rows, see :class:`~distrl.spaces.DictLayout`) only its float
-    Box parts are normalised, never images: the statistics cover those parts side by side.
+    Box parts are normalised, never images nor an action mask: the statistics cover those parts side by side.
     """
 
     def __init__(
@@ -74,7 +75,8 @@ class ObsNormalizer:
         self.enabled = enabled
         self.dtype = np.dtype(dtype)
         self.layout = layout
-        self.parts = [p for p in layout.parts if is_vector(p.space) and p.dtype.kind == "f"] if layout else []
+        parts = layout.parts if layout else ()  # an action mask stays 0/1, whatever its dtype
+        self.parts = [p for p in parts if is_vector(p.space) and p.dtype.kind == "f" and p.key != MASK_KEY]
         if layout is not None:
             shape = (sum(math.prod(p.shape) for p in self.parts),)
         self.stats = RunningMeanStd(shape)

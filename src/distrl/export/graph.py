@@ -25,6 +25,7 @@ from __future__ import annotations
 import copy
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -33,6 +34,7 @@ from torch import nn
 
 from distrl.config import ConfigError
 from distrl.data.normalize import ObsNormalizer
+from distrl.masks import MASK_KEY, MaskReader, mask_logits
 from distrl.nets.actor_critic import ActorCritic
 from distrl.nets.agent import Agent
 from distrl.nets.core import ParamBuffer
@@ -231,8 +233,31 @@ def _choose(logits: torch.Tensor, uniform: torch.Tensor | None) -> torch.Tensor:
     if uniform is None:
         return logits.argmax(-1)
     cdf = torch.exp(logits - logits.max(-1, keepdim=True).values).cumsum(-1)
-    chosen = (uniform.unsqueeze(-1) * cdf[:, -1:] > cdf).to(torch.int64).sum(-1)
+    chosen = (uniform.unsqueeze(-1) * cdf[:, -1:] >= cdf).to(torch.int64).sum(-1)
     return torch.minimum(chosen, torch.tensor(logits.shape[-1] - 1, dtype=torch.int64))
+
+
+class MaskedBody(nn.Module):
+    """A body whose head outputs (logits, Q-values) are masked by the observation's ``action_mask`` input, as the
+    agent masks them in training (:mod:`distrl.masks`)."""
+
+    def __init__(self, body: nn.Module, index: int):
+        super().__init__()
+        self.body, self.index = body, index
+
+    def forward(self, obs: list[torch.Tensor], *rest: Any) -> Any:
+        out = self.body(obs, *rest)
+        if isinstance(out, tuple):
+            return (mask_logits(out[0], obs[self.index]), *out[1:])
+        return mask_logits(out, obs[self.index])
+
+
+def masked(body: nn.Module, observation_space: spaces.Space, masks: MaskReader | None) -> nn.Module:
+    """``body`` masked by its ``action_mask`` input where the network masks (``masks`` is not None)."""
+    if masks is None:
+        return body
+    keys = [p.key for p in DictLayout(observation_space).parts]
+    return MaskedBody(body, keys.index(MASK_KEY))
 
 
 class ActingGraph(nn.Module):
@@ -320,6 +345,8 @@ def policy_graph(
         log_std = None if agent.discrete else agent.params.view(LOG_STD)
     else:
         raise ConfigError(f"agent={type(agent).__name__} cannot be exported")
+    if isinstance(agent, ModuleAgent):
+        body = masked(body, observation_space, agent.masks)
     inputs = obs_ports + state_ports
     if state_ports:
         inputs.append(Port("episode_start", (BATCH,), "float32"))
@@ -399,6 +426,8 @@ def q_graph(q: QMLP | ModuleQ, observation_space: spaces.Space, action_space: sp
         body = FlatBody(QStreams(q))
     else:
         module = weighted_copy(q.module, q.params)
-        body = QModuleBody(module, _dict_keys(observation_space, module, QHeadModule))
+        body = masked(
+            QModuleBody(module, _dict_keys(observation_space, module, QHeadModule)), observation_space, q.masks
+        )
     outputs = [Port("action", (BATCH,), "int64")]
     return ActingGraph(obs_ports, outputs, body, GreedyHead(int(action_space.start)), None, len(obs_ports), 0, False)

@@ -115,8 +115,8 @@ def inverse_cdf_sample(logits: np.ndarray, uniform: np.ndarray | None) -> np.nda
     if uniform is None:
         return logits.argmax(-1)
     probs = np.exp(logits - logits.max(-1, keepdims=True))
-    cdf = np.cumsum(probs, -1)
-    return np.minimum((uniform[:, None] * cdf[:, -1:] > cdf).sum(-1), logits.shape[-1] - 1)
+    cdf = np.cumsum(probs, -1)  # >=: a choice of probability 0 (a masked one) is passed over even at uniform 0
+    return np.minimum((uniform[:, None] * cdf[:, -1:] >= cdf).sum(-1), logits.shape[-1] - 1)
 
 
 def sample_tokens(

@@ -156,10 +156,12 @@ class DictEncoder(nn.Module):
     in its own dtype and shape.
     """
 
-    def __init__(self, space: spaces.Dict, encoder: EncoderName = "auto"):
+    def __init__(self, space: spaces.Dict, encoder: EncoderName = "auto", keys: tuple[str, ...] | None = None):
+        """``keys``: encode only these parts (a multi-agent actor leaves the global state to its critic)."""
         super().__init__()
         self.layout = DictLayout(space)
-        self.encoders = nn.ModuleDict({part.key: make_encoder(part.space, encoder) for part in self.layout.parts})
+        parts = [p for p in self.layout.parts if keys is None or p.key in keys]
+        self.encoders = nn.ModuleDict({part.key: make_encoder(part.space, encoder) for part in parts})
         self.features_dim = sum(e.features_dim for e in self.encoders.values())  # type: ignore[misc]
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
@@ -247,10 +249,16 @@ class ActorCriticModule(nn.Module):
 
         The heads come first, in the order the closed-form ActorCritic draws them, so that an MLP
         built here starts from exactly that network's weights."""
-        for head, output_gain in ((self.policy, 0.01), (self.critic, 1.0)):
-            for i, layer in enumerate(head.layers):
-                _orthogonal(layer, output_gain if i == len(head.layers) - 1 else math.sqrt(2), generator)
-        for module in self.encoder.modules():
+        init_actor_critic(self.policy, self.critic, [self.encoder], generator)
+
+
+def init_actor_critic(policy: MLPHead, critic: MLPHead, encoders: list[nn.Module], generator: torch.Generator) -> None:
+    """:meth:`ActorCriticModule.init_orthogonal` for any policy and critic heads over any encoders."""
+    for head, output_gain in ((policy, 0.01), (critic, 1.0)):
+        for i, layer in enumerate(head.layers):
+            _orthogonal(layer, output_gain if i == len(head.layers) - 1 else math.sqrt(2), generator)
+    for encoder in encoders:
+        for module in encoder.modules():
             if isinstance(module, (nn.Linear, nn.Conv2d)):
                 _orthogonal(module, math.sqrt(2), generator)
 

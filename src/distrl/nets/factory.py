@@ -23,12 +23,14 @@ from torch import nn
 
 from distrl.config import ActorCriticNet, ConfigError, require_callable_as
 from distrl.env_names import MEMORY, remembered, shown_name
+from distrl.masks import MaskReader, has_mask_key
 from distrl.nets.actor_critic import ActorCritic
 from distrl.nets.agent import Agent
 from distrl.nets.causal_lm import CausalLMPolicy
 from distrl.nets.encoders import ActorCriticModule, make_encoder
 from distrl.nets.group_policy import CategoricalPolicy
 from distrl.nets.module import ModuleAgent
+from distrl.nets.multiagent import AgentSetup, multiagent_module
 from distrl.nets.q import QMLP, ModuleQ, QHeadModule
 from distrl.nets.recurrent import RecurrentActorCritic, RecurrentAgent, RecurrentCore, is_recurrent
 from distrl.nets.sac import SquashedGaussianActor, TwinQ
@@ -99,7 +101,12 @@ def seeded_layers(seed: int):
 
 
 def build_module(
-    observation_space: spaces.Space, action_space: spaces.Space, cfg: ActorCriticNet, policy: PolicySource, seed: int
+    observation_space: spaces.Space,
+    action_space: spaces.Space,
+    cfg: ActorCriticNet,
+    policy: PolicySource,
+    seed: int,
+    agents: AgentSetup | None = None,
 ) -> nn.Module:
     """The network of the module path: the user's (seeded with ``seed``), or the built-in encoder and heads.
 
@@ -110,6 +117,20 @@ def build_module(
     core = cfg.core
     source = resolve_policy(policy)
     with seeded_layers(seed):  # the user's layers and distrl's heads alike
+        several = None
+        if agents is not None:
+            args = (tuple(cfg.net_arch), cfg.activation, cfg.encoder, agents)
+            several = multiagent_module(observation_space, spec.head_size, *args)
+        if several is not None:
+            if source is not None or cfg.core != "none":
+                raise ConfigError(
+                    "agent_policies=per-agent, agent_groups and critic=centralised are not allowed with "
+                    + ("a policy module" if source is not None else f"core={cfg.core!r}")
+                    + " yet: use one shared policy with a local critic"
+                )
+            if cfg.ortho_init:
+                several.init_orthogonal(torch.Generator().manual_seed(seed))  # type: ignore[operator]
+            return several
         if source is None:
             net = _with_heads(make_encoder(observation_space, cfg.encoder), spec.head_size, cfg)
             if cfg.ortho_init:
@@ -154,11 +175,15 @@ def make_agent(
     seed: int,
     policy: PolicySource = None,
     precision: str = "fp32",
+    action_mask: str = "auto",
+    agents: AgentSetup | None = None,
 ) -> Agent:
     """The agent for a PPO or REINFORCE run (``cfg`` is its config); see the module docstring.
 
     ``precision='bf16'`` runs a module's forward and backward under bfloat16 autocast; the closed-form
-    MLPs compute in float32 whatever it says."""
+    MLPs compute in float32 whatever it says. The run's ``action_mask`` (anything but "off") masks the
+    logits with the observation's ``action_mask`` part where it has one (see :mod:`distrl.masks`). ``agents``:
+    a multi-agent env's policies and critic (see :mod:`distrl.nets.multiagent`)."""
     check_observation_space(observation_space)
     action_spec(action_space)  # a one-line error for an action space no head fits
     if uses_closed_form(observation_space, action_space, cfg.encoder, policy, cfg.core):
@@ -166,7 +191,7 @@ def make_agent(
         return ActorCritic(
             obs_dim, action_space, tuple(cfg.net_arch), cfg.activation, cfg.log_std_init, cfg.ortho_init, device, seed
         )
-    module = build_module(observation_space, action_space, cfg, policy, seed)
+    module = build_module(observation_space, action_space, cfg, policy, seed, agents)
     agent_cls = RecurrentAgent if is_recurrent(module) else ModuleAgent
     return agent_cls(
         module,
@@ -175,6 +200,7 @@ def make_agent(
         cfg.log_std_init,
         device,
         autocast=torch.bfloat16 if precision == "bf16" else None,
+        masked=action_mask != "off" and has_mask_key(observation_space),
     )
 
 
@@ -279,6 +305,7 @@ def make_q_network(
     seed: int,
     policy: PolicySource = None,
     precision: str = "fp32",
+    action_mask: str = "auto",
 ) -> QMLP | ModuleQ:
     """DQN's Q network (see ``nets/q.py``): a closed-form MLP for flat vectors, a module otherwise.
 
@@ -286,7 +313,7 @@ def make_q_network(
     either an encoder with an integer ``features_dim`` (distrl adds the Q head) or the whole Q function,
     [B, ...] -> [B, n_actions]. The same ``seed`` gives the same weights, which is how the target network
     starts equal to the online one. Actions are indices 0..n-1 whatever the space's ``start``.
-    ``precision='bf16'``: as for :func:`make_sac_networks`.
+    ``precision='bf16'``: as for :func:`make_sac_networks`. ``action_mask``: as for :func:`make_agent`.
     """
     if not isinstance(action_space, spaces.Discrete):
         raise ConfigError(
@@ -317,7 +344,12 @@ def make_q_network(
             )
         if source is None or isinstance(getattr(made, "features_dim", None), (int, np.integer)):
             made = QHeadModule(made, n_actions, net_arch, cfg.activation, cfg.dueling)
-    return ModuleQ(made, n_actions, device, torch.bfloat16 if precision == "bf16" else None)
+    masks = (
+        MaskReader(observation_space, action_space)
+        if action_mask != "off" and has_mask_key(observation_space)
+        else None
+    )
+    return ModuleQ(made, n_actions, device, torch.bfloat16 if precision == "bf16" else None, masks)
 
 
 def make_group_policy(task: Any, run: Any, cfg: Any, device: torch.device, role: str = "learner") -> Any:

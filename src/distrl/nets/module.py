@@ -26,6 +26,7 @@ from torch import nn
 from torch.func import functional_call
 
 from distrl.config import ConfigError
+from distrl.masks import MaskReader, mask_logits
 from distrl.nets.agent import ActStep, State
 from distrl.nets.core import ParamBuffer, write_grad
 from distrl.nets.distributions import (
@@ -68,9 +69,11 @@ class ModuleAgent:
         log_std_init: float = 0.0,
         device: torch.device | str = "cpu",
         autocast: torch.dtype | None = None,
+        masked: bool = False,
     ):
         """``autocast``: run the module under autocast to this dtype (bfloat16); its outputs, the losses and
-        every parameter and gradient stay float32."""
+        every parameter and gradient stay float32. ``masked``: the observation's ``action_mask`` part masks
+        the head's logits (see :mod:`distrl.masks`), in acting and in training alike."""
         self.spec = action_spec(action_space)
         self.discrete = self.spec.discrete
         self.action_dim = self.spec.action_dim
@@ -94,6 +97,7 @@ class ModuleAgent:
         self.names = list(named)
         self.autocast = autocast
         self._checked = False
+        self.masks = MaskReader(observation_space, action_space) if masked else None
 
     def _views(self, tensor: torch.Tensor) -> dict[str, torch.Tensor]:
         """The module's parameters as views of ``tensor`` (the buffer's data, or the parameter itself
@@ -104,6 +108,8 @@ class ModuleAgent:
         with torch.autocast(self.device.type, dtype=self.autocast or torch.bfloat16, enabled=self.autocast is not None):
             head, values = functional_call(self.module, {n: views[n] for n in self.names}, (obs,))
         head, values = head.float(), values.reshape(-1).float()
+        if self.masks is not None:
+            head = mask_logits(head, self.masks(obs))
         if not self._checked:
             expected = (obs.shape[0], self.spec.head_size)
             if tuple(head.shape) != expected or values.shape[0] != obs.shape[0]:
@@ -134,6 +140,8 @@ class ModuleAgent:
     def act_recording(self, obs: np.ndarray, noise: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Actions, their log-probabilities and the values of ``obs``, from one forward pass."""
         views = self._views(self.params.data)
+        if self.masks is not None:
+            self.masks.check(np.asarray(obs))
         head, values = self._call(views, self._obs(obs))
         std = None if self.discrete else views[LOG_STD].exp().cpu().numpy()
         actions = sample_actions(self.spec.kind, head.cpu().numpy(), std, noise, self.spec.nvec)

@@ -22,6 +22,7 @@ from torch import nn
 from torch.func import functional_call
 
 from distrl.config import ConfigError
+from distrl.masks import MaskReader, mask_logits
 from distrl.nets.core import MLP, ParamBuffer, mlp_shapes, write_grad
 from distrl.nets.encoders import MLPHead
 from distrl.nets.sac_module import _autocast, _buffer
@@ -132,6 +133,10 @@ class QMLP:
         """Greedy actions [B] int64 (indices 0..n_actions-1, ties to the lowest)."""
         return greedy(self.q_numpy(obs))
 
+    def legal(self, obs: np.ndarray) -> None:
+        """Flat vector observations carry no masks: every action is legal."""
+        return None
+
 
 class ModuleQ:
     """A Q network over any module mapping stored observations [B, ...] to Q-values [B, n_actions].
@@ -141,10 +146,17 @@ class ModuleQ:
     """
 
     def __init__(
-        self, module: nn.Module, n_actions: int, device: torch.device | str, autocast: torch.dtype | None = None
+        self,
+        module: nn.Module,
+        n_actions: int,
+        device: torch.device | str,
+        autocast: torch.dtype | None = None,
+        masks: MaskReader | None = None,
     ):
         """``autocast=torch.bfloat16`` runs the module under bfloat16 autocast (Q-values come back float32;
-        the parameters and their gradients stay float32)."""
+        the parameters and their gradients stay float32). ``masks``: an illegal action's Q-value is
+        ``MASKED_LOGIT``, so that neither acting nor a target's max or argmax picks it."""
+        self.masks = masks
         self.device = torch.device(device)
         self.module = module.to(self.device)
         self.n_actions = n_actions
@@ -162,7 +174,7 @@ class ModuleQ:
                 f"the Q module returned {tuple(q.shape)} for {obs.shape[0]} observations; it must return "
                 f"[batch, n_actions] = [{obs.shape[0]}, {self.n_actions}] (one Q-value per action)"
             )
-        return q.float()
+        return q.float() if self.masks is None else mask_logits(q.float(), self.masks(obs.to(self.device)))
 
     def forward(self, obs: torch.Tensor) -> QForward:
         """Q-values [B, n_actions] attached to the graph of ``params.param``."""
@@ -184,7 +196,13 @@ class ModuleQ:
 
     def act(self, obs: np.ndarray) -> np.ndarray:
         """Greedy actions [B] int64 (indices 0..n_actions-1, ties to the lowest)."""
+        if self.masks is not None:
+            self.masks.check(obs)
         return greedy(self.q_numpy(obs))
+
+    def legal(self, obs: np.ndarray) -> np.ndarray | None:
+        """The legal actions [B, n_actions] of a stored batch (None: every action is legal)."""
+        return None if self.masks is None else self.masks.numpy(obs)
 
 
 class QHeadModule(nn.Module):

@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from distrl.config import ConfigError
+from distrl.masks import mask_logits
 from distrl.nets.agent import ActStep, State
 from distrl.nets.distributions import sample_actions
 from distrl.nets.encoders import ActorCriticModule
@@ -149,6 +150,8 @@ class RecurrentAgent(ModuleAgent):
                 self.module, {n: views[n] for n in self.names}, (obs, state, starts)
             )
         head, values = head.float(), values.reshape(T, B).float()
+        if self.masks is not None:
+            head = mask_logits(head, self.masks(obs))
         if not self._checked:
             if tuple(head.shape) != (T, B, self.spec.head_size):
                 raise ConfigError(
@@ -168,6 +171,8 @@ class RecurrentAgent(ModuleAgent):
         """One step for a batch of environments: actions, their log-probs, the values, and the next state.
         ``starts`` [B] marks observations that begin an episode (their state restarts first)."""
         views = self._views(self.params.data)
+        if self.masks is not None:
+            self.masks.check(np.asarray(obs))
         obs_t = self._obs(obs)
         head, values, state = self._call_seq(views, obs_t[None], state, self._starts(starts, (1, len(obs))))
         head, values = head[0], values[0]

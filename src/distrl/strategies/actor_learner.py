@@ -101,7 +101,14 @@ class RolloutWorker:
         self.env = make_run_env(run, cfg.n_envs)
         obs_space = self.env.single_observation_space
         self.agent = make_agent(
-            obs_space, self.env.single_action_space, cfg, torch.device("cpu"), run.seed, run.policy, run.precision
+            obs_space,
+            self.env.single_action_space,
+            cfg,
+            torch.device("cpu"),
+            run.seed,
+            run.policy,
+            run.precision,
+            run.action_mask,
         )
         if spec.algo == "reinforce":
             from distrl.data.episodes import EpisodeCollector

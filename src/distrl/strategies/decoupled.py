@@ -227,7 +227,7 @@ def run_trainer(
     obs_space, action_space = probe.single_observation_space, probe.single_action_space
     probe.close()
     obs_shape, obs_dtype = stored_layout(obs_space)
-    agent = make_agent(obs_space, action_space, cfg, device, run.seed, run.policy, run.precision)
+    agent = make_agent(obs_space, action_space, cfg, device, run.seed, run.policy, run.precision, run.action_mask)
     algo = PPOAlgo(trainer_config(cfg, strategy, trainers), agent, run.seed)
     sync = DistributedSync(device, strategy.timeout_s, group=trainers_group)
     _receive_start_state(

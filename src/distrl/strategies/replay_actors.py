@@ -27,6 +27,7 @@ import numpy as np
 
 from distrl.config import RunConfig
 from distrl.data.wire import pack, unpack
+from distrl.masks import random_actions
 from distrl.strategies.actor_learner import WorkerError
 from distrl.strategies.actors import as_array, placement
 
@@ -139,7 +140,16 @@ class ReplayActor:
         self.env_ids = spec.actor_id * cfg.n_envs + np.arange(cfg.n_envs)
         space = self.env.single_action_space
         cpu = torch.device("cpu")
-        build = (self.env.single_observation_space, space, cfg, cpu, run.seed, run.policy, run.precision)
+        build = (
+            self.env.single_observation_space,
+            space,
+            cfg,
+            cpu,
+            run.seed,
+            run.policy,
+            run.precision,
+            run.action_mask,
+        )
         self.nstep = None
         self.priorities = None
         if spec.algo == "dqn":
@@ -190,7 +200,7 @@ class ReplayActor:
         """(what is stored, what the env gets) for this step."""
         if self.spec.algo == "dqn":
             coins = np.array([rng.random() for rng in self.rngs])
-            randoms = np.array([rng.integers(self.n_actions) for rng in self.rngs], dtype=np.int64)
+            randoms = random_actions(self.rngs, self.n_actions, self.q.legal(self.obs))
             explore = np.ones(len(coins), bool) if uniform else coins < self.epsilon
             actions = randoms if explore.all() else np.where(explore, randoms, self.q.act(self.obs))
             return actions, actions + self.start

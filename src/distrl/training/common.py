@@ -21,7 +21,7 @@ from distrl.config import ConfigError, RunConfig, StrategyConfig
 from distrl.data.collector import Collector
 from distrl.data.normalize import ObsNormalizer
 from distrl.env_names import portable_env_name, resolve_env_id
-from distrl.envs import VecEnv, make_run_env
+from distrl.envs import VecEnv, make_run_env, resolve_action_mask
 from distrl.evaluation import Evaluation, run_episodes
 from distrl.logs import Console, RunLogger
 from distrl.nets.agent import Agent
@@ -61,6 +61,10 @@ def default_run_dir(run: RunConfig, env_id: str) -> Path:
     return Path("runs") / f"{run.algo}-{env_id.replace('/', '_')}-s{run.seed}-{stamp}"
 
 
+MULTIAGENT_ALGOS = ("ppo", "appo", "impala")
+"""What trains on a multi-agent env's rows of agents (IPPO, MAPPO and their asynchronous forms)."""
+
+
 class TrainerBase(RunState):
     """Placement, logging and evaluation around an algorithm's loop; checkpoints and broadcast from RunState.
 
@@ -87,10 +91,16 @@ class TrainerBase(RunState):
         requested: Any,
         device: torch.device | None,
     ):
+        run = resolve_action_mask(run)
         self.start_run(run, cfg, sync, strategy, requested, device, run_dir)
         self.env_id = resolve_env_id(run.env)
         self.env = make_run_env(run, cfg.n_envs, self.env_id)
         try:
+            if self.env.agents and self.algo_name not in MULTIAGENT_ALGOS:
+                raise ConfigError(
+                    f"env={self.env_id!r} is a multi-agent env, which {self.algo_name} does not train yet: "
+                    f"use {', '.join(MULTIAGENT_ALGOS)}"
+                )
             self.check_spaces(self.env_id, self.env.single_observation_space, self.env.single_action_space, cfg)
         except ConfigError:
             self.env.close()

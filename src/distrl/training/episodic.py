@@ -48,6 +48,7 @@ class EpisodicTrainer(TrainerBase):
             run.seed,
             policy if policy is not None else run.policy,
             run.precision,
+            run.action_mask,
         )
         self.algo = REINFORCEAlgo(cfg, self.agent)
         self.last_iteration_return: float | None = None

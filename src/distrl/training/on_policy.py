@@ -22,6 +22,7 @@ from distrl.data.rollout import Rollout, RolloutBatch, RolloutCollector, Rollout
 from distrl.nets import make_agent
 from distrl.nets.agent import Agent
 from distrl.nets.factory import PolicySource, check_agent_spaces
+from distrl.nets.multiagent import agent_setup
 from distrl.protocols import Sync
 from distrl.training.common import TrainerBase
 from distrl.training.state import section
@@ -99,11 +100,14 @@ class OnPolicyTrainer(TrainerBase):
             run.seed,
             policy if policy is not None else run.policy,
             run.precision,
+            run.action_mask,
+            agent_setup(self.env.agents, run.agent_policies, run.agent_groups, run.critic),
         )
         self.obs_normalizer = ObsNormalizer.for_space(
             self.env.single_observation_space, cfg.normalize_obs, cfg.clip_obs
         )
-        self.reward_scaler = RewardScaler(cfg.n_envs, cfg.gamma, cfg.normalize_reward)
+        rows = self.env.n_envs  # n_envs games of a multi-agent env: a row per agent of each
+        self.reward_scaler = RewardScaler(rows, cfg.gamma, cfg.normalize_reward)
         self.collector: RolloutSource = RolloutCollector(
             self.env,
             self.agent,
@@ -111,11 +115,12 @@ class OnPolicyTrainer(TrainerBase):
             self.reward_scaler,
             cfg.n_steps,
             run.seed,
-            env_offset=self.sync.rank * cfg.n_envs,
+            env_offset=self.sync.rank * rows,
         )
         if collector_factory is not None:
             self.collector = collector_factory(self)
         algo = ON_POLICY_ALGOS[self.algo_name](cfg, self.agent, run.seed)
+        algo.agents_per_env = max(1, len(self.env.agents))
         self.algo: OnPolicyUpdate = update_factory(algo) if update_factory is not None else algo
         self.start_segment()
 

@@ -20,6 +20,7 @@ from distrl.data.prioritized import PrioritizedReplay
 from distrl.data.replay import CompactReplayBuffer, ReplayBuffer, Transitions
 from distrl.data.replay_memory import check_replay_memory
 from distrl.env_names import shown_name
+from distrl.masks import random_actions
 from distrl.nets.factory import PolicySource, make_q_network
 from distrl.protocols import Sync
 from distrl.spaces import check_observation_space, stored_layout
@@ -98,7 +99,7 @@ class DQNTrainer(ReplayOwner, TrainerBase):
         obs_space, space = self.env.single_observation_space, self.env.single_action_space
         assert isinstance(space, spaces.Discrete)
         self.n_actions, self.action_start = int(space.n), int(space.start)
-        build = (obs_space, space, cfg, self.device, run.seed, self.policy_source, run.precision)
+        build = (obs_space, space, cfg, self.device, run.seed, self.policy_source, run.precision, run.action_mask)
         self.algo = DQNAlgo(cfg, make_q_network(*build), make_q_network(*build), self.device)
         self.take_replay(lambda: make_replay(cfg, self.obs_shape, self.obs_dtype), collector_factory)
         self.nstep = NStepAccumulator(cfg.n_envs, cfg.n_steps, cfg.gamma) if cfg.n_steps > 1 else None
@@ -139,7 +140,7 @@ class DQNTrainer(ReplayOwner, TrainerBase):
         warming_up = self.steps < self.cfg.learning_starts * self.sync.world_size  # steps count all workers
         self.exploration_rate = 1.0 if warming_up else self.cfg.epsilon(self._progress(total))
         coins = np.array([rng.random() for rng in self.explore_rngs])
-        randoms = np.array([rng.integers(self.n_actions) for rng in self.explore_rngs], dtype=np.int64)
+        randoms = random_actions(self.explore_rngs, self.n_actions, self.algo.q.legal(self.obs))
         explore = coins < self.exploration_rate
         if explore.all():
             return randoms
