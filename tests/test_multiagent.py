@@ -143,3 +143,14 @@ def test_a_shared_recurrent_policy_trains_on_the_agents_rows(tmp_path):
     config = json.loads((run / "config.json").read_text())
     assert config["run"]["agent_policies"] == "shared" and config["run"]["action_mask"] == "off"
     assert json.loads((run / "summary.json").read_text())["total_steps"] >= 2000
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("strategy, workers", [("pipeline", 2), ("actor-learner", 2), ("decoupled", 3)])
+def test_per_agent_policies_learn_under_every_strategy(tmp_path, strategy, workers):
+    # workers build the same per-agent networks from the run (else the weights they receive would not fit)
+    run = tmp_path / "run"
+    args = ["--strategy", strategy, "--workers", str(workers), "--agent-policies", "per-agent", "--run-dir", str(run)]
+    assert main(["train", "ppo", "distrl_macoop:unlike", *FAST, "--total-steps", "12000", *args]) in (0, None)
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["final_eval_mean_return"] >= 7.5 and summary["total_steps"] >= 12000

@@ -80,9 +80,10 @@ class WorkerSpec:
     cfg: Any
     worker_id: int
 
-    @property
-    def env_offset(self) -> int:
-        return self.worker_id * self.cfg.n_envs
+    def env_offset(self, rows: int) -> int:
+        """The global index of the worker's first env row (``rows`` per worker: n_envs, times the agents of a
+        multi-agent env)."""
+        return self.worker_id * rows
 
 
 class RolloutWorker:
@@ -93,6 +94,7 @@ class RolloutWorker:
 
         from distrl.envs import make_run_env
         from distrl.nets import make_agent
+        from distrl.nets.multiagent import agent_setup
         from distrl.training.state import set_cpu_options
 
         set_cpu_options(spec.run)  # as the learner and single do: threads, subnormal flushing
@@ -109,12 +111,15 @@ class RolloutWorker:
             run.policy,
             run.precision,
             run.action_mask,
+            agent_setup(self.env.agents, run.agent_policies, run.agent_groups, run.critic),
         )
+        rows = self.env.n_envs
+        self.first_row = spec.env_offset(rows)
         if spec.algo == "reinforce":
             from distrl.data.episodes import EpisodeCollector
 
             self.collector: Any = EpisodeCollector(
-                self.env, self.agent, run.seed, spec.env_offset, cfg.max_episode_steps
+                self.env, self.agent, run.seed, self.first_row, cfg.max_episode_steps
             )
             self.obs_normalizer = self.reward_scaler = None
         else:
@@ -122,9 +127,9 @@ class RolloutWorker:
             from distrl.data.rollout import RolloutCollector
 
             self.obs_normalizer = ObsNormalizer.for_space(obs_space, cfg.normalize_obs, cfg.clip_obs)
-            self.reward_scaler = RewardScaler(cfg.n_envs, cfg.gamma, cfg.normalize_reward)
+            self.reward_scaler = RewardScaler(rows, cfg.gamma, cfg.normalize_reward)
             self.collector = RolloutCollector(
-                self.env, self.agent, self.obs_normalizer, self.reward_scaler, cfg.n_steps, run.seed, spec.env_offset
+                self.env, self.agent, self.obs_normalizer, self.reward_scaler, cfg.n_steps, run.seed, self.first_row
             )
 
     def pid(self) -> int:
@@ -167,7 +172,7 @@ class RolloutWorker:
                     if batch.log_probs is None:
                         batch.log_probs = self._log_probs(batch)
         except Exception as exc:  # noqa: BLE001 - reported with worker id, env id and traceback
-            first, last = self.spec.env_offset, self.spec.env_offset + self.spec.cfg.n_envs - 1
+            first, last = self.first_row, self.first_row + self.env.n_envs - 1
             raise WorkerError(
                 f"worker {self.spec.worker_id}, env {self.spec.run.env} (global env indices {first}-{last}): "
                 f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"

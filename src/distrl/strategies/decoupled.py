@@ -218,23 +218,28 @@ def run_trainer(
     from distrl.envs import make_run_env
     from distrl.nets import make_agent
     from distrl.nets.core import checksum
+    from distrl.nets.multiagent import agent_setup
     from distrl.spaces import stored_layout
 
     world, rank = dist.get_world_size(), dist.get_rank()
     trainers = world - 1
     preemption.listen()  # a stop signal here waits for the player's STOP, which follows its checkpoint
     probe = make_run_env(run, 1)
-    obs_space, action_space = probe.single_observation_space, probe.single_action_space
+    obs_space, action_space, agents = probe.single_observation_space, probe.single_action_space, probe.agents
     probe.close()
     obs_shape, obs_dtype = stored_layout(obs_space)
-    agent = make_agent(obs_space, action_space, cfg, device, run.seed, run.policy, run.precision, run.action_mask)
+    setup = agent_setup(agents, run.agent_policies, run.agent_groups, run.critic)
+    agent = make_agent(
+        obs_space, action_space, cfg, device, run.seed, run.policy, run.precision, run.action_mask, setup
+    )
     algo = PPOAlgo(trainer_config(cfg, strategy, trainers), agent, run.seed)
+    algo.agents_per_env = max(1, len(agents))  # a multi-agent env's rows: n_envs games of every agent
     sync = DistributedSync(device, strategy.timeout_s, group=trainers_group)
     _receive_start_state(
         agent,
         algo,
         ObsNormalizer.for_space(obs_space, cfg.normalize_obs, cfg.clip_obs),
-        RewardScaler(cfg.n_envs, cfg.gamma, cfg.normalize_reward),
+        RewardScaler(cfg.n_envs * max(1, len(agents)), cfg.gamma, cfg.normalize_reward),
         DistributedSync(torch.device("cpu"), strategy.timeout_s),
     )
     action_shape = agent.spec.action_shape
@@ -258,7 +263,7 @@ def run_trainer(
             algo.reseed(run.seed, 0 if strategy.share_data else rank, segment)
         recurrent = (cfg.n_steps, agent.initial_state(1)) if agent.recurrent else None
         obs, data, sequences = _receive_batch(
-            cfg.rollout_size,
+            cfg.rollout_size * algo.agents_per_env,
             obs_shape,
             torch_dtype,
             PackedBatch.columns(action_shape),
