@@ -19,6 +19,11 @@ from distrl.training import OnPolicyTrainer  # noqa: E402
 FAST = ["--n-envs", "4", "--n-steps", "32", "--batch-size", "64", "--n-epochs", "4", "--eval-episodes", "8", "--quiet"]
 
 
+def monitor(run):
+    lines = (run / "monitor.csv").read_text().splitlines()
+    return lines[1].split(","), np.array([[float(v) for v in line.split(",")] for line in lines[2:]])
+
+
 @pytest.mark.parametrize(
     "env, extra",
     [
@@ -35,10 +40,10 @@ def test_cooperative_tasks_are_learned(tmp_path, env, extra):
     assert main(["train", "ppo", env, *extra, *FAST, "--total-steps", "12000", "--run-dir", str(run)]) in (0, None)
     summary = json.loads((run / "summary.json").read_text())
     assert summary["final_eval_mean_return"] >= 7.5
-    lines = (run / "monitor.csv").read_text().splitlines()[2:]
-    returns = [float(line.split(",")[0]) for line in lines]
-    lengths = {int(line.split(",")[1]) for line in lines}
-    assert lengths == {8} and max(returns) <= 8 + 1e-6  # one line per game, with the team's return
+    header, rows = monitor(run)
+    assert header == ["r", "l", "t", *(f"r_agent_{i}" for i in range(3 if "symmetric" in env else 2))]
+    assert set(rows[:, 1]) == {8} and rows[:, 0].max() <= 8 + 1e-6  # one line per game, with the team's return
+    np.testing.assert_allclose(rows[:, 3:].sum(1), rows[:, 0], atol=1e-4)  # the team's is the agents' sum
     # steps count agents' steps: 4 games of 2 or 3 agents
     assert summary["total_steps"] % (4 * 32 * (3 if "symmetric" in env else 2)) == 0
 
@@ -154,3 +159,6 @@ def test_per_agent_policies_learn_under_every_strategy(tmp_path, strategy, worke
     assert main(["train", "ppo", "distrl_macoop:unlike", *FAST, "--total-steps", "12000", *args]) in (0, None)
     summary = json.loads((run / "summary.json").read_text())
     assert summary["final_eval_mean_return"] >= 7.5 and summary["total_steps"] >= 12000
+    header, rows = monitor(run)  # each agent's returns travel from the workers with the team's
+    assert header[3:] == ["r_agent_0", "r_agent_1"] and len(rows) >= 12000 // (8 + 1) // 2 // 2
+    np.testing.assert_allclose(rows[:, 3:].sum(1), rows[:, 0], atol=1e-4)

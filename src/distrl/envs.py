@@ -277,6 +277,8 @@ class Step:
     episode_ends: np.ndarray | None = None
     """[n_envs] bool: where the episodes of episode_returns ended; None means wherever terminated | truncated.
     They differ for envs that count whole games while an episode is a life (distrl.atari)."""
+    agent_returns: np.ndarray | None = None
+    """A multi-agent env: [episodes, agents] each agent's return of each game in episode_returns."""
 
 
 def _one(obs: Any) -> Any:
@@ -348,12 +350,20 @@ class VecEnv:
                 info["game_return"][over].astype(np.float64),
                 info["game_length"][over].astype(np.int64),
                 over,
+                self._agent_returns(np.flatnonzero(over), info),
             )
         episode_returns = self._returns[ended]
         episode_lengths = self._lengths[ended]
         self._returns[ended] = 0.0
         self._lengths[ended] = 0
         return Step(obs, reward, terminated, truncated, valid, episode_returns, episode_lengths)
+
+    def _agent_returns(self, rows: np.ndarray, info: dict[str, Any]) -> np.ndarray | None:
+        """Each agent's return of the games that ended on ``rows`` (a multi-agent env's, else None)."""
+        if not self.agents:
+            return None
+        games = dict(info.get("agent_game_returns", []))
+        return np.array([[games[row // len(self.agents)][a] for a in self.agents] for row in rows], np.float64)
 
     def close(self) -> None:
         self.env.close()

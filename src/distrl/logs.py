@@ -16,9 +16,10 @@ MONITOR_FILE = "monitor.csv"
 
 
 class MonitorWriter:
-    """Episode log in stable-baselines3's Monitor format: a JSON comment line, then ``r,l,t``."""
+    """Episode log in stable-baselines3's Monitor format: a JSON comment line, then ``r,l,t`` (and ``columns``:
+    a multi-agent env's return of each agent, ``r_<agent>``, after them; Monitor readers read columns by name)."""
 
-    def __init__(self, path: Path, env_id: str):
+    def __init__(self, path: Path, env_id: str, columns: tuple[str, ...] = ()):
         self.path = path
         if path.exists() and path.stat().st_size > 0:
             with path.open() as f:
@@ -31,14 +32,15 @@ class MonitorWriter:
             self.rows = 0
             self.file = path.open("w")
             self.file.write("#" + json.dumps({"t_start": self.t_start, "env_id": env_id}) + "\n")
-            self.file.write("r,l,t\n")
+            self.file.write(",".join(("r", "l", "t", *columns)) + "\n")
         self.file.flush()
 
-    def write(self, returns: list[float], lengths: list[int]) -> None:
+    def write(self, returns: list[float], lengths: list[int], extra: list[list[float]] | None = None) -> None:
         if not returns:
             return
         t = round(time.time() - self.t_start, 6)
-        self.file.writelines(f"{r:.6g},{n},{t}\n" for r, n in zip(returns, lengths))
+        tails = ["".join(f",{v:.6g}" for v in row) for row in extra] if extra else [""] * len(returns)
+        self.file.writelines(f"{r:.6g},{n},{t}{tail}\n" for r, n, tail in zip(returns, lengths, tails))
         self.file.flush()
         self.rows += len(returns)
 
@@ -181,12 +183,14 @@ class EpisodeProgress:
 class RunLogger:
     """Everything a run writes besides checkpoints. Only the main worker has one."""
 
-    def __init__(self, run_dir: Path, env_id: str, monitor: bool = True):
-        """``monitor=False``: a run without episodes (GRPO) writes no monitor.csv."""
+    def __init__(self, run_dir: Path, env_id: str, monitor: bool = True, agents: tuple[str, ...] = ()):
+        """``monitor=False``: a run without episodes (GRPO) writes no monitor.csv. ``agents``: a multi-agent env's,
+        whose returns get a column each after the team's."""
         self.run_dir = run_dir
         run_dir.mkdir(parents=True, exist_ok=True)
         self.env_id = env_id
-        self.monitor = MonitorWriter(run_dir / MONITOR_FILE, env_id) if monitor else None
+        self.columns = tuple(f"r_{agent}" for agent in agents)
+        self.monitor = MonitorWriter(run_dir / MONITOR_FILE, env_id, self.columns) if monitor else None
         self.rank_monitors: dict[int, MonitorWriter] = {}
         self.recent_returns: deque[float] = deque(maxlen=100)
         self._tb: Any = None
@@ -202,9 +206,10 @@ class RunLogger:
         track: tuple[str, ...],
         project: str,
         monitor: bool = True,
+        agents: tuple[str, ...] = (),
     ) -> RunLogger:
         """A run directory's logger with config.json written and the trackers started (closed again if one fails)."""
-        logger = cls(run_dir, env_id, monitor)
+        logger = cls(run_dir, env_id, monitor, agents)
         write_json_atomic(run_dir / "config.json", config)
         try:
             logger.track(track, project, config)
@@ -227,22 +232,34 @@ class RunLogger:
             self._tb = SummaryWriter(str(self.run_dir))
         return self._tb
 
-    def episodes(self, returns: list[float], lengths: list[int], step: int, rank: int | None = None) -> None:
-        """Log finished episodes; with ``rank`` also to that worker's own ``ranks/rank-N.monitor.csv``."""
-        self.monitor.write(returns, lengths)
+    def episodes(
+        self,
+        returns: list[float],
+        lengths: list[int],
+        step: int,
+        rank: int | None = None,
+        agent_returns: list[list[float]] | None = None,
+    ) -> None:
+        """Log finished episodes; with ``rank`` also to that worker's own ``ranks/rank-N.monitor.csv``.
+        ``agent_returns``: a multi-agent env's return of each agent in each episode (games), in the order of
+        the logger's ``agents``."""
+        self.monitor.write(returns, lengths, agent_returns)
         if rank is not None:
             if rank not in self.rank_monitors:
                 (self.run_dir / "ranks").mkdir(exist_ok=True)
                 self.rank_monitors[rank] = MonitorWriter(
-                    self.run_dir / "ranks" / f"rank-{rank}.monitor.csv", self.env_id
+                    self.run_dir / "ranks" / f"rank-{rank}.monitor.csv", self.env_id, self.columns
                 )
-            self.rank_monitors[rank].write(returns, lengths)
+            self.rank_monitors[rank].write(returns, lengths, agent_returns)
         self.recent_returns.extend(returns)
         if returns:
             values = {
                 "charts/episodic_return": float(np.mean(returns)),
                 "charts/episodic_length": float(np.mean(lengths)),
             }
+            if agent_returns:  # each agent's mean return, as charts/episodic_return/r_<agent>
+                means = np.mean(np.asarray(agent_returns, np.float64), 0)
+                values.update({f"charts/episodic_return/{c}": float(m) for c, m in zip(self.columns, means)})
             for name, value in values.items():
                 self.tb.add_scalar(name, value, step)
             for tracker in self.trackers:

@@ -81,6 +81,8 @@ class Rollout:
     policy_version: int
     episode_returns: list[float] = field(default_factory=list)
     episode_lengths: list[int] = field(default_factory=list)
+    episode_agent_returns: list[list[float]] = field(default_factory=list)
+    """A multi-agent env's games: each agent's return of each game in ``episode_returns`` (the team's)."""
     obs_moments: np.ndarray | None = None
     """Moments of the raw observations seen, for the normaliser (see data/normalize.py)."""
     reward_moments: np.ndarray | None = None
@@ -130,6 +132,7 @@ def merge_rollouts(parts: list[Rollout]) -> Rollout:
     for p in parts:
         merged.episode_returns.extend(p.episode_returns)
         merged.episode_lengths.extend(p.episode_lengths)
+        merged.episode_agent_returns.extend(p.episode_agent_returns)
     if parts[0].obs_moments is not None:
         merged.obs_moments = sum(p.obs_moments for p in parts)
     if parts[0].reward_moments is not None:
@@ -297,6 +300,8 @@ class RolloutCollector(LocalCollection):
             if len(step.episode_returns):
                 rollout.episode_returns.extend(step.episode_returns.tolist())
                 rollout.episode_lengths.extend(step.episode_lengths.tolist())
+                if step.agent_returns is not None:
+                    rollout.episode_agent_returns.extend(step.agent_returns.tolist())
             if preempt is not None and t + 1 >= min_steps and t + 1 < T and preempt():
                 self._pad(rollout, raw_obs, t + 1)
                 T = t + 1

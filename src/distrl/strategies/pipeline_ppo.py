@@ -87,6 +87,7 @@ class AsyncCollector:
 
         self.pool = GeneratorPool(engine, strategy.workers, spawn, request, strategy, self.events, depth=depth)
         self.pending_env_steps, self.pending_returns, self.pending_lengths = 0, [], []
+        self.pending_agent_returns: list[list[float]] = []
         """What the generators delivered since the last batch: env steps, finished episodes' returns and lengths."""
         self.overheads = Overheads()
         self.last_overhead_s = 0.0
@@ -122,6 +123,7 @@ class AsyncCollector:
         self.pending_env_steps += fragment.steps
         self.pending_returns += fragment.episode_returns
         self.pending_lengths += fragment.episode_lengths
+        self.pending_agent_returns += fragment.episode_agent_returns
         self.replay.add(fragment.policy_version, fragment)
 
     def _submit(self, policy_version: int) -> None:
@@ -155,9 +157,10 @@ class AsyncCollector:
             collected_steps=vector_steps,
             episode_returns=self.pending_returns,
             episode_lengths=self.pending_lengths,
+            episode_agent_returns=self.pending_agent_returns,
             collect_s=time.perf_counter() - start,
         )
-        self.pending_returns, self.pending_lengths = [], []
+        self.pending_returns, self.pending_lengths, self.pending_agent_returns = [], [], []
         self.last_overhead_s = rollout.collect_s  # the learner's wait for data
         self.overheads.add(self.last_overhead_s)
         self.last_metrics = {

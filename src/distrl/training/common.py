@@ -126,7 +126,10 @@ class TrainerBase(RunState):
         if self.is_main and log and run_dir is not None:
             self.console = Console(*self.progress_bound(), quiet=run.quiet)
             try:
-                self.logger = RunLogger.start(run_dir, self.env_id, self.config_dict(), run.track, run.track_project)
+                config = self.config_dict()
+                self.logger = RunLogger.start(
+                    run_dir, self.env_id, config, run.track, run.track_project, agents=self.env.agents
+                )
             except BaseException:
                 self.close()
                 raise
@@ -229,10 +232,21 @@ class TrainerBase(RunState):
                 reached = 1.0
         return bool(self.sync.all_sum(np.array([reached]))[0] > 0)
 
-    def _log(self, returns: list[float], lengths: list[int], counts: np.ndarray, metrics: dict[str, float]) -> None:
-        """Log this iteration; every worker's finished episodes go to the main worker's monitor files."""
+    def _log(
+        self,
+        returns: list[float],
+        lengths: list[int],
+        counts: np.ndarray,
+        metrics: dict[str, float],
+        agent_returns: list[list[float]] | None = None,
+    ) -> None:
+        """Log this iteration; every worker's finished episodes go to the main worker's monitor files (with each
+        agent's return of a multi-agent env's games, ``agent_returns``)."""
         self.last_metrics = metrics
-        local = np.stack([np.asarray(returns, np.float64), np.asarray(lengths, np.float64)], 1)
+        columns = [np.asarray(returns, np.float64), np.asarray(lengths, np.float64)]
+        if self.env.agents:
+            columns += list(np.asarray(agent_returns or [], np.float64).reshape(len(returns), len(self.env.agents)).T)
+        local = np.stack(columns, 1)
         episodes = self.sync.gather(local, counts.astype(int).tolist()) if counts.sum() else [local[:0]] * len(counts)
         sps = self.steps / max(self.train_s, 1e-9)
         if self.logger is not None:
@@ -243,6 +257,7 @@ class TrainerBase(RunState):
                     part[:, 1].astype(int).tolist(),
                     self.steps,
                     rank if self.sync.world_size > 1 else None,
+                    part[:, 2:].tolist() if self.env.agents else None,
                 )
             self.logger.scalars(metrics, self.steps, every_s=0.2)  # many short iterations: about 5 points a second
         if self.console is not None:

@@ -165,7 +165,13 @@ class OnPolicyTrainer(TrainerBase):
                     **self.collector.iteration_metrics(),
                 }
             )
-            self._log(rollout.episode_returns, rollout.episode_lengths, totals["episodes"], metrics)
+            self._log(
+                rollout.episode_returns,
+                rollout.episode_lengths,
+                totals["episodes"],
+                metrics,
+                rollout.episode_agent_returns,
+            )
             if self.end_of_iteration(per_iteration, totals["votes"], self.steps < total):
                 break
         return self.summary()
