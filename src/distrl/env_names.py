@@ -21,6 +21,7 @@ from typing import Any
 import gymnasium as gym
 
 from distrl.config import ConfigError, RunConfig, parse_env_kwargs, require_callable_as
+from distrl.selfplay import is_two_player_game
 
 SHORT_NAMES = {
     "cartpole": "CartPole-v1",
@@ -77,7 +78,7 @@ def resolve_env_id(name: str) -> str:
             "process that trained this run, and the run does not record which (runs saved before "
             f"distrl recorded entry points): name it, e.g. --env mypkg.envs:{class_name}"
         )
-    if is_multiagent(name):  # a PettingZoo env: distrl.multiagent builds it, not Gymnasium
+    if is_multiagent(name) or is_two_player_game(name):  # PettingZoo envs: distrl builds them, not Gymnasium
         return name
     if ":" in name:
         return _register_custom(name)
@@ -279,12 +280,13 @@ TRUST_FLAG = "--trust-code (trust_code=True in Python)"
 
 def named_code(run: RunConfig, cfg: Any = None) -> list[tuple[str, str]]:
     """``(field, 'package.module:Name')`` for each piece of code a run's config names: a custom env entry
-    point, its wrappers, its policy factory, and (``cfg``, GRPO's) its reward functions. Registered
-    Gymnasium ids, short names and built-in rewards are not code, nor are ``memory:`` names (objects that
-    exist only in the process that was given them)."""
+    point or a PettingZoo env's module, its wrappers, its policy factory, and (``cfg``, GRPO's) its reward
+    functions. Registered Gymnasium ids, short names and built-in rewards are not code, nor are ``memory:``
+    names (objects that exist only in the process that was given them)."""
 
-    def code(name: str) -> bool:
-        return ":" in name and not name.startswith(MEMORY)
+    def code(name: str) -> bool:  # 'package.module:Name', or a module path (a PettingZoo env) imported to build it
+        dotted = "." in name and name not in gym.registry and name.lower() not in SHORT_NAMES
+        return (":" in name or dotted) and not name.startswith(MEMORY)
 
     found = [("env", run.env)] if code(run.env) else []
     found += [("wrapper", name) for name in run.wrappers if code(name)]

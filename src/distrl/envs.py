@@ -38,6 +38,7 @@ from distrl.env_names import (
 )
 from distrl.masks import has_mask_key
 from distrl.multiagent import ParallelAgents, make_parallel_env
+from distrl.selfplay import TwoPlayerGame, aec_factory, is_two_player_game
 from distrl.spaces import DictLayout
 
 if TYPE_CHECKING:
@@ -71,6 +72,8 @@ def make_single_env(
             env = make_atari(env_id, dict(env_kwargs or {}), training=not evaluation, render_mode=render_mode)
         elif remembered(env_id) is not None:
             env = remembered(env_id)(**kwargs)
+        elif is_two_player_game(env_id):  # one seat of a turn-based game; the other moves inside step
+            env = TwoPlayerGame(aec_factory(env_id, dict(env_kwargs or {})))
         else:
             env = gym.make(env_id, **kwargs)
     except TypeError as exc:
@@ -295,7 +298,9 @@ class VecEnv:
     ``single_observation_space`` stays the env's Dict space, which the encoder is built from.
     """
 
-    def __init__(self, env: gym.vector.VectorEnv | OneEnv, env_id: str):
+    def __init__(self, env: gym.vector.VectorEnv | OneEnv | ParallelAgents, env_id: str, check_masks: bool = False):
+        """``check_masks``: refuse an observation's action mask that leaves no legal action where an action must
+        follow (any observation but an episode's last)."""
         self.env = env
         self.env_id = env_id
         self.n_envs = env.num_envs
@@ -305,6 +310,7 @@ class VecEnv:
         self.single_action_space = env.single_action_space
         space = self.single_observation_space
         self._layout = DictLayout(space) if isinstance(space, gym.spaces.Dict) else None
+        self._masks = masks.MaskReader(space, self.single_action_space) if check_masks and has_mask_key(space) else None
         self._ended = np.zeros(self.n_envs, dtype=bool)
         self._returns = np.zeros(self.n_envs, dtype=np.float64)
         self._lengths = np.zeros(self.n_envs, dtype=np.int64)
@@ -315,7 +321,10 @@ class VecEnv:
         self._ended[:] = False
         self._returns[:] = 0.0
         self._lengths[:] = 0
-        return obs if self._layout is None else self._layout.pack(obs)
+        obs = obs if self._layout is None else self._layout.pack(obs)
+        if self._masks is not None:
+            self._masks.check(obs)
+        return obs
 
     def step(self, actions: np.ndarray) -> Step:
         obs, reward, terminated, truncated, info = self.env.step(actions)
@@ -329,6 +338,8 @@ class VecEnv:
             terminated = terminated & valid
             truncated = truncated & valid
         reward = reward.astype(np.float32, copy=False)
+        if self._masks is not None:  # an episode's last observation may leave nothing legal (a finished board)
+            self._masks.check(obs[~(terminated | truncated)])
         self._returns += reward
         self._lengths += valid
         ended = terminated | truncated
@@ -390,6 +401,7 @@ def make_env(
             env_id, n_envs, vec, env_kwargs, tuple(wrappers), atari_wrappers, evaluation, action_mask, global_state
         ),
         env_id,
+        check_masks=action_mask != "off",
     )
 
 

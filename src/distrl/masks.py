@@ -82,8 +82,9 @@ def resolve(mode: str, env: gym.Env) -> str:
     return mode
 
 
-def check_mask(mask: np.ndarray, action_space: spaces.Space, where: str) -> np.ndarray:
-    """``mask`` as int8 [size] (or [B, size]), refusing a wrong shape and a row with no legal choice."""
+def check_mask(mask: np.ndarray, action_space: spaces.Space, where: str, needs_legal: bool = True) -> np.ndarray:
+    """``mask`` as int8 [size] (or [B, size]), refusing a wrong shape and, with ``needs_legal`` (an observation an
+    action must follow: not an episode's last), a row with no legal choice."""
     size = mask_size(action_space)
     mask = np.asarray(mask)
     if size is None or mask.shape[-1:] != (size,):
@@ -92,7 +93,7 @@ def check_mask(mask: np.ndarray, action_space: spaces.Space, where: str) -> np.n
             f"{size} entries (1: legal, 0: illegal)"
         )
     nvec = np.asarray(action_space.nvec) if isinstance(action_space, spaces.MultiDiscrete) else np.array([size])
-    for part in np.split(mask.astype(bool), np.cumsum(nvec)[:-1], -1):
+    for part in np.split(mask.astype(bool), np.cumsum(nvec)[:-1], -1) if needs_legal else ():
         if not part.any(-1).all():
             raise ConfigError(f"{where}={mask.astype(int).tolist()} is not allowed: it leaves no legal action")
     return mask.astype(np.int8)
@@ -113,7 +114,7 @@ class MaskInObservation(gym.Wrapper):
         parts = dict(inner.spaces) if isinstance(inner, spaces.Dict) else {"observation": inner}
         self.observation_space = spaces.Dict({**parts, MASK_KEY: spaces.Box(0, 1, (size,), np.int8)})
 
-    def _wrap(self, obs: Any, info: dict[str, Any]) -> dict[str, Any]:
+    def _wrap(self, obs: Any, info: dict[str, Any], ended: bool = False) -> dict[str, Any]:
         if self.source == "info":
             if MASK_KEY not in info:
                 raise ConfigError(
@@ -122,7 +123,8 @@ class MaskInObservation(gym.Wrapper):
             mask = info[MASK_KEY]
         else:
             mask = _method(self.env)()
-        mask = check_mask(mask, self.action_space, f"info[{MASK_KEY!r}]" if self.source == "info" else "action_masks()")
+        where = f"info[{MASK_KEY!r}]" if self.source == "info" else "action_masks()"
+        mask = check_mask(mask, self.action_space, where, needs_legal=not ended)
         parts = dict(obs) if isinstance(obs, dict) else {"observation": obs}
         return {**parts, MASK_KEY: mask}
 
@@ -132,7 +134,7 @@ class MaskInObservation(gym.Wrapper):
 
     def step(self, action: Any) -> tuple[dict[str, Any], Any, bool, bool, dict[str, Any]]:
         obs, reward, terminated, truncated, info = self.env.step(action)
-        return self._wrap(obs, info), reward, terminated, truncated, info
+        return self._wrap(obs, info, terminated or truncated), reward, terminated, truncated, info
 
 
 def with_masks(env: gym.Env, mode: str) -> gym.Env:
@@ -142,8 +144,13 @@ def with_masks(env: gym.Env, mode: str) -> gym.Env:
 
 
 def mask_logits(head: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """``head`` [..., size] logits with the illegal choices (``mask == 0``) at :data:`MASKED_LOGIT`."""
-    return head.masked_fill(mask == 0, MASKED_LOGIT)
+    """``head`` [..., size] logits with the illegal choices (``mask == 0``) at :data:`MASKED_LOGIT`.
+
+    A row with no legal choice is left as it is: it is an episode's last observation (a finished board), which
+    the vector env's next step resets without using the action taken there; :class:`~distrl.envs.VecEnv`
+    refuses such a mask on any other observation."""
+    illegal = mask == 0
+    return head.masked_fill(illegal & ~illegal.all(-1, keepdim=True), MASKED_LOGIT)
 
 
 class MaskReader:
@@ -180,7 +187,7 @@ def random_actions(rngs: list[np.random.Generator], n: int, legal: np.ndarray | 
     choices alone (epsilon-greedy exploration never takes an illegal action)."""
     if legal is None:
         return np.array([rng.integers(n) for rng in rngs], dtype=np.int64)
-    choices = [np.flatnonzero(row) for row in legal]
+    choices = [np.flatnonzero(row) if row.any() else np.arange(n) for row in legal]  # a last observation: any
     return np.array([c[rng.integers(len(c))] for c, rng in zip(choices, rngs)], dtype=np.int64)
 
 
@@ -211,4 +218,6 @@ def with_mask(observation: Any, action_mask: Any, space: spaces.Space, source: s
         raise ConfigError(
             f"action_mask with shape {mask.shape} is not allowed: this observation needs {(*batch, size)}"
         )
+    if not mask.astype(bool).any(-1).all():
+        raise ConfigError(f"action_mask={mask.astype(int).tolist()} is not allowed: it leaves no legal action")
     return {**parts, MASK_KEY: mask}

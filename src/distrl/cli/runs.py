@@ -76,6 +76,9 @@ class EvalArgs(RunArgs):
     """With --record: each episode stops after this many steps, if the env has not ended it (it says so)."""
     track: tuple[Tracker, ...] = ()
     """With --record: also log the video to the run's tracked runs (wandb, mlflow), as its training did."""
+    opponent: str = ""
+    """Two-player games: play whole games against random (uniform legal moves), another run directory or a
+    checkpoint (RUN/checkpoints/step-N), taking each seat in every other game; prints wins, draws and losses."""
 
     @property
     def episodes_to_run(self) -> int:
@@ -140,6 +143,8 @@ def eval_command(argv: list[str]) -> int:
     try:
         if args.record:
             return _record(model, args)
+        if args.opponent:
+            return _play(model, args)
         mean, std = model.evaluate(args.episodes_to_run, deterministic=not args.stochastic, seed=args.seed)
     finally:
         model.close()
@@ -147,6 +152,63 @@ def eval_command(argv: list[str]) -> int:
         print(json.dumps({"mean_return": mean, "std_return": std, "episodes": args.episodes_to_run}))
     else:
         print(f"{mean:.2f} ± {std:.2f} over {args.episodes_to_run} episodes")
+    return 0
+
+
+def play_against(model: Any, opponent: Any, games: int, deterministic: bool, seed: int | None) -> dict[str, Any]:
+    """``games`` whole games of ``model`` against ``opponent`` (an :class:`Opponent`), ``model`` taking each seat in
+    every other game: its wins, draws and losses, overall and per seat."""
+    import numpy as np
+
+    from distrl.envs import make_run_env
+    from distrl.evaluation import evaluate
+    from distrl.selfplay import games_of, outcomes
+    from distrl.training import EVAL_SEED_OFFSET
+
+    trainer = model._trainer
+    env = make_run_env(trainer.run, games, trainer.env_id, evaluation=True)
+    found = games_of(env)
+    if not found:
+        env.close()
+        raise ConfigError(f"opponent= is not allowed for env={trainer.env_id!r}: it is not a two-player game")
+    for game in found:
+        game.opponent = opponent
+    rng = np.random.default_rng(seed)
+    seed = trainer.run.seed + EVAL_SEED_OFFSET if seed is None else seed
+    try:
+        returns = evaluate(lambda obs, starts: model._act(obs, deterministic, rng, None, starts)[0], env, seed)
+    finally:
+        env.close()
+    seats = [(seed + i) % 2 for i in range(games)]  # env i starts in seat (seed + i) % 2 and plays one game
+    per_seat = {f"seat_{s + 1}": outcomes(returns[[i for i, x in enumerate(seats) if x == s]], "") for s in (0, 1)}
+    return {**outcomes(returns, ""), "games": len(returns), **per_seat}
+
+
+def _play(model: Any, args: EvalArgs) -> int:
+    """``distrl eval RUN --opponent ...``: whole games in both seats, their wins, draws and losses."""
+    from distrl.selfplay import ModelOpponent, RandomOpponent
+
+    other = None
+    if args.opponent != "random":
+        other = RunArgs(args.opponent, trust_code=args.trust_code).load(args.device)
+    try:
+        opponent = RandomOpponent() if other is None else ModelOpponent(other, deterministic=not args.stochastic)
+        result = play_against(model, opponent, args.episodes_to_run, not args.stochastic, args.seed)
+    finally:
+        if other is not None:
+            other.close()
+    if args.json:
+        print(json.dumps({"opponent": args.opponent, **result}))
+    else:
+        seats = "; ".join(
+            f"{s.replace('_', ' ')}: {r['wins']}/{r['draws']}/{r['losses']}"
+            for s, r in result.items()
+            if s.startswith("seat")
+        )
+        print(
+            f"against {args.opponent}: {result['wins']} wins, {result['draws']} draws, {result['losses']} losses "
+            f"in {result['games']} games (wins/draws/losses by seat: {seats})"
+        )
     return 0
 
 

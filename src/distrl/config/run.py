@@ -17,6 +17,7 @@ from distrl.config.base import (
     Engine,
     Launcher,
     OnWorkerError,
+    OpponentSampling,
     Precision,
     ReplaySampling,
     Scaling,
@@ -156,6 +157,16 @@ class RunConfig:
     critic: Critic = "local"
     """Multi-agent envs: centralised gives each critic the global state (env.state(), else every agent's
     observation side by side) and the agent's index, while actors see their own observation (Yu et al. 2022)."""
+    self_play: bool = False
+    """Two-player turn-based games (a PettingZoo AEC module such as pettingzoo.classic.tictactoe_v3): play the
+    other seat with past copies of the policy being trained instead of random moves (the seats alternate)."""
+    opponent_pool: int = 8
+    """Self-play: past copies kept as opponents (the oldest leave)."""
+    snapshot_every: int = 5
+    """Self-play: a new copy joins the pool every this many updates."""
+    opponent_sampling: OpponentSampling = "pfsp"
+    """Self-play: the opponent of each game, uniformly from the pool or prioritised (pfsp) toward those the
+    policy beats least, weight (1 - win rate)^2."""
     threads: int = 1
     """Intra-op torch threads per process. 1 suits small networks and several workers per machine;
     wide networks (256x256 MLPs, CNNs) gain from more when the process has the cores to itself."""

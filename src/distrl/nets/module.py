@@ -140,8 +140,6 @@ class ModuleAgent:
     def act_recording(self, obs: np.ndarray, noise: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Actions, their log-probabilities and the values of ``obs``, from one forward pass."""
         views = self._views(self.params.data)
-        if self.masks is not None:
-            self.masks.check(np.asarray(obs))
         head, values = self._call(views, self._obs(obs))
         std = None if self.discrete else views[LOG_STD].exp().cpu().numpy()
         actions = sample_actions(self.spec.kind, head.cpu().numpy(), std, noise, self.spec.nvec)

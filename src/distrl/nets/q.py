@@ -196,8 +196,6 @@ class ModuleQ:
 
     def act(self, obs: np.ndarray) -> np.ndarray:
         """Greedy actions [B] int64 (indices 0..n_actions-1, ties to the lowest)."""
-        if self.masks is not None:
-            self.masks.check(obs)
         return greedy(self.q_numpy(obs))
 
     def legal(self, obs: np.ndarray) -> np.ndarray | None:

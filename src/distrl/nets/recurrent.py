@@ -171,8 +171,6 @@ class RecurrentAgent(ModuleAgent):
         """One step for a batch of environments: actions, their log-probs, the values, and the next state.
         ``starts`` [B] marks observations that begin an episode (their state restarts first)."""
         views = self._views(self.params.data)
-        if self.masks is not None:
-            self.masks.check(np.asarray(obs))
         obs_t = self._obs(obs)
         head, values, state = self._call_seq(views, obs_t[None], state, self._starts(starts, (1, len(obs))))
         head, values = head[0], values[0]

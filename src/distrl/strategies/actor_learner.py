@@ -95,6 +95,7 @@ class RolloutWorker:
         from distrl.envs import make_run_env
         from distrl.nets import make_agent
         from distrl.nets.multiagent import agent_setup
+        from distrl.selfplay import attach_pool
         from distrl.training.state import set_cpu_options
 
         set_cpu_options(spec.run)  # as the learner and single do: threads, subnormal flushing
@@ -102,17 +103,22 @@ class RolloutWorker:
         cfg, run = spec.cfg, spec.run
         self.env = make_run_env(run, cfg.n_envs)
         obs_space = self.env.single_observation_space
-        self.agent = make_agent(
-            obs_space,
-            self.env.single_action_space,
-            cfg,
-            torch.device("cpu"),
-            run.seed,
-            run.policy,
-            run.precision,
-            run.action_mask,
-            agent_setup(self.env.agents, run.agent_policies, run.agent_groups, run.critic),
-        )
+
+        def build_agent() -> Any:
+            return make_agent(
+                obs_space,
+                self.env.single_action_space,
+                cfg,
+                torch.device("cpu"),
+                run.seed,
+                run.policy,
+                run.precision,
+                run.action_mask,
+                agent_setup(self.env.agents, run.agent_policies, run.agent_groups, run.critic),
+            )
+
+        self.agent = build_agent()
+        self.opponents = attach_pool(self.env, build_agent, run)  # self-play: snapshots of the weights received
         rows = self.env.n_envs
         self.first_row = spec.env_offset(rows)
         if spec.algo == "reinforce":
@@ -150,6 +156,8 @@ class RolloutWorker:
             return
         self.agent.params.data.copy_(torch.from_numpy(as_array(payload["params"])))
         self.agent.refresh_acting_copy()
+        if self.opponents is not None:
+            self.opponents.observe(int(payload["version"]), self.agent.params.data)
         if self.obs_normalizer is not None and "obs_stats" in payload:
             self.obs_normalizer.stats.load(payload["obs_stats"])
             self.obs_normalizer.refresh()

@@ -27,6 +27,7 @@ from distrl.logs import Console, RunLogger
 from distrl.nets.agent import Agent
 from distrl.nets.recurrent import StatefulPolicy
 from distrl.protocols import Sync
+from distrl.selfplay import games_of, outcomes
 from distrl.spaces import DictLayout, stored_layout
 from distrl.training.recorded import space_to_json
 from distrl.training.state import RunState
@@ -319,6 +320,7 @@ class TrainerBase(RunState):
             "sps": self.steps / max(self.train_s, 1e-9),
             "final_mean_return": mean_return,
             **_evaluation_summary(self.last_evaluation),
+            **(outcomes(self.last_evaluation.returns) if self.last_evaluation and games_of(self.env) else {}),
             **self.extra_summary,
             **(self.collector.summary() if self.collector is not None else {}),
         }

@@ -24,6 +24,7 @@ from distrl.nets.agent import Agent
 from distrl.nets.factory import PolicySource, check_agent_spaces
 from distrl.nets.multiagent import agent_setup
 from distrl.protocols import Sync
+from distrl.selfplay import attach_pool, self_play_summary
 from distrl.training.common import TrainerBase
 from distrl.training.state import section
 
@@ -92,17 +93,25 @@ class OnPolicyTrainer(TrainerBase):
         if run.algo in ON_POLICY_ALGOS:
             self.algo_name = run.algo
         super().__init__(run, cfg, sync, run_dir, log, strategy, requested, device)
-        self.agent = make_agent(
-            self.env.single_observation_space,
-            self.env.single_action_space,
-            cfg,
-            self.device,
-            run.seed,
-            policy if policy is not None else run.policy,
-            run.precision,
-            run.action_mask,
-            agent_setup(self.env.agents, run.agent_policies, run.agent_groups, run.critic),
-        )
+
+        def build_agent() -> Agent:
+            return make_agent(
+                self.env.single_observation_space,
+                self.env.single_action_space,
+                cfg,
+                self.device,
+                run.seed,
+                policy if policy is not None else run.policy,
+                run.precision,
+                run.action_mask,
+                agent_setup(self.env.agents, run.agent_policies, run.agent_groups, run.critic),
+            )
+
+        self.agent = build_agent()
+        self.opponents = attach_pool(self.env, build_agent, run)
+        """Self-play: the past policies the training games' other seat is played by."""
+        if self.opponents is not None:
+            self.opponents.observe(self.policy_version, self.agent.params.data)
         self.obs_normalizer = ObsNormalizer.for_space(
             self.env.single_observation_space, cfg.normalize_obs, cfg.clip_obs
         )
@@ -155,6 +164,9 @@ class OnPolicyTrainer(TrainerBase):
                 advantage_moments=totals["advantages"],
             )
             now = self._end_iteration(start, update_start)
+            if self.opponents is not None:
+                self.opponents.observe(self.policy_version, self.agent.params.data)
+                metrics["self_play/learner_elo"] = self.opponents.learner_elo
             metrics.update(
                 {
                     "charts/samples": float(totals["samples"][0]),
@@ -174,6 +186,8 @@ class OnPolicyTrainer(TrainerBase):
             )
             if self.end_of_iteration(per_iteration, totals["votes"], self.steps < total):
                 break
+        if self.opponents is not None:
+            self.extra_summary["self_play"] = self_play_summary(self.opponents, self.env)
         return self.summary()
 
     def _sum_over_workers(self, rollout: Rollout, batch: RolloutBatch) -> dict[str, np.ndarray]:
