@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # distrl on a CUDA machine: --device cuda for each algorithm, NCCL under ddp, bf16, and APPO's learner
 # on the GPU beside actors on the CPUs (the same run with the learner on the CPUs, for comparison).
+# benchmarks/cuda_check.py compares gradients on the GPU with the CPU's and runs PPO, SAC and GRPO; this
+# script runs the algorithms that came after it (APPO, IMPALA, DQN) and APPO's pipeline with a CUDA learner.
 #
 #   bash benchmarks/gpu_check.sh [OUT_DIR] [ACTORS] [ATARI_STEPS]
 #
