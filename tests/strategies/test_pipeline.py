@@ -130,3 +130,40 @@ def test_a_stalled_scorer_ends_the_run_naming_the_starved_stage(ray_local):
     finally:
         os.kill(stopped[0][0], signal.SIGCONT)
     assert 3 <= waited < 30  # the starve timeout, not the 120 s call timeout
+
+
+class _SilentEngine:
+    """An actor engine whose requests answer after ``gaps`` seconds in turn, then never: what the starve
+    timeout sees, without processes."""
+
+    def __init__(self, gaps):
+        self.gaps, self.waited = list(gaps), []
+
+    def call(self, actor, method, *args):
+        return (actor, method, time.perf_counter())
+
+    def wait(self, pending, timeout, first=False):
+        self.waited.append(timeout)
+        if not self.gaps or timeout == 0:
+            return []
+        time.sleep(self.gaps.pop(0))
+        return pending[:1]
+
+    def result(self, pending, timeout):
+        return "fragment"
+
+
+def test_the_starve_timeout_stretches_to_ten_times_the_slowest_wait_a_slowed_machine_showed():
+    from distrl.strategies.pool import GeneratorPool, PipelineStalled
+
+    engine = _SilentEngine([0.05, 0.3])
+    strategy = StrategyConfig(strategy="pipeline", workers=1, starve_timeout_s=1)
+    pool = GeneratorPool(engine, 1, lambda i, restarts: f"actor-{i}", engine.call, strategy, [])
+    for _ in range(2):
+        pool.submit(0, lambda: None)
+        assert pool.finished(timeout=5) == [(0, "fragment")]
+    assert 0.3 <= pool.longest_gap < 1.0
+    pool.submit(0, lambda: None)
+    with pytest.raises(PipelineStalled, match=r"no data for [3-9] s"):  # 10 x the 0.3 s gap, beyond the 1 s floor
+        pool.wait_any("generators", 2, 0)
+    assert engine.waited[-1] == pytest.approx(10 * pool.longest_gap)
