@@ -162,3 +162,16 @@ def test_per_agent_policies_learn_under_every_strategy(tmp_path, strategy, worke
     header, rows = monitor(run)  # each agent's returns travel from the workers with the team's
     assert header[3:] == ["r_agent_0", "r_agent_1"] and len(rows) >= 12000 // (8 + 1) // 2 // 2
     np.testing.assert_allclose(rows[:, 3:].sum(1), rows[:, 0], atol=1e-4)
+
+
+def test_one_shared_policy_on_vector_observations_takes_the_closed_form_networks():
+    from distrl.nets import ActorCritic
+
+    cfg = PPOConfig(n_envs=2, n_steps=8, batch_size=16)
+    shared = OnPolicyTrainer(RunConfig(env="distrl_macoop:symmetric", quiet=True), cfg)
+    # the agent's cue (3) and its one-hot index (3) side by side, as one float vector per row
+    assert isinstance(shared.agent, ActorCritic) and shared.env.single_observation_space.shape == (6,)
+    shared.close()
+    mappo = OnPolicyTrainer(RunConfig(env="distrl_macoop:symmetric", quiet=True, critic="centralised"), cfg)
+    assert not isinstance(mappo.agent, ActorCritic) and "state" in mappo.env.single_observation_space.spaces
+    mappo.close()

@@ -16,14 +16,14 @@ import torch
 
 from distrl import checkpoint, export, trust
 from distrl.config import ConfigError, RunConfig, split_by_config
-from distrl.env_names import env_kwargs_items, env_source, object_name, refuse_named_code, wrapper_names
+from distrl.env_names import env_kwargs_items, env_source, policy_name, refuse_named_code, wrapper_names
 from distrl.envs import make_run_env
 from distrl.evaluation import evaluate
 from distrl.export import Export, Format
 from distrl.logs import Console
 from distrl.masks import with_mask
 from distrl.presets import algo_configs
-from distrl.spaces import check_observation
+from distrl.spaces import check_observation, start_flags
 from distrl.training import (
     EVAL_SEED_OFFSET,
     DQNTrainer,
@@ -158,9 +158,8 @@ class Model:
             deterministic: the policy's mode (mean or most likely action) rather than a sample; True by
                 default, as :meth:`evaluate` acts.
             rng: the generator samples are drawn from when ``deterministic=False``.
-            action_mask: for an env whose masks come from ``info["action_mask"]`` or ``action_masks()``: the
-                legal actions (1) of this observation, [n] or [B, n]; None: every action is legal. An env
-                whose observation holds the mask needs none: the observation's own is used.
+            action_mask: the legal actions (1), [n] or [B, n], for masks from ``info`` or ``action_masks()``
+                (None: every action is legal); an observation that holds its mask needs none.
         """
         observation = with_mask(
             observation, action_mask, self._trainer.env.single_observation_space, self._trainer.run.action_mask
@@ -312,23 +311,6 @@ class Model:
 
     def close(self) -> None:
         self._trainer.close()
-
-
-def policy_name(policy: Any) -> str:
-    """``policy=`` as RunConfig.policy: a name as it is, an object as 'module:qualname' or a ``memory:`` name."""
-    if isinstance(policy, str):
-        return policy
-    return object_name(policy, getattr(policy, "__name__", type(policy).__name__).strip("<>"))
-
-
-def start_flags(episode_start: Any, n: int) -> np.ndarray:
-    """``episode_start`` as one bool per observation [n]."""
-    starts = np.asarray(episode_start, dtype=bool)
-    if starts.size != n:
-        raise ConfigError(
-            f"episode_start of shape {starts.shape} is not allowed for {n} observation(s): one bool each, shape ({n},)"
-        )
-    return starts.reshape(n)
 
 
 class PPO(Model):

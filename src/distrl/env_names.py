@@ -9,11 +9,9 @@ from __future__ import annotations
 
 import copy
 import difflib
-import functools
 import importlib
 import inspect
 import os
-import warnings
 from collections.abc import Callable, Iterable
 from functools import partial
 from typing import Any
@@ -21,6 +19,7 @@ from typing import Any
 import gymnasium as gym
 
 from distrl.config import ConfigError, RunConfig, parse_env_kwargs, require_callable_as
+from distrl.multiagent import is_multiagent
 from distrl.selfplay import is_two_player_game
 
 SHORT_NAMES = {
@@ -86,45 +85,6 @@ def resolve_env_id(name: str) -> str:
     close = difflib.get_close_matches(name, candidates, n=3, cutoff=0.6)
     hint = f"; did you mean {', '.join(close)}?" if close else "; see gymnasium.pprint_registry()"
     raise ConfigError(f"env={name!r} is not a registered Gymnasium id or short name{hint}")
-
-
-@functools.cache
-def is_multiagent(name: str) -> bool:
-    """Whether ``name`` is a PettingZoo Parallel env: an id of PettingZoo's parallel registry ("classic/rps-v2"),
-    a module whose ``parallel_env`` builds one ("mpe2.simple_spread_v3"), or 'package.module:Name' naming a
-    ParallelEnv class or a function that returns one (called once here, without arguments, to find out)."""
-    if name in gym.registry or name.lower() in SHORT_NAMES or name.startswith(("ALE/", "custom/", MEMORY)):
-        return False
-    try:
-        import pettingzoo
-    except ImportError:
-        return False
-    if name in getattr(pettingzoo, "parallel_registry", {}):
-        return True
-    module_name, _, attr = name.partition(":")
-    if "." not in module_name and not attr:
-        return False
-    try:
-        with warnings.catch_warnings():  # PettingZoo deprecates importing its own envs by module path
-            warnings.simplefilter("ignore", DeprecationWarning)
-            module = importlib.import_module(module_name)
-    except ImportError:
-        return False
-    if not attr:
-        return callable(getattr(module, "parallel_env", None))
-    obj = getattr(module, attr, None)
-    if isinstance(obj, type):
-        return issubclass(obj, pettingzoo.ParallelEnv)
-    if not inspect.isfunction(obj):
-        return False
-    try:
-        made = obj()
-    except Exception:  # noqa: BLE001 - not callable bare: the Gymnasium path reports it
-        return False
-    found = isinstance(made, pettingzoo.ParallelEnv)
-    if found or isinstance(made, gym.Env):
-        made.close()
-    return found
 
 
 def _register_ale() -> bool:
@@ -268,6 +228,13 @@ def object_name(obj: Any, label: str) -> str:
     """How config.json names a Python object handed to the API: 'module:qualname' when another process
     can import it, else a ``memory:`` name valid in this process only."""
     return _importable_name(obj) or _remember(obj, label)
+
+
+def policy_name(policy: Any) -> str:
+    """``policy=`` as RunConfig.policy: a name as it is, an object as 'module:qualname' or a ``memory:`` name."""
+    if isinstance(policy, str):
+        return policy
+    return object_name(policy, getattr(policy, "__name__", type(policy).__name__).strip("<>"))
 
 
 def is_user_code(env_id: str) -> bool:

@@ -29,7 +29,6 @@ from distrl.env_names import (
     apply_wrappers,
     dependency_error,
     is_atari,
-    is_multiagent,
     is_user_code,
     portable_env_name,
     remembered,
@@ -37,7 +36,7 @@ from distrl.env_names import (
     shown_name,
 )
 from distrl.masks import has_mask_key
-from distrl.multiagent import ParallelAgents, make_parallel_env
+from distrl.multiagent import ParallelAgents, is_multiagent, make_parallel_env
 from distrl.selfplay import TwoPlayerGame, aec_factory, is_two_player_game
 from distrl.spaces import DictLayout
 
@@ -106,11 +105,13 @@ def make_vector_env(
     evaluation: bool = False,
     action_mask: str = "off",
     global_state: bool = False,
+    flat_agents: bool = False,
 ) -> gym.vector.VectorEnv | OneEnv | ParallelAgents:
     """A Gymnasium vector env with next-step autoreset.
 
-    A PettingZoo env (:func:`~distrl.env_names.is_multiagent`) is ``n_envs`` copies of its game as one vector
-    env of their agents (:class:`~distrl.multiagent.ParallelAgents`, ``global_state`` for a centralised critic).
+    A PettingZoo env (:func:`~distrl.multiagent.is_multiagent`) is ``n_envs`` copies of its game as one vector
+    env of their agents (:class:`~distrl.multiagent.ParallelAgents`, ``global_state`` for a centralised critic,
+    ``flat_agents`` for one shared policy: flat vector rows where every part is one).
 
     ``native`` uses the env's own vector implementation (e.g. CartPole's, which steps
     all environments in one numpy call); ``auto`` uses it when the env has one that takes
@@ -128,7 +129,7 @@ def make_vector_env(
                     else f"vec={mode!r}: use auto"
                 )
             )
-        return ParallelAgents(make_parallel_env(env_id, env_kwargs), n_envs, global_state)
+        return ParallelAgents(make_parallel_env(env_id, env_kwargs), n_envs, global_state, flat_agents)
     if mode == "envpool":
         return _envpool_env(env_id, n_envs, env_kwargs, wrappers, atari_wrappers)
     spec = gym.spec(env_id) if env_id in gym.registry else None
@@ -390,6 +391,7 @@ def make_env(
     evaluation: bool = False,
     action_mask: str = "off",
     global_state: bool = False,
+    flat_agents: bool = False,
 ) -> VecEnv:
     """Resolve ``env_id`` and build a :class:`VecEnv` of ``n_envs`` environments, each built with
     ``env_kwargs`` and wrapped by ``wrappers`` ('package.module:function', applied in order); Atari
@@ -398,7 +400,16 @@ def make_env(
     env_id = resolve_env_id(env_id)
     return VecEnv(
         make_vector_env(
-            env_id, n_envs, vec, env_kwargs, tuple(wrappers), atari_wrappers, evaluation, action_mask, global_state
+            env_id,
+            n_envs,
+            vec,
+            env_kwargs,
+            tuple(wrappers),
+            atari_wrappers,
+            evaluation,
+            action_mask,
+            global_state,
+            flat_agents,
         ),
         env_id,
         check_masks=action_mask != "off",
@@ -422,6 +433,7 @@ def make_run_env(run: RunConfig, n_envs: int, env_id: str | None = None, evaluat
         evaluation,
         run.action_mask,
         run.critic == "centralised",
+        run.agent_policies == "shared" and not run.agent_groups and run.critic == "local",
     )
 
 

@@ -16,13 +16,17 @@ team's return (the sum of the agents' returns), the whole-game statistics VecEnv
 
 from __future__ import annotations
 
+import functools
 import importlib
+import inspect
 import math
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Literal
 
+import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
@@ -46,6 +50,45 @@ def is_parallel_env(obj: Any) -> bool:
     except ImportError:
         return False
     return isinstance(obj, ParallelEnv)
+
+
+@functools.cache
+def is_multiagent(name: str) -> bool:
+    """Whether ``name`` is a PettingZoo Parallel env: an id of PettingZoo's parallel registry ("classic/rps-v2"),
+    a module whose ``parallel_env`` builds one ("mpe2.simple_spread_v3"), or 'package.module:Name' naming a
+    ParallelEnv class or a function that returns one (called once here, without arguments, to find out)."""
+    if name in gym.registry or name.startswith(("ALE/", "custom/", "memory:")):  # Gymnasium's, or an API object
+        return False
+    try:
+        import pettingzoo
+    except ImportError:
+        return False
+    if name in getattr(pettingzoo, "parallel_registry", {}):
+        return True
+    module_name, _, attr = name.partition(":")
+    if "." not in module_name and not attr:
+        return False
+    try:
+        with warnings.catch_warnings():  # PettingZoo deprecates importing its own envs by module path
+            warnings.simplefilter("ignore", DeprecationWarning)
+            module = importlib.import_module(module_name)
+    except ImportError:
+        return False
+    if not attr:
+        return callable(getattr(module, "parallel_env", None))
+    obj = getattr(module, attr, None)
+    if isinstance(obj, type):
+        return issubclass(obj, pettingzoo.ParallelEnv)
+    if not inspect.isfunction(obj):
+        return False
+    try:
+        made = obj()
+    except Exception:  # noqa: BLE001 - not callable bare: the Gymnasium path reports it
+        return False
+    found = isinstance(made, pettingzoo.ParallelEnv)
+    if found or isinstance(made, gym.Env):
+        made.close()
+    return found
 
 
 def make_parallel_env(name: str, env_kwargs: dict[str, Any] | None = None) -> Callable[[], Any]:
@@ -187,7 +230,9 @@ class ParallelAgents:
 
     metadata = {"autoreset_mode": AutoresetMode.NEXT_STEP}
 
-    def __init__(self, make_env: Callable[[], Any], n_copies: int, global_state: bool = False):
+    def __init__(self, make_env: Callable[[], Any], n_copies: int, global_state: bool = False, flat: bool = False):
+        """``flat``: where every part is a float Box (no mask, no Discrete), rows are one float32 vector, the parts
+        side by side in key order, which distrl's closed-form networks take (one shared policy's fast path)."""
         if n_copies < 1:
             raise ConfigError(f"n_copies={n_copies} is not allowed: must be at least 1")
         self.envs: list[Any] = []
@@ -229,6 +274,13 @@ class ParallelAgents:
         if AGENT_KEY in self._buffers:
             self._buffers[AGENT_KEY][:] = np.tile(np.eye(self.n_agents, dtype=np.float32), (n_copies, 1))
         self._legal = self._legal_masks()
+        self._flat: list[str] = []
+        parts = self.single_observation_space.spaces
+        if flat and all(isinstance(s, spaces.Box) and np.dtype(s.dtype).kind == "f" for s in parts.values()):
+            self._flat = list(parts)
+            low = np.concatenate([parts[k].low.ravel() for k in self._flat]).astype(np.float32)  # type: ignore[attr-defined]
+            high = np.concatenate([parts[k].high.ravel() for k in self._flat]).astype(np.float32)  # type: ignore[attr-defined]
+            self.single_observation_space = spaces.Box(low, high, dtype=np.float32)  # type: ignore[assignment]
         self._needs_reset = np.zeros(n_copies, dtype=bool)
         self._agent_returns = np.zeros((n_copies, self.n_agents), dtype=np.float64)
         self._game_lengths = np.zeros(n_copies, dtype=np.int64)
@@ -399,5 +451,9 @@ class ParallelAgents:
             state[self._state_offsets[i] : self._state_offsets[i + 1]] = spaces.flatten(self._own_spaces[i], value)
         return state
 
-    def _observations(self) -> dict[str, np.ndarray]:
+    def _observations(self) -> Any:
+        if self._flat:
+            return np.concatenate(
+                [self._buffers[k].reshape(self.num_envs, -1) for k in self._flat], 1, dtype=np.float32
+            )
         return {key: buffer.copy() for key, buffer in self._buffers.items()}

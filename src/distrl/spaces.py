@@ -266,3 +266,13 @@ def check_observation(observation: Any, space: spaces.Space) -> None:
             f"observation with shapes {[got for got, _ in shapes.values()]} is not allowed: every key "
             "one observation, or every key a batch of the same size"
         )
+
+
+def start_flags(episode_start: Any, n: int) -> np.ndarray:
+    """``episode_start`` as one bool per observation [n]."""
+    starts = np.asarray(episode_start, dtype=bool)
+    if starts.size != n:
+        raise ConfigError(
+            f"episode_start of shape {starts.shape} is not allowed for {n} observation(s): one bool each, shape ({n},)"
+        )
+    return starts.reshape(n)
