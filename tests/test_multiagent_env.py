@@ -8,7 +8,8 @@ from gymnasium import spaces
 from distrl.config import ConfigError
 from distrl.envs import VecEnv
 from distrl.masks import MaskReader
-from distrl.multiagent import ParallelAgents, is_parallel_env, make_parallel_env
+from distrl.multiagent import ParallelAgents
+from distrl.pettingzoo_envs import is_parallel_env, make_parallel_env
 
 pytest.importorskip("pettingzoo")
 from distrl_maenvs import ScoutAndTank  # noqa: E402  (a PettingZoo ParallelEnv)

@@ -19,7 +19,7 @@ from typing import Any
 import gymnasium as gym
 
 from distrl.config import ConfigError, RunConfig, parse_env_kwargs, require_callable_as
-from distrl.multiagent import is_multiagent
+from distrl.pettingzoo_envs import is_multiagent
 from distrl.selfplay import is_two_player_game
 
 SHORT_NAMES = {

@@ -36,7 +36,8 @@ from distrl.env_names import (
     shown_name,
 )
 from distrl.masks import has_mask_key
-from distrl.multiagent import ParallelAgents, is_multiagent, make_parallel_env
+from distrl.multiagent import ParallelAgents, agent_returns, parallel_vector_env
+from distrl.pettingzoo_envs import is_multiagent, make_parallel_env
 from distrl.selfplay import TwoPlayerGame, aec_factory, is_two_player_game
 from distrl.spaces import DictLayout
 
@@ -109,7 +110,7 @@ def make_vector_env(
 ) -> gym.vector.VectorEnv | OneEnv | ParallelAgents:
     """A Gymnasium vector env with next-step autoreset.
 
-    A PettingZoo env (:func:`~distrl.multiagent.is_multiagent`) is ``n_envs`` copies of its game as one vector
+    A PettingZoo env (:func:`~distrl.pettingzoo_envs.is_multiagent`) is ``n_envs`` copies of its game as one vector
     env of their agents (:class:`~distrl.multiagent.ParallelAgents`, ``global_state`` for a centralised critic,
     ``flat_agents`` for one shared policy: flat vector rows where every part is one).
 
@@ -120,16 +121,7 @@ def make_vector_env(
     """
     env_kwargs = dict(env_kwargs or {})
     if is_multiagent(env_id):
-        if wrappers or mode not in ("auto", "sync"):
-            raise ConfigError(
-                f"env={env_id!r} is a multi-agent env, which is not allowed with "
-                + (
-                    f"wrappers={list(wrappers)}: they wrap single Gymnasium envs"
-                    if wrappers
-                    else f"vec={mode!r}: use auto"
-                )
-            )
-        return ParallelAgents(make_parallel_env(env_id, env_kwargs), n_envs, global_state, flat_agents)
+        return parallel_vector_env(env_id, n_envs, mode, env_kwargs, wrappers, global_state, flat_agents)
     if mode == "envpool":
         return _envpool_env(env_id, n_envs, env_kwargs, wrappers, atari_wrappers)
     spec = gym.spec(env_id) if env_id in gym.registry else None
@@ -362,20 +354,13 @@ class VecEnv:
                 info["game_return"][over].astype(np.float64),
                 info["game_length"][over].astype(np.int64),
                 over,
-                self._agent_returns(np.flatnonzero(over), info),
+                agent_returns(self.agents, np.flatnonzero(over), info) if self.agents else None,
             )
         episode_returns = self._returns[ended]
         episode_lengths = self._lengths[ended]
         self._returns[ended] = 0.0
         self._lengths[ended] = 0
         return Step(obs, reward, terminated, truncated, valid, episode_returns, episode_lengths)
-
-    def _agent_returns(self, rows: np.ndarray, info: dict[str, Any]) -> np.ndarray | None:
-        """Each agent's return of the games that ended on ``rows`` (a multi-agent env's, else None)."""
-        if not self.agents:
-            return None
-        games = dict(info.get("agent_game_returns", []))
-        return np.array([[games[row // len(self.agents)][a] for a in self.agents] for row in rows], np.float64)
 
     def close(self) -> None:
         self.env.close()

@@ -16,23 +16,18 @@ team's return (the sum of the agents' returns), the whole-game statistics VecEnv
 
 from __future__ import annotations
 
-import functools
-import importlib
-import inspect
 import math
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
 from typing import Any, Literal
 
-import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
 
 from distrl.config import ConfigError
 from distrl.masks import MASK_KEY
+from distrl.pettingzoo_envs import factory_name, is_parallel_env, make_parallel_env
 
 OBSERVATION_KEY = "observation"
 """The part holding the agent's own observation when its space is not a Dict."""
@@ -40,90 +35,6 @@ AGENT_KEY = "agent"
 """The one-hot of the agent's index, added when there are several agents."""
 STATE_KEY = "state"
 """The global state, with ``global_state=True``."""
-INSTALL_HINT = "pip install 'distrl[pettingzoo]'"
-
-
-def is_parallel_env(obj: Any) -> bool:
-    """Whether ``obj`` is a PettingZoo ParallelEnv (False when PettingZoo is not installed)."""
-    try:
-        from pettingzoo import ParallelEnv
-    except ImportError:
-        return False
-    return isinstance(obj, ParallelEnv)
-
-
-@functools.cache
-def is_multiagent(name: str) -> bool:
-    """Whether ``name`` is a PettingZoo Parallel env: an id of PettingZoo's parallel registry ("classic/rps-v2"),
-    a module whose ``parallel_env`` builds one ("mpe2.simple_spread_v3"), or 'package.module:Name' naming a
-    ParallelEnv class or a function that returns one (called once here, without arguments, to find out)."""
-    if name in gym.registry or name.startswith(("ALE/", "custom/", "memory:")):  # Gymnasium's, or an API object
-        return False
-    try:
-        import pettingzoo
-    except ImportError:
-        return False
-    if name in getattr(pettingzoo, "parallel_registry", {}):
-        return True
-    module_name, _, attr = name.partition(":")
-    if "." not in module_name and not attr:
-        return False
-    try:
-        with warnings.catch_warnings():  # PettingZoo deprecates importing its own envs by module path
-            warnings.simplefilter("ignore", DeprecationWarning)
-            module = importlib.import_module(module_name)
-    except ImportError:
-        return False
-    if not attr:
-        return callable(getattr(module, "parallel_env", None))
-    obj = getattr(module, attr, None)
-    if isinstance(obj, type):
-        return issubclass(obj, pettingzoo.ParallelEnv)
-    if not inspect.isfunction(obj):
-        return False
-    try:
-        made = obj()
-    except Exception:  # noqa: BLE001 - not callable bare: the Gymnasium path reports it
-        return False
-    found = isinstance(made, pettingzoo.ParallelEnv)
-    if found or isinstance(made, gym.Env):
-        made.close()
-    return found
-
-
-def make_parallel_env(name: str, env_kwargs: dict[str, Any] | None = None) -> Callable[[], Any]:
-    """A zero-argument function that builds the ParallelEnv ``name`` with ``env_kwargs``.
-
-    ``name`` is an id of PettingZoo's parallel registry ("classic/rps-v2", PettingZoo >= 1.27), a
-    PettingZoo-style module whose ``parallel_env`` builds the env ("mpe2.simple_spread_v3",
-    "pettingzoo.classic.rps_v2", which PettingZoo 1.27 deprecates for its own envs in favour of the
-    registry), or "package.module:function" for a function returning a ParallelEnv.
-    :class:`ParallelAgents` checks what the function builds, as it builds every copy. The function names
-    the module rather than holding its ``parallel_env`` (often a closure), so it pickles for worker processes.
-    """
-    try:
-        import pettingzoo
-    except ImportError:
-        raise ConfigError(f"env={name!r} is a PettingZoo env, which needs PettingZoo: {INSTALL_HINT}") from None
-    if name in getattr(pettingzoo, "parallel_registry", {}):  # the registry came with 1.27
-        return partial(pettingzoo.make, "parallel", name, **dict(env_kwargs or {}))
-    module_name, _, attr = name.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ConfigError(f"env={name!r} cannot be built: cannot import module {module_name!r} ({exc})") from None
-    attr = attr or "parallel_env"
-    factory = getattr(module, attr, None)
-    if not callable(factory):
-        raise ConfigError(
-            f"env={name!r} is not allowed: module {module_name!r} has no function {attr!r}; name a PettingZoo "
-            "module with parallel_env (e.g. mpe2.simple_spread_v3) or 'package.module:function'"
-        )
-    return partial(_build, module_name, attr, dict(env_kwargs or {}))
-
-
-def _build(module_name: str, attr: str, env_kwargs: dict[str, Any]) -> Any:
-    return getattr(importlib.import_module(module_name), attr)(**env_kwargs)
 
 
 @dataclass(frozen=True)
@@ -191,13 +102,6 @@ def _merge_part(key: str, agents: tuple[str, ...], subs: list[spaces.Space]) -> 
     return _Part("padded", spaces.Box(lows.min(0).astype(dtype), highs.max(0).astype(dtype), dtype=dtype))
 
 
-def _shown(make_env: Callable[[], Any]) -> str:
-    if isinstance(make_env, partial) and make_env.func is _build:
-        return ":".join(make_env.args[:2])
-    func = make_env.func if isinstance(make_env, partial) else make_env
-    return f"{getattr(func, '__module__', '?')}:{getattr(func, '__qualname__', type(func).__name__)}"
-
-
 class ParallelAgents:
     """``n_copies`` copies of a PettingZoo ParallelEnv as one next-step-autoreset vector env of agents.
 
@@ -241,7 +145,7 @@ class ParallelAgents:
             if not is_parallel_env(env):
                 self.close()
                 raise ConfigError(
-                    f"{_shown(make_env)} built a {type(env).__name__}, which is not allowed: it must be a "
+                    f"{factory_name(make_env)} built a {type(env).__name__}, which is not allowed: it must be a "
                     "PettingZoo ParallelEnv (an AEC env converts with pettingzoo.utils.aec_to_parallel)"
                 )
             self.envs.append(env)
@@ -249,7 +153,7 @@ class ParallelAgents:
         self.agents: tuple[str, ...] = tuple(env.possible_agents)
         if not self.agents:
             self.close()
-            raise ConfigError(f"{_shown(make_env)} built an env with no agents (possible_agents is empty)")
+            raise ConfigError(f"{factory_name(make_env)} built an env with no agents (possible_agents is empty)")
         self.n_copies, self.n_agents = n_copies, len(self.agents)
         self.num_envs = n_copies * self.n_agents
         self._index = {agent: i for i, agent in enumerate(self.agents)}
@@ -457,3 +361,25 @@ class ParallelAgents:
                 [self._buffers[k].reshape(self.num_envs, -1) for k in self._flat], 1, dtype=np.float32
             )
         return {key: buffer.copy() for key, buffer in self._buffers.items()}
+
+
+def parallel_vector_env(
+    env_id: str,
+    n_envs: int,
+    mode: str,
+    env_kwargs: dict[str, Any],
+    wrappers: tuple[str, ...],
+    global_state: bool,
+    flat: bool,
+) -> ParallelAgents:
+    """``make_vector_env`` for a PettingZoo env: ``n_envs`` copies of its game as one vector env of agents."""
+    if wrappers or mode not in ("auto", "sync"):
+        why = f"wrappers={list(wrappers)}: they wrap single Gymnasium envs" if wrappers else f"vec={mode!r}: use auto"
+        raise ConfigError(f"env={env_id!r} is a multi-agent env, which is not allowed with {why}")
+    return ParallelAgents(make_parallel_env(env_id, env_kwargs), n_envs, global_state, flat)
+
+
+def agent_returns(agents: tuple[str, ...], rows: np.ndarray, info: dict[str, Any]) -> np.ndarray:
+    """Each agent's return [len(rows), A] of the games that ended on ``rows`` (their ``game_over`` rows)."""
+    games = dict(info.get("agent_game_returns", []))
+    return np.array([[games[row // len(agents)][a] for a in agents] for row in rows], np.float64)
