@@ -24,7 +24,10 @@ from distrl.env_names import portable_env_name, resolve_env_id
 from distrl.envs import VecEnv, make_run_env, resolve_action_mask
 from distrl.evaluation import Evaluation, run_episodes
 from distrl.logs import Console, RunLogger
+from distrl.nets import make_agent
 from distrl.nets.agent import Agent
+from distrl.nets.factory import PolicySource
+from distrl.nets.multiagent import agent_setup
 from distrl.nets.recurrent import StatefulPolicy
 from distrl.protocols import Sync
 from distrl.selfplay import games_of, outcomes
@@ -134,6 +137,22 @@ class TrainerBase(RunState):
             except BaseException:
                 self.close()
                 raise
+
+    def build_agent(self, cfg: Any, policy: PolicySource = None) -> Agent:
+        """An actor-critic for this trainer's envs under ``cfg``'s network (``policy``: the API's, else the run's):
+        the run's precision, action masks and multi-agent policies."""
+        run = self.run
+        return make_agent(
+            self.env.single_observation_space,
+            self.env.single_action_space,
+            cfg,
+            self.device,
+            run.seed,
+            policy if policy is not None else run.policy,
+            run.precision,
+            run.action_mask,
+            agent_setup(self.env.agents, run.agent_policies, run.agent_groups, run.critic),
+        )
 
     @classmethod
     def check_env(cls, run: RunConfig, cfg: Any) -> None:

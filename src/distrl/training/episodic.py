@@ -13,7 +13,6 @@ import torch
 from distrl.algos.reinforce import REINFORCEAlgo
 from distrl.config import REINFORCEConfig, RunConfig, StrategyConfig
 from distrl.data.episodes import EpisodeCollector, EpisodeSource
-from distrl.nets import make_agent
 from distrl.nets.factory import PolicySource, check_agent_spaces
 from distrl.protocols import Sync
 from distrl.training.common import TrainerBase
@@ -40,16 +39,7 @@ class EpisodicTrainer(TrainerBase):
         policy: PolicySource = None,
     ):
         super().__init__(run, cfg, sync, run_dir, log, strategy, requested, device)
-        self.agent = make_agent(
-            self.env.single_observation_space,
-            self.env.single_action_space,
-            cfg,
-            self.device,
-            run.seed,
-            policy if policy is not None else run.policy,
-            run.precision,
-            run.action_mask,
-        )
+        self.agent = self.build_agent(cfg, policy)
         self.algo = REINFORCEAlgo(cfg, self.agent)
         self.last_iteration_return: float | None = None
         if collector_factory is None:

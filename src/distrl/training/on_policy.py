@@ -19,10 +19,8 @@ from distrl.algos.ppo import PPOAlgo
 from distrl.config import PPOConfig, RunConfig, StrategyConfig
 from distrl.data.normalize import ObsNormalizer, RewardScaler
 from distrl.data.rollout import Rollout, RolloutBatch, RolloutCollector, RolloutSource
-from distrl.nets import make_agent
 from distrl.nets.agent import Agent
 from distrl.nets.factory import PolicySource, check_agent_spaces
-from distrl.nets.multiagent import agent_setup
 from distrl.protocols import Sync
 from distrl.selfplay import attach_pool, self_play_summary
 from distrl.training.common import TrainerBase
@@ -94,21 +92,8 @@ class OnPolicyTrainer(TrainerBase):
             self.algo_name = run.algo
         super().__init__(run, cfg, sync, run_dir, log, strategy, requested, device)
 
-        def build_agent() -> Agent:
-            return make_agent(
-                self.env.single_observation_space,
-                self.env.single_action_space,
-                cfg,
-                self.device,
-                run.seed,
-                policy if policy is not None else run.policy,
-                run.precision,
-                run.action_mask,
-                agent_setup(self.env.agents, run.agent_policies, run.agent_groups, run.critic),
-            )
-
-        self.agent = build_agent()
-        self.opponents = attach_pool(self.env, build_agent, run)
+        self.agent = self.build_agent(cfg, policy)
+        self.opponents = attach_pool(self.env, lambda: self.build_agent(cfg, policy), run)
         """Self-play: the past policies the training games' other seat is played by."""
         if self.opponents is not None:
             self.opponents.observe(self.policy_version, self.agent.params.data)
