@@ -182,6 +182,12 @@ class MaskReader:
         check_mask(self.numpy(rows), self.action_space, f"observation[{MASK_KEY!r}]")
 
 
+def reader_for(observation_space: spaces.Space, action_space: spaces.Space, mode: str) -> MaskReader | None:
+    """What masks a network of a run with ``--action-mask mode`` (None: nothing, where it is off or the
+    observation holds no mask)."""
+    return MaskReader(observation_space, action_space) if mode != "off" and has_mask_key(observation_space) else None
+
+
 def random_actions(rngs: list[np.random.Generator], n: int, legal: np.ndarray | None) -> np.ndarray:
     """One uniformly random choice of ``n`` per stream (int64 [B]); with ``legal`` [B, n], among each row's legal
     choices alone (epsilon-greedy exploration never takes an illegal action)."""

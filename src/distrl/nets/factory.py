@@ -23,7 +23,7 @@ from torch import nn
 
 from distrl.config import ActorCriticNet, ConfigError, require_callable_as
 from distrl.env_names import MEMORY, remembered, shown_name
-from distrl.masks import MaskReader, has_mask_key
+from distrl.masks import reader_for
 from distrl.nets.actor_critic import ActorCritic
 from distrl.nets.agent import Agent
 from distrl.nets.causal_lm import CausalLMPolicy
@@ -200,7 +200,7 @@ def make_agent(
         cfg.log_std_init,
         device,
         autocast=torch.bfloat16 if precision == "bf16" else None,
-        masked=action_mask != "off" and has_mask_key(observation_space),
+        masked=reader_for(observation_space, action_space, action_mask) is not None,
     )
 
 
@@ -344,11 +344,7 @@ def make_q_network(
             )
         if source is None or isinstance(getattr(made, "features_dim", None), (int, np.integer)):
             made = QHeadModule(made, n_actions, net_arch, cfg.activation, cfg.dueling)
-    masks = (
-        MaskReader(observation_space, action_space)
-        if action_mask != "off" and has_mask_key(observation_space)
-        else None
-    )
+    masks = reader_for(observation_space, action_space, action_mask)
     return ModuleQ(made, n_actions, device, torch.bfloat16 if precision == "bf16" else None, masks)
 
 

@@ -130,9 +130,8 @@ class TrainerBase(RunState):
         if self.is_main and log and run_dir is not None:
             self.console = Console(*self.progress_bound(), quiet=run.quiet)
             try:
-                config = self.config_dict()
                 self.logger = RunLogger.start(
-                    run_dir, self.env_id, config, run.track, run.track_project, agents=self.env.agents
+                    run_dir, self.env_id, self.config_dict(), run.track, run.track_project, agents=self.env.agents
                 )
             except BaseException:
                 self.close()

@@ -91,7 +91,6 @@ class OnPolicyTrainer(TrainerBase):
         if run.algo in ON_POLICY_ALGOS:
             self.algo_name = run.algo
         super().__init__(run, cfg, sync, run_dir, log, strategy, requested, device)
-
         self.agent = self.build_agent(cfg, policy)
         self.opponents = attach_pool(self.env, lambda: self.build_agent(cfg, policy), run)
         """Self-play: the past policies the training games' other seat is played by."""
