@@ -68,6 +68,8 @@ def is_two_player_game(name: str) -> bool:
 
 
 def aec_factory(name: str, env_kwargs: dict[str, Any]) -> Callable[[], Any]:
+    """A function that builds the AEC game of module ``name`` with ``env_kwargs``."""
+
     def make() -> Any:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)
@@ -98,6 +100,7 @@ class TwoPlayerGame(gym.Env):
         self.games = 0
         self.seat = 0
         self.who: Any = None
+        self.episode_return = 0.0
         self.outcomes = np.zeros(3, np.int64)
         """This env's finished games from the learner's side: wins, draws, losses."""
 
@@ -121,7 +124,7 @@ class TwoPlayerGame(gym.Env):
         if seed is not None:  # env i of a vector env (seeded s + i) starts in seat (s + i) % 2
             self.rng = np.random.default_rng(seed)
             self.games = seed % 2
-        self.game.reset(seed=None if seed is None else seed)
+        self.game.reset(seed=seed)
         self.seat = self.games % 2  # the seats alternate: both are learned and evaluated alike
         self.games += 1
         self.who = self.opponent.begin_game(self.rng)
