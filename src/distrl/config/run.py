@@ -293,8 +293,8 @@ class StrategyConfig:
     impala two per actor (each keeps its next request queued) and one batch of fragments_per_step besides."""
     starve_timeout_s: float = 60.0
     """pipeline: the learner fails, naming the stage it waits on, when no data arrives for this long, or for ten
-    times the longest wait between two fragments so far if that is longer (a machine whose cores other work
-    takes slows the generators down without stalling them)."""
+    times its longest wait for data so far if that is longer (a machine whose cores other work takes slows the
+    generators down without stalling them)."""
     replay_ratio: float = 0.0
     """actor-learner with dqn or sac (Ape-X): samples the learner draws per transition the actors insert. 0 lets
     both run free (actors never wait; the learner takes gradient_steps per iteration without waiting); a ratio

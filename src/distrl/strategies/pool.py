@@ -60,10 +60,11 @@ class GeneratorPool:
         self.held = [-1] * n  # the policy version each actor holds (or will, once its queue runs)
         self.busy = [0] * n  # requests in flight per actor
         self.in_flight: dict[Any, int] = {}  # pending request -> actor index
-        self.last_result = time.perf_counter()
-        self.longest_gap = 0.0
-        """The longest wait between two results so far: on a machine that slows down (other work on its cores) a
-        generator takes longer without having stalled, and the learner waits ten times this before it gives up."""
+        self.waits = 0
+        self.longest_wait = 0.0
+        """The longest the learner has waited for a result that came, its first wait (actors starting) aside: on a
+        machine that slows down (other work on its cores) a generator takes longer without having stalled, and
+        the learner waits ten times this before it gives up."""
 
     def submit(self, version: int, weights: Callable[[], Any], limit: int | None = None) -> None:
         """Top up every actor to ``depth`` requests (at most ``limit`` new ones in all), least busy first."""
@@ -94,10 +95,6 @@ class GeneratorPool:
             result = self._get(pending, i)
             if result is not None:
                 out.append((i, result))
-        if out:
-            now = time.perf_counter()
-            self.longest_gap = max(self.longest_gap, now - self.last_result)
-            self.last_result = now
         return out
 
     def ready(self, *others: Any) -> float:
@@ -147,16 +144,20 @@ class GeneratorPool:
 
     def wait_any(self, stage: str, learner_version: int, buffered: int) -> None:
         """Block until some request finishes; fail naming ``stage`` after ``starve_timeout_s``, or ten times the
-        longest wait between two results so far if that is longer."""
+        longest wait for a result so far (the first aside) if that is longer."""
         if not self.in_flight:
             raise PipelineStalled(f"the learner has no data and no generation is under way ({stage})")
-        timeout = max(self.strategy.starve_timeout_s, 10 * self.longest_gap)
+        timeout = max(self.strategy.starve_timeout_s, 10 * self.longest_wait)
+        start = time.perf_counter()
         if not self.engine.wait(list(self.in_flight), timeout, first=True):
             raise PipelineStalled(
                 f"the learner received no data for {timeout:.0f} s: the {stage} did not answer "
                 f"(learner version {learner_version}, buffer {buffered}, "
                 f"{len(self.in_flight)} generations in flight)"
             )
+        self.waits += 1
+        if self.waits > 1:  # the first wait is the actors' start
+            self.longest_wait = max(self.longest_wait, time.perf_counter() - start)
 
     def restarted(self) -> int:
         return sum(self.restarts)

@@ -140,16 +140,7 @@ class ReplayActor:
         self.env_ids = spec.actor_id * cfg.n_envs + np.arange(cfg.n_envs)
         space = self.env.single_action_space
         cpu = torch.device("cpu")
-        build = (
-            self.env.single_observation_space,
-            space,
-            cfg,
-            cpu,
-            run.seed,
-            run.policy,
-            run.precision,
-            run.action_mask,
-        )
+        build = (self.env.single_observation_space, space, cfg, cpu, run.seed, run.policy, run.precision)
         self.nstep = None
         self.priorities = None
         if spec.algo == "dqn":
@@ -157,8 +148,10 @@ class ReplayActor:
             from distrl.data.nstep import NStepAccumulator
             from distrl.nets.factory import make_q_network
 
-            self.q = make_q_network(*build)
-            self.q_copy = make_q_network(*build)  # the actor's target for initial priorities: its own Q network
+            self.q = make_q_network(*build, run.action_mask)
+            self.q_copy = make_q_network(
+                *build, run.action_mask
+            )  # the actor's target for initial priorities: its own Q network
             self.priorities = DQNAlgo(cfg, self.q, self.q_copy, cpu) if cfg.prioritized_replay else None
             self.params = [self.q.params, self.q_copy.params]
             self.epsilon = actor_epsilon(spec.actor_id, spec.n_actors)
