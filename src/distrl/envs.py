@@ -424,18 +424,23 @@ def make_run_env(run: RunConfig, n_envs: int, env_id: str | None = None, evaluat
 
 def resolve_action_mask(run: RunConfig) -> RunConfig:
     """``run`` with ``--action-mask auto`` replaced by where this env's masks are ("observation", "info",
-    "method") or "off": what config.json records, and what every worker and evaluation then builds."""
-    if run.action_mask != "auto":
+    "method") or "off", and a named source checked, once: what config.json records, and what every worker and
+    evaluation then builds without looking again."""
+    mode = run.action_mask
+    if mode == "off":
         return run
     if is_multiagent(resolve_env_id(run.env)):  # the agents' masks, where they have any, are in the observation
         agents = ParallelAgents(make_parallel_env(resolve_env_id(run.env), parse_env_kwargs(run.env_kwargs)), 1)
         agents.close()
-        return run.replace(action_mask="observation" if has_mask_key(agents.single_observation_space) else "off")
+        found = "observation" if has_mask_key(agents.single_observation_space) else "off"
+        if mode not in ("auto", found):
+            raise ConfigError(f"action_mask={mode!r} is not allowed for a multi-agent env: use auto, off or {found}")
+        return run.replace(action_mask=found)
     instance = remembered(resolve_env_id(run.env))
     if isinstance(instance, EnvInstance) and not run.wrappers:  # the user's own env: looked at, not handed out
-        return run.replace(action_mask=masks.detect(instance.env))
+        return run.replace(action_mask=masks.resolve(mode, instance.env))
     env = make_single_env(run.env, parse_env_kwargs(run.env_kwargs), run.wrappers, atari_wrappers=run.atari_wrappers)
     try:
-        return run.replace(action_mask=masks.detect(env))
+        return run.replace(action_mask=masks.resolve(mode, env))
     finally:
         env.close()

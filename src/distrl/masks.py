@@ -138,8 +138,9 @@ class MaskInObservation(gym.Wrapper):
 
 
 def with_masks(env: gym.Env, mode: str) -> gym.Env:
-    """``env`` with its masks in the observation, as ``--action-mask`` (auto, off or a source) says."""
-    source = resolve(mode, env)
+    """``env`` with its masks in the observation, as ``--action-mask`` (auto, off or a source) says; a named source
+    is taken as it is (a run checks it once, in ``distrl.envs.resolve_action_mask``), auto is found here."""
+    source = detect(env) if mode == "auto" else mode
     return MaskInObservation(env, source) if source in ("info", "method") else env
 
 
