@@ -173,13 +173,13 @@ class GRPOAlgo:
             part = batch.rows(rows)
             tensors = part.to_torch(device)
             log_probs = policy.token_log_probs(
-                tensors["prompt"], tensors["prompt_mask"], tensors["tokens"], tensors["mask"]
+                tensors["prompt"], tensors["prompt_mask"], tensors["tokens"], tensors["attention"]
             )
             ref = None
             if self.reference is not None:
                 with torch.no_grad():
                     ref = self.reference.token_log_probs(
-                        tensors["prompt"], tensors["prompt_mask"], tensors["tokens"], tensors["mask"]
+                        tensors["prompt"], tensors["prompt_mask"], tensors["tokens"], tensors["attention"]
                     )
             behaviour = torch.from_numpy(part.log_probs).to(device)
             losses = token_loss(

@@ -42,7 +42,7 @@ class GroupSamples:
     tokens: np.ndarray
     """[n, T] int64 completion tokens (right-padded)."""
     mask: np.ndarray
-    """[n, T] bool: generated tokens, the ending EOS included."""
+    """[n, T] bool: the model's tokens, the ending EOS included: the tokens that carry log-probs and loss."""
     log_probs: np.ndarray
     """[n, T] float32: each token's log-probability under the policy that drew it (0 on padding)."""
     version: np.ndarray
@@ -53,6 +53,14 @@ class GroupSamples:
     """[n, K] float32: each reward function's score, once scored."""
     reward: np.ndarray | None = None
     """[n] float32: the weighted sum of ``rewards``."""
+    attention: np.ndarray | None = None
+    """[n, T] bool: every real completion token, the model's and (in multi-turn episodes) the environment's
+    answers between its turns; None when the completion is the model's alone (then ``mask``)."""
+
+    @property
+    def visible(self) -> np.ndarray:
+        """[n, T] bool: the completion tokens a forward pass attends to (``attention``, else ``mask``)."""
+        return self.mask if self.attention is None else self.attention
 
     @property
     def size(self) -> int:
@@ -63,8 +71,8 @@ class GroupSamples:
         return len(self.positions)
 
     def lengths(self) -> np.ndarray:
-        """[n] tokens generated per completion."""
-        return self.mask.sum(axis=1)
+        """[n] tokens per completion, the environment's included."""
+        return self.visible.sum(axis=1)
 
     def scored(self, rewards: np.ndarray, weights: np.ndarray) -> GroupSamples:
         """These samples with per-function ``rewards [n, K]`` and their sum weighted by ``weights [K]``."""
@@ -88,6 +96,7 @@ class GroupSamples:
             prompt = np.concatenate([_pad_left(p.prompt, p_width, 0) for p in parts])
             prompt_mask = np.concatenate([_pad_left(p.prompt_mask, p_width, False) for p in parts])  # type: ignore[arg-type]
         scored = all(p.rewards is not None for p in parts)
+        multi_turn = any(p.attention is not None for p in parts)
         return GroupSamples(
             positions=np.concatenate([p.positions for p in parts]),
             group_size=first.group_size,
@@ -100,6 +109,7 @@ class GroupSamples:
             texts=tuple(t for p in parts for t in p.texts),
             rewards=np.concatenate([p.rewards for p in parts]) if scored else None,  # type: ignore[misc]
             reward=np.concatenate([p.reward for p in parts]) if scored else None,
+            attention=np.concatenate([_pad_right(p.visible, width, False) for p in parts]) if multi_turn else None,
         )  # type: ignore[misc]
 
     def split(self, prompts_per_part: int) -> list[GroupSamples]:
@@ -113,7 +123,7 @@ class GroupSamples:
 
     def rows(self, rows: slice, prompts: slice | None = None) -> GroupSamples:
         """Completions ``rows`` (and, for whole groups, prompts ``prompts``), trimmed to their longest completion."""
-        width = max(1, int(self.mask[rows].sum(axis=1).max(initial=0)))
+        width = max(1, int(self.visible[rows].sum(axis=1).max(initial=0)))
         return GroupSamples(
             positions=self.positions[prompts] if prompts is not None else self.positions[:0],
             group_size=self.group_size,
@@ -126,6 +136,7 @@ class GroupSamples:
             texts=self.texts[rows] if self.texts else (),
             rewards=None if self.rewards is None else self.rewards[rows],
             reward=None if self.reward is None else self.reward[rows],
+            attention=None if self.attention is None else self.attention[rows, :width],
         )
 
     def to_torch(self, device: torch.device) -> dict[str, Any]:
@@ -134,6 +145,7 @@ class GroupSamples:
             "prompt": torch.from_numpy(self.prompt).to(device),
             "tokens": torch.from_numpy(self.tokens).to(device),
             "mask": torch.from_numpy(self.mask).to(device),
+            "attention": torch.from_numpy(self.visible).to(device),
         }
         out["prompt_mask"] = None if self.prompt_mask is None else torch.from_numpy(self.prompt_mask).to(device)
         return out

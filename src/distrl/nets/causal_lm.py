@@ -267,11 +267,11 @@ class CausalLMPolicy:
     # ---- learning ----
 
     def token_log_probs(
-        self, prompt: torch.Tensor, prompt_mask: torch.Tensor | None, tokens: torch.Tensor, mask: torch.Tensor
+        self, prompt: torch.Tensor, prompt_mask: torch.Tensor | None, tokens: torch.Tensor, attention: torch.Tensor
     ) -> torch.Tensor:
         assert prompt_mask is not None
         ids = torch.cat([prompt, tokens], 1)
-        attention = torch.cat([prompt_mask, mask], 1).long()
+        attention = torch.cat([prompt_mask, attention], 1).long()
         positions = (attention.cumsum(1) - 1).clamp(min=0)
         T = tokens.shape[1]
         with self._autocast():  # logits of the last prompt position and of every completion position but the last

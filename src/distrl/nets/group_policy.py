@@ -44,9 +44,10 @@ class GroupPolicy(Protocol):
         ...
 
     def token_log_probs(
-        self, prompt: torch.Tensor, prompt_mask: torch.Tensor | None, tokens: torch.Tensor, mask: torch.Tensor
+        self, prompt: torch.Tensor, prompt_mask: torch.Tensor | None, tokens: torch.Tensor, attention: torch.Tensor
     ) -> torch.Tensor:
-        """``[n, T]`` log-probabilities of the completion tokens, attached to the autograd graph when
+        """``[n, T]`` log-probabilities of the completion tokens (``attention``: the real ones, the environment's
+        answers between model turns included), attached to the autograd graph when
         gradients are enabled (its backward pass accumulates into ``params.grad``)."""
         ...
 
@@ -94,6 +95,6 @@ class CategoricalPolicy:
         return ()
 
     def token_log_probs(
-        self, prompt: torch.Tensor, prompt_mask: torch.Tensor | None, tokens: torch.Tensor, mask: torch.Tensor
+        self, prompt: torch.Tensor, prompt_mask: torch.Tensor | None, tokens: torch.Tensor, attention: torch.Tensor
     ) -> torch.Tensor:
         return torch.log_softmax(self.module(prompt), -1).gather(1, tokens[:, :1])
