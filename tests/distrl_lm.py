@@ -120,3 +120,39 @@ def dies(prompts, completions, **fields):
 
 def needs_label(prompts, completions, label):
     return [float(c == l) for c, l in zip(completions, label)]
+
+
+# ---- rewards for the reward workers' tests (called one completion at a time there) ----
+
+
+def hangs_when_asked(prompts, completions, **fields):
+    """Hangs where the line's ``hang`` field is true; else the completion's length."""
+    if any(fields.get("hang", ())):
+        time.sleep(3600)
+    return [float(len(c)) for c in completions]
+
+
+def raises_when_asked(prompts, completions, **fields):
+    """Raises where the line's ``fail`` field is true; else the completion's length."""
+    if any(fields.get("fail", ())):
+        raise ValueError("asked to fail")
+    return [float(len(c)) for c in completions]
+
+
+def starts_a_child_when_asked(prompts, completions, pid_file, hang, **fields):
+    """Appends "its pid, its child's pid" to ``pid_file`` (child 0: none); where ``hang``, first starts
+    ``sleep 3600`` and then hangs, else scores 1."""
+    import subprocess
+
+    child = subprocess.Popen(["sleep", "3600"]) if hang[0] else None
+    with open(pid_file[0], "a") as f:
+        f.write(f"{os.getpid()} {child.pid if child else 0}\n")
+    if child is not None:
+        time.sleep(3600)
+    return [1.0] * len(completions)
+
+
+def half_a_second(prompts, completions, **fields):
+    """Sleeps half a second per completion, then scores 1."""
+    time.sleep(0.5 * len(completions))
+    return [1.0] * len(completions)

@@ -6,9 +6,10 @@ import time
 import numpy as np
 import pytest
 
+from distrl.builtin_rewards import exact_match, extract_answer, format_reward
 from distrl.config import ConfigError
 from distrl.prompts import PromptDataset, TextTask
-from distrl.rewards import RewardError, RewardSet, exact_match, extract_answer, format_reward
+from distrl.rewards import RewardError, RewardSet
 
 
 def test_the_built_in_rewards_by_hand():

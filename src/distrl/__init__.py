@@ -7,6 +7,19 @@
 
 __version__ = "0.1.0"
 
-from distrl.api import APPO, DQN, IMPALA, PPO, REINFORCE, SAC  # noqa: E402
+from typing import TYPE_CHECKING, Any
 
 __all__ = ["APPO", "DQN", "IMPALA", "PPO", "REINFORCE", "SAC", "__version__"]
+
+if TYPE_CHECKING:
+    from distrl.api import APPO, DQN, IMPALA, PPO, REINFORCE, SAC
+
+
+def __getattr__(name: str) -> Any:
+    # The Python API imports torch; a process that needs only a corner of distrl (a reward worker, the CLI's
+    # argument errors) should not pay for it, so the classes load on first use (PEP 562).
+    if name in __all__ and name != "__version__":
+        import distrl.api
+
+        return getattr(distrl.api, name)
+    raise AttributeError(f"module 'distrl' has no attribute {name!r}")

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from distrl.config import ConfigError
-from distrl.rewards import RewardSet
+from distrl.rewards import RewardScores, RewardSet
 
 PROMPT = "prompt"
 
@@ -113,7 +113,8 @@ def _parse_line(path: str, number: int, text: str) -> dict[str, Any]:
 
 
 class TextTask:
-    """Prompts from a :class:`PromptDataset`, completions scored by a :class:`~distrl.rewards.RewardSet`."""
+    """Prompts from a :class:`PromptDataset`, completions scored by a :class:`~distrl.rewards.RewardSet` (see it
+    for ``reward_workers`` and the policies); close it when done."""
 
     def __init__(
         self,
@@ -122,8 +123,20 @@ class TextTask:
         reward_weights: Sequence[float] = (),
         reward_timeout_s: float = 60.0,
         seed: int = 0,
+        reward_workers: int = 0,
+        reward_timeout_policy: str = "score",
+        reward_error_policy: str = "fail",
+        reward_timeout_score: float = 0.0,
     ):
-        self.rewards_set = RewardSet(rewards, reward_weights, reward_timeout_s)
+        self.rewards_set = RewardSet(
+            rewards,
+            reward_weights,
+            reward_timeout_s,
+            reward_workers,
+            reward_timeout_policy,
+            reward_error_policy,
+            reward_timeout_score,
+        )
         self.dataset = PromptDataset(dataset, seed)
         self.dataset.require_fields(self.rewards_set.needs())
         self.reward_names = self.rewards_set.names
@@ -134,7 +147,23 @@ class TextTask:
         return [row[PROMPT] for row in self.dataset.at(positions)]
 
     def rewards(self, positions: np.ndarray, group_size: int, tokens: np.ndarray, texts: Sequence[str]) -> np.ndarray:
-        rows = [row for row in self.dataset.at(positions) for _ in range(group_size)]
+        """``[B * G, K]`` scores of the completions ``texts`` (rows grouped by prompt)."""
+        return self.score(positions, group_size, tokens, texts).scores
+
+    def score(self, positions: np.ndarray, group_size: int, tokens: np.ndarray, texts: Sequence[str]) -> RewardScores:
+        """:meth:`rewards`, with the seconds each function took and the calls that failed but were scored, each
+        named by its prompt's dataset line."""
+        indices = self.dataset.row_indices(positions)
+        rows = [self.dataset.rows[i] for i in indices for _ in range(group_size)]
+        labels = [
+            f"dataset line {self.dataset.lines[i]} (completion {j + 1} of {group_size})"
+            for i in indices
+            for j in range(group_size)
+        ]
         names = sorted({key for row in rows for key in row} - {PROMPT})
         fields = {name: [row.get(name) for row in rows] for name in names}
-        return self.rewards_set([row[PROMPT] for row in rows], list(texts), fields)
+        return self.rewards_set.score([row[PROMPT] for row in rows], list(texts), fields, labels)
+
+    def close(self) -> None:
+        """Stop the reward worker processes, if scoring started any."""
+        self.rewards_set.close()

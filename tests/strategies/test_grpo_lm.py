@@ -301,6 +301,7 @@ def test_a_reward_that_raises_hangs_kills_the_scorer_or_miscounts_cannot_stall_t
         learner_steps=3,
         max_new_tokens=5,
         reward_timeout_s=2,
+        reward_workers=0,  # the in-process path, whose timeout ends the run (the workers' own tests: test_reward_workers.py)
     )
     run, strategy = RunConfig(algo="grpo", env="lm", quiet=True), StrategyConfig(strategy="pipeline", workers=1)
     asked = []  # when the learner first asked for data, the actors being up (their start-up is not the point)
