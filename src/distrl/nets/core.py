@@ -91,7 +91,9 @@ class ParamBuffer:
             self.view(name).copy_(tensor)
 
 
-def bind_module(module: torch.nn.Module, device: torch.device | str = "cpu", with_grad: bool = True) -> ParamBuffer:
+def bind_module(
+    module: torch.nn.Module, device: torch.device | str = "cpu", with_grad: bool = True, trainable_only: bool = False
+) -> ParamBuffer:
     """Move a module's parameters into one :class:`ParamBuffer`, in place.
 
     Each parameter's data becomes a view of the buffer and its ``.grad`` a view of the buffer's
@@ -101,9 +103,12 @@ def bind_module(module: torch.nn.Module, device: torch.device | str = "cpu", wit
     the same with ``gradient_as_bucket_view``). Tied parameters are one parameter, bound once.
     Weights become float32: the buffer is the master copy (autocast runs bf16 arithmetic on it).
     ``with_grad=False`` binds the weights only, for a copy that never learns.
+    ``trainable_only=True`` binds only the parameters that require a gradient (a LoRA adapter's, its base
+    model frozen): the others stay where and as they are, outside the buffer, so the optimizer, the
+    gradient sync, weight transfers and checkpoints never see them.
     """
     module.to(device)
-    named = dict(module.named_parameters())
+    named = {name: p for name, p in module.named_parameters() if p.requires_grad or not trainable_only}
     params = ParamBuffer({name: tuple(p.shape) for name, p in named.items()}, device, with_grad)
     with torch.no_grad():
         for name, p in named.items():
