@@ -397,8 +397,9 @@ def algo_configs(
     cls = ALGO_CONFIGS[algo]
     if algo == "grpo":  # GRPO trains on group tasks and language models, not Gymnasium envs
         from distrl.tasks import TEXT_TASK, make_state_task
+        from distrl.text_envs import is_text_env
 
-        if env != TEXT_TASK:
+        if env != TEXT_TASK and not is_text_env(env):
             make_state_task(env)
         name, values = resolve_preset(algo, env, preset)
         values.pop("total_steps", None)

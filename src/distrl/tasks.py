@@ -6,7 +6,9 @@ Every task answers two questions, both by a prompt's *position* in the run's ord
 - ``prompts(positions)``: what the policy is asked (a state for the tasks here, a dataset line for
   a text task, :class:`distrl.prompts.TextTask`);
 - ``rewards(positions, group_size, tokens, texts)``: ``[n, K]`` scores of ``n = B * G`` completions
-  (rows grouped by prompt) by the task's K reward functions, combined with ``reward_weights``.
+  (rows grouped by prompt) by the task's K reward functions, combined with ``reward_weights``;
+  ``score`` gives them with the seconds each function took and the reward calls that failed but were
+  scored (a text task's reward workers), and ``close`` stops what scoring started.
 
 The numeric tasks here answer with one token, an action among ``n_actions``:
 
@@ -16,6 +18,9 @@ The numeric tasks here answer with one token, an action among ``n_actions``:
   action a fixed linear map ranks first, else 0. Optimal mean reward 1, random 1/8.
 
 Both know their optimum, so learning is checkable: ``optimal_reward(states)``.
+
+A text environment (:mod:`distrl.text_envs`: ``package.module:factory``, ``reasoning_gym/<task>``,
+``textarena/<EnvId>``) is a task whose completions are multi-turn episodes, scored by their returns.
 """
 
 from __future__ import annotations
@@ -27,12 +32,16 @@ import numpy as np
 import torch
 from torch import nn
 
-from distrl.config import ConfigError
+from distrl.config import ConfigError, parse_env_kwargs
+from distrl.rewards import RewardScores, RewardSet
 from distrl.streams import KeyedStreams
+from distrl.text_envs import TextEnvTask, is_text_env
 
 
 class GroupTask(Protocol):
     reward_names: tuple[str, ...]
+    """The K rewards of a scored batch. A text environment's first is ``env``: the episodes' returns, which the
+    draw records (``GroupSamples.env_return``), so that its ``rewards`` gives the other K - 1."""
     reward_weights: np.ndarray
     """[K] float32: the weights of the reward functions' sum."""
 
@@ -42,6 +51,15 @@ class GroupTask(Protocol):
 
     def rewards(self, positions: np.ndarray, group_size: int, tokens: np.ndarray, texts: Sequence[str]) -> np.ndarray:
         """``[B * G, K]`` float32 scores of the completions ``tokens [B * G, T]`` (or ``texts``)."""
+        ...
+
+    def score(self, positions: np.ndarray, group_size: int, tokens: np.ndarray, texts: Sequence[str]) -> RewardScores:
+        """:meth:`rewards`, with the seconds each reward function took and the calls that failed but were scored
+        (a text task's), each named by its prompt (what :func:`distrl.data.groups.score_groups` records)."""
+        ...
+
+    def close(self) -> None:
+        """Stop what scoring started (a text task's reward worker processes)."""
         ...
 
 
@@ -71,6 +89,13 @@ class StateTask:
         states = self.prompts(positions)
         actions = tokens[:, :1].reshape(len(positions), group_size)
         return self.action_rewards(states, actions).reshape(-1, 1).astype(np.float32)
+
+    def score(self, positions: np.ndarray, group_size: int, tokens: np.ndarray, texts: Sequence[str]) -> RewardScores:
+        """:meth:`rewards`: computed here, they neither fail nor take time worth reporting."""
+        return RewardScores(self.rewards(positions, group_size, tokens, texts))
+
+    def close(self) -> None:
+        """Nothing to stop."""
 
     def action_rewards(self, states: np.ndarray, actions: np.ndarray) -> np.ndarray:
         """``states [B, D]``, ``actions [B, G]`` → rewards ``[B, G]``."""
@@ -130,16 +155,39 @@ TEXT_TASK = "lm"
 def make_state_task(name: str, seed: int = 0) -> StateTask:
     if name not in STATE_TASKS:
         raise ConfigError(
-            f"env={name!r} is not a group task: must be one of {', '.join(STATE_TASKS)}, or "
-            f"{TEXT_TASK} with --model and --dataset"
+            f"env={name!r} is not a group task: must be one of {', '.join(STATE_TASKS)}, "
+            f"{TEXT_TASK} with --model and --dataset, or a text environment ('package.module:factory', "
+            "reasoning_gym/<task>, textarena/<EnvId>) with --model"
         )
     return STATE_TASKS[name](seed)
 
 
-def make_group_task(name: str, cfg: Any, seed: int = 0) -> GroupTask:
-    """The task a GRPO run trains on: a numeric task by name, or the text task of ``cfg``'s dataset and rewards."""
+def make_group_task(name: str, cfg: Any, seed: int = 0, env_kwargs: Sequence[str] = ()) -> GroupTask:
+    """The task a GRPO run trains on: a numeric task by name, the text task of ``cfg``'s dataset and rewards,
+    or a text environment (``env_kwargs``: its ``key=value`` arguments)."""
     from distrl.prompts import TextTask
 
+    if is_text_env(name):
+        if not cfg.model:
+            raise ConfigError(
+                f"model='' is not allowed with env={name!r}: a text environment is played by a language "
+                "model (--model PATH, a directory holding a transformers causal LM)"
+            )
+        functions = (
+            RewardSet(
+                cfg.rewards,
+                cfg.reward_weights,
+                cfg.reward_timeout_s,
+                cfg.reward_workers,
+                cfg.reward_timeout_policy,
+                cfg.reward_error_policy,
+                cfg.reward_timeout_score,
+            )
+            if cfg.rewards
+            else None
+        )
+        kwargs = parse_env_kwargs(env_kwargs)
+        return TextEnvTask(name, kwargs, seed, cfg.dataset, functions, cfg.max_turns, cfg.max_turn_tokens)
     if name != TEXT_TASK:
         given = [f"{field}={getattr(cfg, field)!r}" for field in ("model", "dataset", "rewards") if getattr(cfg, field)]
         if given:
@@ -153,4 +201,14 @@ def make_group_task(name: str, cfg: Any, seed: int = 0) -> GroupTask:
             f"model='' is not allowed with env={TEXT_TASK!r}: must be a directory holding a "
             "transformers causal LM (--model PATH)"
         )
-    return TextTask(cfg.dataset, cfg.rewards, cfg.reward_weights, cfg.reward_timeout_s, seed)
+    return TextTask(
+        cfg.dataset,
+        cfg.rewards,
+        cfg.reward_weights,
+        cfg.reward_timeout_s,
+        seed,
+        cfg.reward_workers,
+        cfg.reward_timeout_policy,
+        cfg.reward_error_policy,
+        cfg.reward_timeout_score,
+    )

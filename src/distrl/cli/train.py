@@ -125,12 +125,14 @@ def _train_command(argv: list[str]) -> int:
         raise unknown_algo(algo)
     if flag_value(argv, "--resume") == "auto":
         argv = set_flag(argv, "--resume", checkpoint.auto_resume(flag_value(argv, "--run-dir")))
+    recorded_env = False  # ENV read from the resumed run is not the user's say-so to import what it names
     if len(argv) < 2 or argv[1].startswith("-"):
         resume = flag_value(argv, "--resume")
         if algo == "grpo" and any(a == "--model" or a.startswith("--model=") for a in argv):
             argv = [algo, TEXT_TASK, *argv[1:]]  # a language model's run needs no ENV
         elif algo == "grpo" and resume:
             argv = [algo, configs_from_checkpoint(checkpoint.find_latest(Path(resume)))[0].env, *argv[1:]]
+            recorded_env = True
         elif any(a in ("-h", "--help") for a in argv):
             argv = [algo, TEXT_TASK if algo == "grpo" else "CartPole-v1", *argv[1:]]
         else:
@@ -145,7 +147,8 @@ def _train_command(argv: list[str]) -> int:
         resume_path = checkpoint.newest_intact(Path(resume_arg))
         run_cfg, strategy, cfg, state = configs_from_checkpoint(resume_path)
         trusted = "--trust-code" in rest or trust.is_trusted(resume_path, state)
-        refuse_named_code(run_cfg, f"checkpoint={str(resume_path)!r}", trusted, own=(env, *rest), cfg=cfg)
+        own = rest if recorded_env else [env, *rest]
+        refuse_named_code(run_cfg, f"checkpoint={str(resume_path)!r}", trusted, own=own, cfg=cfg)
         if algo == "grpo" or run_cfg.algo == "grpo":  # group tasks are names, not Gymnasium ids
             if env != run_cfg.env:
                 raise ConfigError(f"env={env!r} differs from the resumed run's env {run_cfg.env!r}")

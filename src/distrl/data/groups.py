@@ -7,6 +7,10 @@ between processes as it is; :meth:`GroupSamples.concat` pads batches drawn separ
 Which prompts a step trains on, and the uniforms that sample each token, depend only on a prompt's
 *position* in the run's global order of prompts, never on which worker or generator drew it. That
 is what makes ``ddp``, ``pipeline`` and ``single`` draw identical completions from identical weights.
+
+On a text environment's task (:mod:`distrl.text_envs`) a completion is a multi-turn episode
+(:mod:`distrl.nets.multi_turn`): the model's turns with the environment's answers between them, its return
+recorded with it (``env_return``) and scored as the task's first reward, ``env``.
 """
 
 from __future__ import annotations
@@ -18,9 +22,13 @@ from typing import Any
 import numpy as np
 import torch
 
+from distrl.nets.causal_lm import CausalLMPolicy
 from distrl.nets.group_policy import GroupPolicy
+from distrl.nets.multi_turn import play_episodes
+from distrl.rewards import RewardFailure
 from distrl.streams import KeyedStreams
 from distrl.tasks import GroupTask
+from distrl.text_envs import TextEnvTask
 
 
 @dataclass(frozen=True)
@@ -56,6 +64,16 @@ class GroupSamples:
     attention: np.ndarray | None = None
     """[n, T] bool: every real completion token, the model's and (in multi-turn episodes) the environment's
     answers between its turns; None when the completion is the model's alone (then ``mask``)."""
+    env_return: np.ndarray | None = None
+    """[n] float32: each episode's return (the sum of its rewards), when the completions are episodes of a text
+    environment; their first reward once scored."""
+    turns: np.ndarray | None = None
+    """[n] int64: the model's turns in each episode (text environments)."""
+    reward_seconds: np.ndarray | None = None
+    """[n, K] float32: seconds each reward function took per completion, once scored (None: not timed)."""
+    reward_failures: tuple[RewardFailure, ...] = ()
+    """The reward calls that timed out or failed and were scored ``reward_timeout_score`` instead, by row,
+    each naming its reward and the prompt's dataset line."""
 
     @property
     def visible(self) -> np.ndarray:
@@ -73,6 +91,18 @@ class GroupSamples:
     def lengths(self) -> np.ndarray:
         """[n] tokens per completion, the environment's included."""
         return self.visible.sum(axis=1)
+
+    def episode_figures(self) -> dict[str, float]:
+        """Means over the episodes of a text environment (none otherwise): model turns, the environment's tokens
+        and the model's."""
+        if self.turns is None:
+            return {}
+        model = self.mask.sum(axis=1)
+        return {
+            "episodes/turns": float(self.turns.mean()),
+            "episodes/env_tokens": float((self.lengths() - model).mean()),
+            "episodes/model_tokens": float(model.mean()),
+        }
 
     def scored(self, rewards: np.ndarray, weights: np.ndarray) -> GroupSamples:
         """These samples with per-function ``rewards [n, K]`` and their sum weighted by ``weights [K]``."""
@@ -97,6 +127,9 @@ class GroupSamples:
             prompt_mask = np.concatenate([_pad_left(p.prompt_mask, p_width, False) for p in parts])  # type: ignore[arg-type]
         scored = all(p.rewards is not None for p in parts)
         multi_turn = any(p.attention is not None for p in parts)
+        episodes = all(p.env_return is not None for p in parts)
+        timed = all(p.reward_seconds is not None for p in parts)
+        starts = np.cumsum([0] + [p.size for p in parts[:-1]]).tolist()
         return GroupSamples(
             positions=np.concatenate([p.positions for p in parts]),
             group_size=first.group_size,
@@ -110,6 +143,10 @@ class GroupSamples:
             rewards=np.concatenate([p.rewards for p in parts]) if scored else None,  # type: ignore[misc]
             reward=np.concatenate([p.reward for p in parts]) if scored else None,
             attention=np.concatenate([_pad_right(p.visible, width, False) for p in parts]) if multi_turn else None,
+            env_return=np.concatenate([p.env_return for p in parts]) if episodes else None,  # type: ignore[misc]
+            turns=np.concatenate([p.turns for p in parts]) if episodes else None,  # type: ignore[misc]
+            reward_seconds=np.concatenate([p.reward_seconds for p in parts]) if timed else None,  # type: ignore[misc]
+            reward_failures=tuple(f.moved(start) for p, start in zip(parts, starts) for f in p.reward_failures),
         )  # type: ignore[misc]
 
     def split(self, prompts_per_part: int) -> list[GroupSamples]:
@@ -124,6 +161,7 @@ class GroupSamples:
     def rows(self, rows: slice, prompts: slice | None = None) -> GroupSamples:
         """Completions ``rows`` (and, for whole groups, prompts ``prompts``), trimmed to their longest completion."""
         width = max(1, int(self.visible[rows].sum(axis=1).max(initial=0)))
+        first, stop, _ = rows.indices(self.size)
         return GroupSamples(
             positions=self.positions[prompts] if prompts is not None else self.positions[:0],
             group_size=self.group_size,
@@ -137,6 +175,10 @@ class GroupSamples:
             rewards=None if self.rewards is None else self.rewards[rows],
             reward=None if self.reward is None else self.reward[rows],
             attention=None if self.attention is None else self.attention[rows, :width],
+            env_return=None if self.env_return is None else self.env_return[rows],
+            turns=None if self.turns is None else self.turns[rows],
+            reward_seconds=None if self.reward_seconds is None else self.reward_seconds[rows],
+            reward_failures=tuple(f.moved(-first) for f in self.reward_failures if first <= f.index < stop),
         )
 
     def to_torch(self, device: torch.device) -> dict[str, Any]:
@@ -199,12 +241,16 @@ def draw_groups(
     version: int,
     greedy: bool = False,
 ) -> GroupSamples:
-    """``group_size`` completions of ``policy`` (at ``version``) for the task's prompts at ``positions``."""
-    prompt, prompt_mask = policy.encode(task.prompts(positions))
+    """``group_size`` completions of ``policy`` (at ``version``) for the task's prompts at ``positions``
+    (episodes, on a text environment's task)."""
     uniforms = None
     if not greedy:
         drawn = sampling_uniforms(seed, positions, group_size, policy.max_new_tokens)
         uniforms = torch.from_numpy(drawn).to(policy.device, torch.float32)
+    if isinstance(task, TextEnvTask):
+        assert isinstance(policy, CausalLMPolicy), "a text environment's task is played by a language model"
+        return draw_episodes(task, policy, positions, group_size, version, uniforms)
+    prompt, prompt_mask = policy.encode(task.prompts(positions))
     tokens, mask, log_probs = policy.sample(prompt, prompt_mask, group_size, uniforms)
     n = len(tokens)
     return GroupSamples(
@@ -220,7 +266,43 @@ def draw_groups(
     )
 
 
+def draw_episodes(
+    task: TextEnvTask,
+    policy: CausalLMPolicy,
+    positions: np.ndarray,
+    group_size: int,
+    version: int,
+    uniforms: torch.Tensor | None,
+) -> GroupSamples:
+    """``group_size`` episodes per row at ``positions`` of the task's environment; ``uniforms`` as
+    :func:`sampling_uniforms` draws them (None: greedy). ``texts`` are the transcripts."""
+    envs, first = task.start(positions, group_size)
+    played = play_episodes(policy, envs, first, uniforms, task.max_turns, task.max_turn_tokens)
+    return GroupSamples(
+        positions=np.asarray(positions, dtype=np.int64),
+        group_size=group_size,
+        prompt=played.prompt.cpu().numpy(),
+        prompt_mask=played.prompt_mask.cpu().numpy(),
+        tokens=played.tokens.cpu().numpy(),
+        mask=played.mask.cpu().numpy(),
+        log_probs=played.log_probs.cpu().numpy(),
+        version=np.full(len(envs), version, dtype=np.int64),
+        texts=policy.decode(played.tokens, played.attention),
+        attention=played.attention.cpu().numpy(),
+        env_return=played.returns,
+        turns=played.turns,
+    )
+
+
 def score_groups(task: GroupTask, samples: GroupSamples) -> GroupSamples:
-    """``samples`` with the task's rewards (per function, and their weighted sum)."""
-    rewards = task.rewards(samples.positions, samples.group_size, samples.tokens, samples.texts)
-    return samples.scored(rewards, task.reward_weights)
+    """``samples`` with the task's rewards (per function, and their weighted sum); episodes' returns first. The
+    seconds the reward functions took and the calls that failed but were scored go with them."""
+    scored = task.score(samples.positions, samples.group_size, samples.tokens, samples.texts)
+    rewards, seconds = scored.scores, scored.seconds
+    if samples.env_return is not None:
+        n = len(samples.env_return)
+        rewards = np.concatenate([samples.env_return.reshape(-1, 1), rewards.reshape(n, -1)], 1)
+        if seconds is not None:  # the returns were recorded by the draw: no time of the scorer's
+            seconds = np.concatenate([np.zeros((n, 1), np.float32), seconds.reshape(n, -1)], 1)
+    out = samples.scored(rewards, task.reward_weights)
+    return dataclasses.replace(out, reward_seconds=seconds, reward_failures=scored.failures)
