@@ -13,7 +13,8 @@ from distrl.data.versioned import VersionedReplay
 from distrl.nets.distributions import sample_tokens
 from distrl.nets.group_policy import CategoricalPolicy
 from distrl.protocols import LocalSync
-from distrl.strategies.pipeline import Generator, check_pipeline, request_positions
+from distrl.strategies.group_actors import Generator, request_positions
+from distrl.strategies.pipeline import check_pipeline
 from distrl.streams import KeyedStreams
 from distrl.tasks import BanditTask, ToyTask, make_group_task
 

@@ -20,6 +20,36 @@ of completions, weights 1 and completions × ``max_new_tokens``, weights 1 and t
 So, as for every algorithm here, the learner sums weighted per-token gradients over its microbatches
 (gradient accumulation) and over workers (``Sync``), divides by the global count, clips, and steps:
 the gradient is the one of the whole global batch, however it is split.
+
+Off-policy correction. The behaviour log-probabilities ``mu`` come from a generator that may be versions
+behind, or run other kernels and precisions; ``offpolicy/*`` measures the gap on every step from the
+log-probabilities the loss computes anyway (:mod:`distrl.algos.importance`). GRPO takes one optimizer
+step per batch, so the learner's policy before the step (the *proximal* policy of decoupled PPO, Hilton
+et al. 2021, arXiv:2110.00641; AReaL, Fu et al. 2025, arXiv:2505.24298) is the current one, detached.
+
+- ``tis_cap``: token-level truncated importance sampling. The clipped ratio is taken to the proximal
+  policy and each token's loss is weighted by ``min(pi / mu, tis_cap)``, detached: IMPALA's truncated
+  rho-bar (Espeholt et al. 2018, arXiv:1802.01561) as Yao et al. 2025 apply it to the generator/learner
+  mismatch ("Your efficient RL framework secretly brings you off-policy RL training",
+  https://fengyao.notion.site/off-policy-rl). With one step per batch the proximal ratio is 1 and its clip
+  never binds: the gradient is ``-min(rho, tis_cap) A grad log pi``.
+- ``is_mask_low`` / ``is_mask_high``: completions whose ratio (over their tokens: the product, or its
+  geometric mean, ``is_mask_level``) leaves the band carry no loss (rejection sampling, as verl's rollout
+  correction does).
+
+DAPO's overlong handling (Yu et al. 2025, arXiv:2503.14476, sec. 3.4), lengths counted in model tokens:
+
+- ``overlong_filter``: completions cut at ``max_new_tokens`` carry no loss. The learner does not know the
+  EOS ids, so a completion whose model tokens reach ``max_new_tokens`` counts as cut, even one whose last
+  token ends it.
+- ``overlong_buffer``: the soft overlong punishment (:func:`overlong_penalty`) is subtracted from the
+  reward before the group advantages.
+
+A completion that carries no loss leaves the loss mask as padding does: its tokens leave the ``dapo``
+token count, while ``grpo`` and ``dr_grpo`` still count it among the completions they divide by (TRL's
+``mask_truncated_completions`` does the same; verl's rejection likewise leaves its token-mean's
+denominator). The decision is each completion's own and the counts remain sums, so the division is
+still the global one.
 """
 
 from __future__ import annotations
@@ -29,6 +59,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from distrl.algos.importance import MISMATCH_STATS, mismatch_metrics, mismatch_sums, outside_band, sequence_log_ratio
 from distrl.algos.optim import ClippedAdam, linear
 from distrl.config import GRPOConfig
 from distrl.data.groups import GroupSamples
@@ -54,6 +85,19 @@ def group_advantages(rewards: torch.Tensor, scale: str = "group", batch_std: flo
     return centred / (rewards.std(dim=1, keepdim=True) + ADVANTAGE_EPS)
 
 
+def overlong_penalty(lengths: np.ndarray, max_new_tokens: int, buffer: int, penalty: float) -> np.ndarray:
+    """``[n]`` DAPO's soft overlong punishment (Yu et al. 2025, arXiv:2503.14476, eq. 13), as a penalty >= 0.
+
+    With ``L_max = max_new_tokens`` and ``L_cache = buffer``: 0 up to ``L_max - L_cache`` tokens, then
+    rising linearly to ``penalty`` at ``L_max``. No completion is longer than ``L_max``, so eq. 13's third
+    case (-1 past ``L_max``) never arises. ``lengths [n]``: model tokens per completion.
+    """
+    if buffer <= 0:
+        return np.zeros(len(lengths))
+    over = np.clip(np.asarray(lengths, dtype=np.float64) - (max_new_tokens - buffer), 0.0, buffer)
+    return penalty * over / buffer
+
+
 class TokenLoss(NamedTuple):
     """GRPO's per-token loss and its parts, each [n, T]."""
 
@@ -75,6 +119,7 @@ def token_loss(
     clip_high: float,
     ref_log_probs: torch.Tensor | None = None,
     beta: float = 0.0,
+    tis_cap: float = 0.0,
 ) -> TokenLoss:
     """GRPO's per-token objective on the policy's token log-probabilities [n, T]::
 
@@ -83,13 +128,26 @@ def token_loss(
         kl          = exp(ref - log_prob) - (ref - log_prob) - 1
         loss        = policy_loss + beta * kl
 
+    With ``tis_cap > 0`` (truncated importance sampling) the ratio is taken to the proximal policy, the
+    learner's own before this step, and the ratio to the behaviour policy becomes a truncated weight::
+
+        w           = min(exp(log_prob.detach() - behaviour_log_prob), tis_cap)     (no gradient)
+        r           = exp(log_prob - log_prob.detach())                   (1, gradient of log_prob)
+        policy_loss = w * max(-A r, -A clip(r, 1 - clip_low, 1 + clip_high))
+
     ``advantages`` broadcast (``[n, 1]`` for one per completion). :func:`token_weights` turns the
     per-token losses into the batch's loss.
     """
-    ratio = torch.exp(log_probs - behaviour_log_probs)
+    proximal, weight = behaviour_log_probs, None
+    if tis_cap > 0:
+        proximal = log_probs.detach()
+        weight = torch.exp(proximal - behaviour_log_probs).clamp(max=tis_cap)
+    ratio = torch.exp(log_probs - proximal)
     unclipped = -advantages * ratio
     clipped = -advantages * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
     policy_loss = torch.max(unclipped, clipped)
+    if weight is not None:
+        policy_loss = weight * policy_loss
     if ref_log_probs is None or beta == 0.0:
         kl = torch.zeros_like(policy_loss)
         loss = policy_loss
@@ -126,6 +184,10 @@ STATS = (
     "flat_groups",
     "groups",
     "lag",
+    "truncated",
+    "overlong_penalty",
+    "overlong_penalised",
+    *MISMATCH_STATS,
 )
 """Sums that travel with the gradient (then per-reward-function sums follow)."""
 
@@ -142,10 +204,19 @@ class GRPOAlgo:
         # Adam as transformers and TRL set it up for language models (eps 1e-8, no weight decay)
         self.optimizer = ClippedAdam(policy.params, cfg.learning_rate, eps=1e-8, max_grad_norm=cfg.max_grad_norm)
 
+    def penalty(self, batch: GroupSamples) -> np.ndarray:
+        """``[n]`` the soft overlong penalty of each completion (zeros with ``overlong_buffer=0``)."""
+        cfg = self.cfg
+        return overlong_penalty(batch.mask.sum(1), cfg.max_new_tokens, cfg.overlong_buffer, cfg.overlong_penalty)
+
+    def rewards(self, batch: GroupSamples) -> np.ndarray:
+        """``[n]`` the rewards the advantages are taken from: the task's, less the soft overlong penalty."""
+        assert batch.reward is not None
+        return batch.reward - self.penalty(batch) if self.cfg.overlong_buffer > 0 else batch.reward
+
     def advantages(self, batch: GroupSamples, sync: Sync) -> torch.Tensor:
         """``[n]`` advantages of a scored batch (whole groups); ``batch`` scaling uses every worker's rewards."""
-        assert batch.reward is not None
-        rewards = torch.from_numpy(batch.reward).double().reshape(-1, batch.group_size)
+        rewards = torch.from_numpy(self.rewards(batch)).double().reshape(-1, batch.group_size)
         batch_std = None
         if self.cfg.scale_rewards == "batch":
             n, total, total_sq = sync.all_sum(
@@ -182,13 +253,21 @@ class GRPOAlgo:
                         tensors["prompt"], tensors["prompt_mask"], tensors["tokens"], tensors["attention"]
                     )
             behaviour = torch.from_numpy(part.log_probs).to(device)
-            losses = token_loss(
-                log_probs, behaviour, advantages[rows].unsqueeze(1), cfg.clip_range, cfg.clip_high, ref, cfg.beta
+            mask = tensors["mask"]
+            log_ratio = log_probs.detach() - behaviour  # log(pi / mu) per token: measured, never differentiated
+            # completions that carry no loss: their importance ratio outside the band, or cut (DAPO)
+            masked = outside_band(
+                sequence_log_ratio(log_ratio, mask, cfg.is_mask_level), cfg.is_mask_low, cfg.is_mask_high
             )
-            weights, count = token_weights(tensors["mask"], cfg.loss_type, cfg.max_new_tokens)
+            dropped = masked | ((mask.sum(1) >= cfg.max_new_tokens) & cfg.overlong_filter)
+            adv = advantages[rows].unsqueeze(1)
+            losses = token_loss(log_probs, behaviour, adv, cfg.clip_range, cfg.clip_high, ref, cfg.beta, cfg.tis_cap)
+            weights, count = token_weights(mask & ~dropped.unsqueeze(1), cfg.loss_type, cfg.max_new_tokens)
             loss = (losses.loss * weights).sum()
             loss.backward()  # accumulates into the flat gradient
-            valid = tensors["mask"].float()
+            valid = mask.float()
+            for name, value in mismatch_sums(log_ratio, mask, cfg.tis_cap, masked).items():
+                sums[name] += value
             with torch.no_grad():
                 sums["count"] += count
                 sums["loss"] += float(loss)
@@ -196,7 +275,8 @@ class GRPOAlgo:
                 sums["kl"] += float((losses.kl * weights).sum())
                 sums["clipped_tokens"] += float((losses.clipped.float() * valid).sum())
                 sums["tokens"] += float(valid.sum())
-        groups = batch.reward.reshape(-1, batch.group_size)
+        groups = self.rewards(batch).reshape(-1, batch.group_size)  # as the advantages see them
+        penalty = self.penalty(batch)
         sums.update(
             completions=batch.size,
             reward=float(batch.reward.sum()),
@@ -204,16 +284,21 @@ class GRPOAlgo:
             flat_groups=float((groups.std(axis=1) == 0).sum()),
             groups=groups.shape[0],
             lag=float((policy_version - batch.version).sum()),
+            truncated=float((batch.mask.sum(1) >= cfg.max_new_tokens).sum()),
+            overlong_penalty=float(penalty.sum()),
+            overlong_penalised=float((penalty > 0).sum()),
         )
         stats = torch.tensor([sums[name] for name in STATS] + batch.rewards.sum(axis=0).tolist(), dtype=torch.float64)
         sync.gradients(grad, stats)
-        count = float(stats[0])
+        count = float(stats[STATS.index("count")])
         grad.div_(max(count, 1e-12))
         lr = linear(cfg.learning_rate, progress_remaining, cfg.lr_schedule)
         grad_norm = self.optimizer.step(lr)
         return self.metrics(stats, grad_norm, lr)
 
     def metrics(self, stats: torch.Tensor, grad_norm: float, lr: float) -> dict[str, float]:
+        """Means of the global sums. ``rewards/*`` are the task's rewards, the overlong penalty apart; the
+        ``offpolicy/*`` ratios are over every model token and completion, those that carried no loss included."""
         s = dict(zip(STATS, stats.tolist()))
         n = max(s["completions"], 1.0)
         mean = s["reward"] / n
@@ -231,6 +316,10 @@ class GRPOAlgo:
             "completions/count": s["completions"],
             "completions/tokens": s["tokens"],
             "pipeline/policy_lag_mean": s["lag"] / n,
+            "completions/truncated_fraction": s["truncated"] / n,
+            "rewards/overlong_penalty": s["overlong_penalty"] / n,
+            "rewards/overlong_penalised_fraction": s["overlong_penalised"] / n,
+            **mismatch_metrics(s, s["tokens"], s["completions"], self.cfg.tis_cap),
         }
         for k, total in enumerate(stats[len(STATS) :].tolist()):
             out[f"rewards/{k}"] = total / n
