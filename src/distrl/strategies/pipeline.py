@@ -5,9 +5,10 @@ trains on what has already arrived. Two workloads share the machinery:
 
 - GRPO (``grpo``): a generator draws the groups of ``slices_per_call`` slices of prompts per
   request (a language model's completions, or a numeric task's actions) and hands them to the
-  scorer actor, which runs the reward functions, so that a reward that hangs or crashes ends the run
-  with its name instead of stalling the learner; the learner takes ``slices_per_step`` scored slices
-  per step (:class:`PipelineGroups`, the GRPO trainer's source).
+  scorer actor (both in :mod:`distrl.strategies.group_actors`), which runs the reward functions (in
+  reward workers: :mod:`distrl.rewards`), so that a reward that hangs or crashes is scored or ends the
+  run with its name, never stalls the learner; the learner takes ``slices_per_step`` scored slices per
+  step (:class:`PipelineGroups`, the GRPO trainer's source).
 - Gymnasium envs (``ppo``): a generator is a rollout worker that collects one fragment of
   ``n_steps`` × ``n_envs`` steps per request, with the behaviour log-probabilities; rewards
   come from the env, so there is no scorer; the learner runs a PPO update on one fragment per
@@ -23,6 +24,9 @@ Nobody waits longer than the data demands:
 - at most ``queue_size`` slices are requested, being scored, or buffered and not trained on yet:
   past that, generators idle (back-pressure) instead of filling memory, and data older than
   ``max_policy_lag`` versions is dropped;
+- GRPO's generators are paced by ``max_policy_lag`` (Sample Factory's and AReaL's staleness bound):
+  a request is handed out only if it can be trained on in time, so nothing is drawn to be dropped
+  (see :class:`PipelineGroups`);
 - the learner steps whenever the buffer holds a batch, and otherwise waits on whichever stage
   can feed it, failing after ``starve_timeout_s`` with the name of that stage.
 
@@ -36,193 +40,22 @@ never counted.
 
 from __future__ import annotations
 
-import os
 import time
-from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import torch
-
 from distrl.config import ConfigError, GRPOConfig, RunConfig, StrategyConfig
-from distrl.data.groups import GroupSamples, draw_groups, score_groups
+from distrl.data.groups import GroupSamples
 from distrl.data.versioned import VersionedReplay
-from distrl.nets.factory import make_group_policy
-from distrl.rewards import RewardError
-from distrl.strategies.actors import ActorEngine, RayActors, as_array, placement, resolve_placements
+from distrl.reward_workers import longest_run_s
+from distrl.strategies.actors import ActorEngine, RayActors, resolve_placements
+from distrl.strategies.group_actors import Generation, Generator, Scorer, ScoringFailed
+from distrl.strategies.pipeline_stats import LengthTally, PipelineStats
 from distrl.strategies.pool import GeneratorPool
-from distrl.tasks import make_group_task
 from distrl.training.group import train_grpo
-from distrl.training.state import resolve_device
-
-
-@dataclass(frozen=True)
-class ScoringFailed:
-    """What a generator returns when scoring its groups failed: the run ends with ``message``."""
-
-    message: str
-
-
-@dataclass(frozen=True)
-class Generation:
-    """One request's scored groups and what making them cost."""
-
-    samples: GroupSamples
-    generator: int
-    generate_s: float
-    score_s: float
-    load_s: float
-    """Loading the weights the request carried."""
-
-
-def request_positions(request: int, cfg: GRPOConfig) -> np.ndarray:
-    """The prompt positions of request ``request``: ``slices_per_call`` slices' worth, consecutive."""
-    per = cfg.prompts_per_slice * cfg.slices_per_call
-    return np.arange(request * per, (request + 1) * per, dtype=np.int64)
-
-
-class Generator:
-    """Actor: draws one request's groups with one policy version, then has the scorer score them."""
-
-    def __init__(self, run: RunConfig, cfg: GRPOConfig, generator_id: int, scorer: Any = None):
-        torch.set_num_threads(run.threads)
-        self.run, self.cfg, self.id, self.scorer = run, cfg, generator_id, scorer
-        self.task = make_group_task(run.env, cfg, run.seed)
-        self.policy = make_group_policy(self.task, run, cfg, resolve_device(run.device), "generator")
-        self.version = -1
-
-    def generate(self, version: int, weights: Any, request: int) -> tuple[GroupSamples, float, float]:
-        """(groups, seconds drawing, seconds loading weights); ``weights`` (flat, see ``as_array``) is None
-        when this generator already holds ``version``."""
-        start = time.perf_counter()
-        if weights is not None:  # ready-to-update: load, then ready-to-generate
-            self.policy.params.load_flat(as_array(weights))
-            self.version = version
-        if self.version != version:
-            raise RuntimeError(f"generator {self.id} holds version {self.version}, asked for {version} without weights")
-        loaded = time.perf_counter()
-        samples = draw_groups(
-            self.task, self.policy, request_positions(request, self.cfg), self.cfg.group_size, self.run.seed, version
-        )
-        return samples, time.perf_counter() - loaded, loaded - start
-
-    def generate_scored(self, version: int, weights: Any, request: int) -> Generation | ScoringFailed:
-        """:meth:`generate`, then the scorer's rewards (a client of the scorer actor)."""
-        samples, generate_s, load_s = self.generate(version, weights, request)
-        start = time.perf_counter()
-        try:
-            scored = self.scorer.score(samples)
-        except Exception as exc:  # noqa: BLE001 - the scorer's process died or stopped answering
-            return ScoringFailed(
-                f"the scorer failed while scoring (rewards {', '.join(self.task.reward_names)}): "
-                f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
-            )
-        if isinstance(scored, ScoringFailed):
-            return scored
-        return Generation(scored, self.id, generate_s, time.perf_counter() - start, load_s)
-
-    def pid(self) -> int:
-        return os.getpid()
-
-    def where(self) -> dict[str, Any]:
-        return placement()
-
-
-class Scorer:
-    """Actor: runs the task's reward functions on the groups generators hand it."""
-
-    def __init__(self, run: RunConfig, cfg: GRPOConfig):
-        torch.set_num_threads(run.threads)
-        self.task = make_group_task(run.env, cfg, run.seed)
-
-    def score(self, samples: GroupSamples) -> GroupSamples | ScoringFailed:
-        try:
-            return score_groups(self.task, samples)
-        except RewardError as exc:
-            return ScoringFailed(str(exc))
-
-    def pid(self) -> int:
-        return os.getpid()
-
-    def where(self) -> dict[str, Any]:
-        return placement()
-
-
-@dataclass
-class PipelineStats:
-    """What the pipeline did, for summary.json and TensorBoard."""
-
-    learner_busy_s: float = 0.0
-    generate_s: float = 0.0
-    generated: int = 0
-    queue_depth: int = 0
-    """The latest queue depth. It and the policy lag are kept as running figures, not lists: the
-    feeder records a depth every few milliseconds, and a run may last millions of steps."""
-    queue_depth_total: int = 0
-    queue_depth_count: int = 0
-    queue_depth_max: int = 0
-    lag_total: float = 0.0
-    lag_count: int = 0
-    lag_min: float = float("inf")
-    lag_max: float = 0.0
-    lag_counts: Counter[int] = field(default_factory=Counter)
-    """How many trained items had each lag (in versions): the distribution, in as many entries as lags seen."""
-    events: list[str] = field(default_factory=list)
-
-    def record_queue(self, depth: int) -> None:
-        self.queue_depth = depth
-        self.queue_depth_total += depth
-        self.queue_depth_count += 1
-        self.queue_depth_max = max(self.queue_depth_max, depth)
-
-    def record_lag(self, lag: float) -> None:
-        """One trained item's lag: the learner's version minus the version that drew it."""
-        self.lag_counts[round(lag)] += 1
-        self.lag_total += lag
-        self.lag_count += 1
-        self.lag_min = min(self.lag_min, lag)
-        self.lag_max = max(self.lag_max, lag)
-
-    def lag_quantile(self, q: float) -> float:
-        """The ``q`` quantile of the recorded lags (the smallest lag with at least ``q`` of them at or below it)."""
-        if not self.lag_counts:
-            return 0.0
-        lags = sorted(self.lag_counts)
-        cumulative = np.cumsum([self.lag_counts[lag] for lag in lags])
-        return float(lags[int(np.searchsorted(cumulative, q * cumulative[-1]))])
-
-    def summary(
-        self, wall: float, steps: int, generators: int, replay: VersionedReplay, restarts: int, unit: str
-    ) -> dict[str, Any]:
-        busy = self.learner_busy_s / max(wall, 1e-9)
-        counters = {k.replace("slice", unit): v for k, v in replay.counters().items()}
-        return {
-            "learner_steps": steps,
-            "pipeline_wall_s": wall,
-            "learner_steps_per_s": steps / max(wall, 1e-9),
-            "learner_busy_fraction": busy,
-            "learner_idle_fraction": 1 - busy,
-            "generator_utilisation": self.generate_s / max(wall * max(generators, 1), 1e-9),
-            f"{unit}s_generated": self.generated,
-            f"{unit}s_per_s": self.generated / max(wall, 1e-9),
-            "queue_depth_mean": self.queue_depth_total / max(self.queue_depth_count, 1),
-            "queue_depth_max": self.queue_depth_max,
-            "buffer_max": replay.max_size,
-            "policy_lag_min": self.lag_min if self.lag_count else 0.0,
-            "policy_lag_mean": self.lag_total / max(self.lag_count, 1),
-            "policy_lag_p95": self.lag_quantile(0.95),
-            "policy_lag_max": self.lag_max,
-            "policy_lag_counts": {str(lag): n for lag, n in sorted(self.lag_counts.items())},
-            f"{unit}s_dropped_for_lag_fraction": replay.dropped_for_lag / max(replay.added, 1),
-            "generator_restarts": restarts,
-            "events": self.events,
-            **counters,
-        }
-
+from distrl.training.group_sources import StepFill
 
 DEFAULT_QUEUE_SLICES = 16
 """GRPO's ``queue_size`` when it is left at 0: four learner steps of the default four slices."""
@@ -240,6 +73,26 @@ def check_pipeline(cfg: GRPOConfig, strategy: StrategyConfig) -> None:
             f"queue_size={strategy.queue_size} is not allowed: must be >= slices_per_call "
             f"({cfg.slices_per_call}), or no generation would ever be queued"
         )
+    paced = (strategy.max_policy_lag + 1) * cfg.slices_per_step
+    if cfg.slices_per_call > paced:
+        raise ConfigError(
+            f"slices_per_call={cfg.slices_per_call} is not allowed with max_policy_lag={strategy.max_policy_lag}: "
+            f"must be <= (max_policy_lag + 1) * slices_per_step ({paced}), or a request's last slices would be "
+            "trained past the lag cap; lower slices_per_call or raise max_policy_lag"
+        )
+
+
+SCORER_CLOSE_S = 2.0
+"""Longest the end waits for the scorer to stop its reward workers before it is killed."""
+
+
+def scoring_bound_s(cfg: GRPOConfig) -> float:
+    """The longest the scorer may take on one request's groups: in reward workers, one call per completion and
+    reward, each timing out at worst; in the scorer's process, one call per reward."""
+    if cfg.reward_workers == 0:
+        return cfg.reward_timeout_s * max(1, len(cfg.rewards))
+    calls = len(cfg.rewards) * cfg.group_size * cfg.prompts_per_slice * cfg.slices_per_call
+    return longest_run_s(calls, cfg.reward_workers, cfg.reward_timeout_s)
 
 
 class RewardFailed(RuntimeError):
@@ -251,6 +104,26 @@ class PipelineGroups:
 
     ``next_batch`` tops the generators up (at most ``queue_size`` slices ahead of the learner), then
     returns ``slices_per_step`` scored slices from the buffer, waiting only while it holds too few.
+
+    Pacing by ``max_policy_lag`` (``L``), with ``S`` = ``slices_per_step`` and ``C`` = ``slices_per_call``:
+    a request handed out at learner version ``v`` is drawn with version ``v``, and the ``A`` untrained
+    slices ahead of it (buffered or in flight) are trained first: ``O`` of them by the take the learner is
+    waiting on (``S``, a step's first; a dynamic-sampling draw's own), the rest ``S`` a step after it. Its
+    last slice is trained at ``consume_step = v + ceil((A + C - O) / S)``, and it is handed out only if
+    ``consume_step - v <= L``, that is ``A + C <= L * S + O``. (Before a step's first take and without
+    restarts, ``A`` is ``k * C - v * S`` for request ``k``, and the rule reads
+    ``((k + 1) * C - 1) // S - v <= L``.) The learner then takes first the slices whose deadline
+    (version + ``L``) the later steps could not meet,
+    waiting for one still in flight (:meth:`VersionedReplay.due`, earliest deadline first), so no slice
+    passes the cap untrained. What is dropped for lag all the same is counted (``slices_dropped_for_lag``:
+    with ``max_reuse`` > 1, slices already trained on), and the completions of slices dropped before any
+    step trained on them with their lengths, beside those of the completions trained on: a bias towards
+    short completions would show there.
+
+    With ``dynamic_sampling`` the learner drops the flat groups of the slices it takes and takes more
+    slices, ``ceil(missing / prompts_per_slice)`` a draw, until the step holds ``prompts_per_step``
+    informative groups (each slice kept whole: up to ``prompts_per_slice - 1`` more) or
+    ``dynamic_sampling_max_draws`` draws are made; the generators keep drawing meanwhile.
     """
 
     def __init__(self, trainer: Any, strategy: StrategyConfig, engine: ActorEngine):
@@ -263,16 +136,23 @@ class PipelineGroups:
             strategy.replay_sampling,
             seed=run.seed,
             max_reuse=strategy.max_reuse,
+            on_drop=self._dropped,
         )
         self.stats = PipelineStats()
+        self.trained_lengths, self.dropped_lengths = LengthTally(), LengthTally()
         self.events = self.stats.events
         self.scorer = engine.spawn(Scorer, run, cfg)
         self.scorer_place = engine.call(self.scorer, "where")
-        scorer = engine.client(self.scorer, strategy.timeout_s + cfg.reward_timeout_s * max(1, len(cfg.rewards)))
+        scorer = engine.client(self.scorer, strategy.timeout_s + scoring_bound_s(cfg))
         self.requests = 0
         self.per_call = cfg.slices_per_call
         self.queue_size = strategy.queue_size or DEFAULT_QUEUE_SLICES
+        self.lag_room = strategy.max_policy_lag * cfg.slices_per_step
+        """Untrained slices the steps after the current one train before the lag cap: with those the current take
+        trains, the bound on the slices ahead of the learner after a new request (see the class docstring)."""
         self.score_s = self.wait_s = self.load_s = self.weights_s = 0.0
+        self.weight_bytes_sent = 0
+        """Bytes of weights sent to generators: one flat vector per out-of-date generator per version."""
         self.last_metrics: dict[str, float] = {}
 
         def request(actor: Any, version: int, weights: Any) -> Any:
@@ -291,20 +171,23 @@ class PipelineGroups:
         self.startup_s = self.pool.ready(self.scorer)
 
     def resume(self, version: int) -> None:
-        """Go on with the prompts after those the first ``version`` steps trained on."""
-        per_step = self.cfg.prompts_per_step
-        self.requests = -(-version * per_step // (self.cfg.prompts_per_slice * self.per_call))
+        """Go on with the prompts after those the learner took before the checkpoint (the trainer's cursor:
+        ``version * prompts_per_step`` without dynamic sampling)."""
+        self.requests = -(-self.trainer.sampling.cursor // (self.cfg.prompts_per_slice * self.per_call))
 
     def _weights(self) -> Any:
         start = time.perf_counter()
-        flat = self.engine.weights(self.trainer.version, self.trainer.policy.params.flat())
+        vector = self.trainer.policy.params.flat()
+        flat = self.engine.weights(self.trainer.version, vector)
         self.weights_s += time.perf_counter() - start
+        self.weight_bytes_sent += vector.nbytes
         return flat
 
     def _harvest(self, timeout: float = 0) -> None:
         for _, result in self.pool.finished(timeout):
             if isinstance(result, ScoringFailed):
                 raise RewardFailed(result.message)
+            self.trainer.record_scoring(result.samples)
             self.stats.generated += result.samples.prompts // self.cfg.prompts_per_slice
             self.stats.generate_s += result.generate_s
             self.score_s += result.score_s
@@ -312,31 +195,60 @@ class PipelineGroups:
             for piece in result.samples.split(self.cfg.prompts_per_slice):
                 self.replay.add(int(piece.version[0]), piece)
 
-    def _submit(self, version: int) -> None:
+    def _submit(self, version: int, owed: int) -> None:
+        """Hand out the requests the queue and the lag cap allow while the learner waits to take ``owed`` slices
+        (see the class docstring)."""
+        self.replay.drop_stale(version)  # a slice past the cap is no longer ahead of the learner
         ahead = len(self.pool.in_flight) * self.per_call + self.replay.untrained()
         self.stats.record_queue(ahead)
-        room = (self.queue_size - ahead) // self.per_call
+        room = (min(self.queue_size, self.lag_room + owed) - ahead) // self.per_call
         if room > 0:
             self.pool.submit(version, self._weights, limit=room)
 
-    def next_batch(self, version: int) -> GroupSamples:
-        start = time.perf_counter()
+    def _dropped(self, piece: Any, trained: bool) -> None:
+        if not trained:
+            self.dropped_lengths.add(piece.lengths())
+
+    def _take(self, k: int, version: int) -> GroupSamples:
+        """``k`` scored slices for the learner step of ``version``, the due ones first, waiting for the generators
+        while the buffer cannot give them."""
         self._harvest()
-        self._submit(version)
-        while (taken := self.replay.sample(self.cfg.slices_per_step, version)) is None:
+        self._submit(version, k)
+        in_flight = self.pool.in_flight_versions
+        per_step = self.cfg.slices_per_step
+        while (taken := self.replay.sample(k, version, in_flight() * self.per_call, per_step)) is None:
             self.pool.wait_any("generators and scorer", version, len(self.replay))
             self._harvest()
-            self._submit(version)
-        batch = GroupSamples.concat([piece for _, piece in taken])
-        lags = version - batch.version
+            self._submit(version, k)
         for drawn_by, _ in taken:  # one lag per slice trained on
             self.stats.record_lag(float(version - drawn_by))
+        self.trainer.sampling.cursor += k * self.cfg.prompts_per_slice
+        return GroupSamples.concat([piece for _, piece in taken])
+
+    def next_batch(self, version: int) -> GroupSamples:
+        start = time.perf_counter()
+        cfg = self.cfg
+        batch = self._take(cfg.slices_per_step, version)
+        sampling: dict[str, float] = {}
+        if cfg.dynamic_sampling:
+            fill, draws = StepFill(cfg.prompts_per_step), 1
+            fill.add(batch)
+            while fill.missing and draws < cfg.dynamic_sampling_max_draws:
+                fill.add(self._take(-(-fill.missing // cfg.prompts_per_slice), version))
+                draws += 1
+            batch = fill.batch()
+            sampling = self.trainer.sampling.record(draws, fill.dropped, fill.missing > 0)
+        self.trained_lengths.add(batch.lengths())
+        lags = version - batch.version
         self.wait_s += time.perf_counter() - start
         self.last_metrics = {
             "pipeline/policy_lag_max": float(lags.max()),
+            "pipeline/policy_lag_p95": self.stats.lag_quantile(0.95),
+            "pipeline/dropped_for_lag": float(self.replay.dropped_for_lag),
             "pipeline/queue_depth": float(self.stats.queue_depth),
             "pipeline/buffer_size": float(len(self.replay)),
             "pipeline/generator_restarts": float(self.pool.restarted()),
+            **sampling,
         }
         return batch
 
@@ -352,6 +264,7 @@ class PipelineGroups:
         """Drain the generations under way into the buffer; the pipeline's counters for summary.json."""
         for _, result in self.pool.drain():
             if isinstance(result, Generation):
+                self.trainer.record_scoring(result.samples)
                 self.stats.generated += result.samples.prompts // self.cfg.prompts_per_slice
                 for piece in result.samples.split(self.cfg.prompts_per_slice):
                     self.replay.add(int(piece.version[0]), piece)
@@ -368,10 +281,26 @@ class PipelineGroups:
             "generators": self.pool.placement(),
             "scorer": resolve_placements(self.engine, [[self.scorer_place]])[0],
         }
-        return {**summary, "startup_s": self.startup_s, "placement": where}
+        return {
+            **summary,
+            "completions_dropped_for_lag": self.dropped_lengths.count,
+            "dropped_for_lag_mean_length": self.dropped_lengths.mean(),
+            "trained_mean_length": self.trained_lengths.mean(),
+            "completion_length_counts": {
+                "trained": self.trained_lengths.histogram(),
+                "dropped_for_lag": self.dropped_lengths.histogram(),
+            },
+            "startup_s": self.startup_s,
+            "weight_sync_bytes_total": self.weight_bytes_sent,
+            "placement": where,
+        }
 
     def close(self) -> None:
         self.pool.close()
+        try:  # its reward workers would notice it gone anyway: this spares them the wait
+            self.engine.result(self.engine.call(self.scorer, "close"), SCORER_CLOSE_S)
+        except Exception:  # noqa: BLE001 - dead, or busy with a call that hangs: killed next
+            pass
         self.engine.kill(self.scorer)
 
 

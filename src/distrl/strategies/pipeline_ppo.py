@@ -6,8 +6,8 @@ up the newest weights between fragments; :class:`AsyncCollector` is the on-polic
 collector, so the trainer, its logs, evaluation and checkpoints are those of every PPO run. Each
 fragment carries the policy version that drew it and its behaviour log-probs; the correction for the
 lag is the algorithm's (APPO's and IMPALA's V-trace, PPO's ratio), never the transport's.
-The machinery (generator pool, versioned replay, engines, counters) is
-:mod:`distrl.strategies.pipeline`'s.
+The machinery (generator pool, versioned replay, engines) is :mod:`distrl.strategies.pipeline`'s, the counters
+:mod:`distrl.strategies.pipeline_stats`'.
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ from distrl.config import ConfigError, RunConfig, StrategyConfig
 from distrl.data.rollout import merge_rollouts
 from distrl.data.versioned import VersionedReplay
 from distrl.strategies.actors import ActorEngine, Overheads, RayActors
-from distrl.strategies.pipeline import PipelineStats, actor_engine
+from distrl.strategies.pipeline import actor_engine
+from distrl.strategies.pipeline_stats import PipelineStats
 from distrl.strategies.pool import GeneratorPool
 
 

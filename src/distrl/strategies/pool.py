@@ -60,6 +60,7 @@ class GeneratorPool:
         self.held = [-1] * n  # the policy version each actor holds (or will, once its queue runs)
         self.busy = [0] * n  # requests in flight per actor
         self.in_flight: dict[Any, int] = {}  # pending request -> actor index
+        self.version_of: dict[Any, int] = {}  # pending request -> the policy version it was sent with
         self.waits = 0
         self.longest_wait = 0.0
         """The longest the learner has waited for a result that came, its first wait (actors starting) aside: on a
@@ -74,7 +75,9 @@ class GeneratorPool:
                 if budget <= 0 or self.busy[i] >= self.depth:
                     continue
                 stale = self.held[i] != version
-                self.in_flight[self.request(self.actors[i], version, weights() if stale else None)] = i
+                pending = self.request(self.actors[i], version, weights() if stale else None)
+                self.in_flight[pending] = i
+                self.version_of[pending] = version
                 self.held[i] = version
                 self.busy[i] += 1
                 budget -= 1
@@ -89,6 +92,7 @@ class GeneratorPool:
         out = []
         for pending in done:
             i = self.in_flight.pop(pending, None)
+            self.version_of.pop(pending, None)
             if i is None:  # a request of an actor replaced earlier in this loop
                 continue
             self.busy[i] -= 1
@@ -139,6 +143,7 @@ class GeneratorPool:
         self.held[i] = -1
         for p in [p for p, j in self.in_flight.items() if j == i]:  # lost with the old actor, never counted
             del self.in_flight[p]
+            self.version_of.pop(p, None)
         self.busy[i] = 0
         return None
 
@@ -158,6 +163,10 @@ class GeneratorPool:
         self.waits += 1
         if self.waits > 1:  # the first wait is the actors' start
             self.longest_wait = max(self.longest_wait, time.perf_counter() - start)
+
+    def in_flight_versions(self) -> list[int]:
+        """The policy version of each request under way."""
+        return [self.version_of[p] for p in self.in_flight]
 
     def restarted(self) -> int:
         return sum(self.restarts)

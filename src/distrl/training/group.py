@@ -1,35 +1,46 @@
 """GRPO's trainer: draw groups → score → one learner step, with the logs, checkpoints and resume of every run.
 
-Where the groups come from is the trainer's *source*: :class:`LocalGroups` draws and scores them in this
-process (``single``, and every rank of ``ddp``: each draws its own share of the step's prompts), the
-pipeline's generators and scorer feed it otherwise (``distrl.strategies.pipeline``). The learner step is
-:class:`~distrl.algos.grpo.GRPOAlgo`'s in every case, with this worker's ``Sync``.
+Where the groups come from is the trainer's *source* (:mod:`distrl.training.group_sources`):
+:class:`~distrl.training.group_sources.LocalGroups` draws and scores them in this process (``single``, and every
+rank of ``ddp``: each draws its own share of the step's prompts), the pipeline's generators and scorer feed it
+otherwise (``distrl.strategies.pipeline``). The learner step is :class:`~distrl.algos.grpo.GRPOAlgo`'s in every
+case, with this worker's ``Sync``.
 
 A step's prompts and the randomness of every token are keyed by prompt position (see
 :mod:`distrl.data.groups`), so ``ddp`` draws exactly the completions one process with the global batch
 draws, and a run resumed from a checkpoint goes on as the uninterrupted one would have.
+
+With ``dynamic_sampling`` (DAPO's, :class:`~distrl.training.group_sources.DynamicSampling`) a step's groups whose
+rewards are all equal are dropped and fresh prompts drawn in their place; the prompts still follow a cursor of
+positions that every draw advances and checkpoints record, so the same holds.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import torch
 
 from distrl.algos.grpo import GRPOAlgo
 from distrl.config import ConfigError, RunConfig, StrategyConfig
-from distrl.data.groups import GroupSamples, draw_groups, score_groups, step_positions
+from distrl.data.groups import GroupSamples, draw_groups, score_groups
 from distrl.logs import Console, RunLogger
-from distrl.nets.causal_lm import CausalLMPolicy, PromptEncoder, load_tokenizer
+from distrl.nets.causal_lm import CausalLMPolicy, PromptEncoder
 from distrl.nets.core import checksum
-from distrl.nets.factory import make_group_policy
+from distrl.nets.factory import lora_settings, make_group_policy
+from distrl.nets.lm_loading import load_tokenizer
+from distrl.nets.lora import check_lora_targets, require_peft
 from distrl.protocols import Sync
+from distrl.rewards import RewardLog
 from distrl.tasks import TEXT_TASK, GroupTask, StateTask, make_group_task
+from distrl.text_envs import TextEnvTask, is_text_env
+from distrl.training.group_sources import DynamicSampling, GroupSource, LocalGroups
 from distrl.training.state import RunState, section
 
 EVAL_STATES = 1024
@@ -41,63 +52,6 @@ PRETRAINED_DIR = "pretrained"
 """RUN/pretrained: the trained language model as a transformers directory (``from_pretrained`` loads it)."""
 RECENT = 10
 """Learner steps the first and last reward figures of summary.json average over."""
-
-
-class GroupSource(Protocol):
-    """Where a GRPO trainer's scored groups come from."""
-
-    last_metrics: dict[str, float]
-    """Figures of the last batch the trainer logs with its own (policy lag, queue depth, ...)."""
-
-    def next_batch(self, version: int) -> GroupSamples:
-        """This worker's scored groups for the learner step that makes ``version + 1``."""
-        ...
-
-    def timing(self) -> dict[str, float]:
-        """Seconds spent so far by stage (generate, score, wait, weight_sync, ...)."""
-        ...
-
-    def resume(self, version: int) -> None:
-        """Go on from a checkpoint taken after ``version`` learner steps."""
-        ...
-
-    def finish(self) -> dict[str, Any]:
-        """Figures for summary.json at the end (a pipeline drains its generators first)."""
-        ...
-
-    def close(self) -> None: ...
-
-
-class LocalGroups:
-    """Draw and score this worker's share of each step's prompts, in this process."""
-
-    def __init__(self, trainer: GroupTrainer):
-        self.trainer = trainer
-        self.generate_s = self.score_s = 0.0
-        self.last_metrics: dict[str, float] = {}
-
-    def next_batch(self, version: int) -> GroupSamples:
-        t = self.trainer
-        positions = step_positions(version, t.cfg.prompts_per_step, t.sync.rank, t.sync.world_size)
-        start = time.perf_counter()
-        samples = draw_groups(t.task, t.policy, positions, t.cfg.group_size, t.run.seed, version)
-        drawn = time.perf_counter()
-        scored = score_groups(t.task, samples)
-        self.generate_s += drawn - start
-        self.score_s += time.perf_counter() - drawn
-        return scored
-
-    def timing(self) -> dict[str, float]:
-        return {"generate_s": self.generate_s, "score_s": self.score_s}
-
-    def resume(self, version: int) -> None:
-        """Nothing to do: a step's prompts and randomness follow from its number."""
-
-    def finish(self) -> dict[str, Any]:
-        return {}
-
-    def close(self) -> None:
-        pass
 
 
 def check_prompts(task: GroupTask, encoder: PromptEncoder | None) -> None:
@@ -139,15 +93,21 @@ class GroupTrainer(RunState):
     ):
         self.start_run(run, cfg, sync, strategy, requested, device, run_dir)
         self.env_id = run.env
-        self.task = make_group_task(run.env, cfg, run.seed)
+        self.task = make_group_task(run.env, cfg, run.seed, run.env_kwargs)
         self.policy = make_group_policy(self.task, run, cfg, self.device)
         check_prompts(self.task, self.policy.prompts if isinstance(self.policy, CausalLMPolicy) else None)
         self.start_checksum = checksum(self.policy.params.data)
-        self.reference = make_group_policy(self.task, run, cfg, self.device, "reference") if cfg.beta > 0 else None
+        self.reference = (
+            make_group_policy(self.task, run, cfg, self.device, "reference", learner=self.policy)
+            if cfg.beta > 0
+            else None
+        )
         self.algo = GRPOAlgo(cfg, self.policy, self.reference)
         self.completions = self.tokens = 0
+        self.sampling = DynamicSampling()
         self.first_rewards: list[float] = []
         self.recent_rewards: deque[float] = deque(maxlen=RECENT)
+        self.reward_log = RewardLog(self.task.reward_names)
         self.source: GroupSource = (source_factory or LocalGroups)(self)
         if self.is_main and log and run_dir is not None:
             self.console = Console(cfg.learner_steps, "learner steps", run.quiet, rate="completions/s", value="reward")
@@ -177,15 +137,23 @@ class GroupTrainer(RunState):
             "env_kwargs": "grpo runs have no env",
             "vec": "grpo runs have no env",
         }
+        if is_text_env(run.env):  # a text environment takes constructor arguments
+            del unused["env_kwargs"]
         for name, why in unused.items():
             value, default = getattr(run, name), getattr(RunConfig, name)
             if value != default:
                 raise ConfigError(f"{name}={value!r} is not allowed for grpo: {why}")
-        task = make_group_task(run.env, cfg, run.seed)
+        task = make_group_task(run.env, cfg, run.seed, run.env_kwargs)
+        lora = lora_settings(cfg, run.seed)
+        if lora is not None:
+            require_peft(f"lora_rank={lora.rank}")
+            check_lora_targets(cfg.model, lora.target_modules)
         if run.env == TEXT_TASK:
             check_prompts(
                 task, PromptEncoder(cfg.model, load_tokenizer(cfg.model), cfg.chat_template, cfg.max_prompt_tokens)
             )
+        elif is_text_env(run.env):
+            load_tokenizer(cfg.model)  # a model directory that cannot play fails here, before any worker starts
 
     # ---- the loop ----
 
@@ -223,6 +191,14 @@ class GroupTrainer(RunState):
         self.report(f"mean reward of the last {RECENT} steps reached {target:g} at learner step {self.version}")
         return True
 
+    def record_scoring(self, samples: GroupSamples) -> None:
+        """Count and time freshly scored ``samples``' reward calls, and name each one that failed but was scored in
+        events.log. Sources call it once per scored batch, so that a group dropped later (for lag, or as flat
+        under dynamic sampling) is counted and a slice trained on twice is not."""
+        self.reward_log.add(samples.reward_seconds, samples.reward_failures)
+        for failure in samples.reward_failures:
+            self.report(failure.text)
+
     def _log(self, batch: GroupSamples, metrics: dict[str, float]) -> None:
         self.completions += int(metrics["completions/count"])
         self.tokens += int(metrics["completions/tokens"])
@@ -238,6 +214,8 @@ class GroupTrainer(RunState):
             **self.source.last_metrics,
             "charts/completions_per_s": rate,
             "charts/tokens_per_s": self.tokens / max(self.train_s, 1e-9),
+            **batch.episode_figures(),
+            **self.reward_log.figures(),
         }
         if self.logger is not None:
             self.logger.scalars(values, self.version, every_s=0.2)
@@ -265,19 +243,25 @@ class GroupTrainer(RunState):
     # ---- the end ----
 
     def evaluate(self) -> dict[str, float]:
-        """Greedy answers: a numeric task's on fresh states, a text task's on its first dataset prompts."""
+        """Greedy answers: a numeric task's on fresh states, a text task's on its first dataset prompts, a text
+        environment's episodes of its first rows."""
         if isinstance(self.task, StateTask):
             return greedy_reward_fraction(self.task, self.policy, self.run.seed)
-        dataset = self.task.dataset  # type: ignore[attr-defined]
-        positions = np.arange(min(EVAL_PROMPTS, len(dataset)), dtype=np.int64)
+        if isinstance(self.task, TextEnvTask):
+            positions = self.task.eval_positions(EVAL_PROMPTS)
+        else:
+            dataset = self.task.dataset  # type: ignore[attr-defined]
+            positions = np.arange(min(EVAL_PROMPTS, len(dataset)), dtype=np.int64)
         greedy = score_groups(
             self.task, draw_groups(self.task, self.policy, positions, 1, self.run.seed, self.version, greedy=True)
         )
+        self.record_scoring(greedy)
         assert greedy.rewards is not None and greedy.reward is not None
         out = {"eval_reward": float(greedy.reward.mean()), "eval_prompts": float(len(positions))}
         out.update(
             {f"eval_reward/{name}": float(greedy.rewards[:, k].mean()) for k, name in enumerate(self.task.reward_names)}
         )
+        out.update({f"eval_{name.partition('/')[2]}": value for name, value in greedy.episode_figures().items()})
         return out
 
     def progress_unit(self) -> str:
@@ -291,7 +275,7 @@ class GroupTrainer(RunState):
 
     def after_summary(self, summary: dict[str, Any]) -> None:
         if isinstance(self.policy, CausalLMPolicy):
-            self.policy.save_pretrained(self.run_dir / PRETRAINED_DIR)  # type: ignore[operator]
+            self.policy.save_pretrained(self.run_dir / PRETRAINED_DIR, merge=self.cfg.lora_merge)  # type: ignore[operator]
 
     def summary(self) -> dict[str, Any]:
         timing = self.source.timing()
@@ -307,11 +291,25 @@ class GroupTrainer(RunState):
             "learner_busy_fraction": busy,
             "learner_steps_per_s": self.version / max(self.train_s, 1e-9),
             "policy_lag_mean": 0.0,
+            **(self.sampling.summary(self.version) if self.cfg.dynamic_sampling else {}),
             "completions_per_s": self.completions / max(self.train_s, 1e-9),
             "tokens_per_s": self.tokens / max(self.train_s, 1e-9),
+            **self._param_counts(),
             "reward_first": float(np.mean(self.first_rewards)) if self.first_rewards else None,
             "reward_last": float(np.mean(self.recent_rewards)) if self.recent_rewards else None,
+            **self.reward_log.summary(),
             **self.extra_summary,
+        }
+
+    def _param_counts(self) -> dict[str, int]:
+        """Parameters trained (on the flat buffer: a LoRA run's adapter) and in all, and the bytes one weight
+        transfer to a generator carries."""
+        params = self.policy.params
+        total = self.policy.total_params() if isinstance(self.policy, CausalLMPolicy) else params.size
+        return {
+            "trainable_params": params.size,
+            "total_params": total,
+            "weight_sync_bytes": params.data.numel() * params.data.element_size(),
         }
 
     def end_line(self, summary: dict[str, Any]) -> str:
@@ -325,7 +323,10 @@ class GroupTrainer(RunState):
         )
 
     def release(self) -> None:
-        self.source.close()
+        try:
+            self.source.close()
+        finally:
+            self.task.close()  # its reward workers, with whatever their calls started
 
     # ---- checkpoints and the start-up broadcast ----
 
@@ -343,9 +344,19 @@ class GroupTrainer(RunState):
         self.algo.load_state_dict(optim)
 
     def checkpoint_state(self) -> dict[str, Any]:
-        return {"completions": self.completions, "tokens": self.tokens, "start_checksum": self.start_checksum}
+        state: dict[str, Any] = {
+            "completions": self.completions,
+            "tokens": self.tokens,
+            "start_checksum": self.start_checksum,
+            "sampling": dataclasses.asdict(self.sampling),
+        }
+        if isinstance(self.policy, CausalLMPolicy) and self.policy.lora is not None:  # the adapter alone is saved
+            state.update(base_checksum=self.policy.base_checksum(), lora=self.policy.adapter_config())
+        return state
 
     def load_checkpoint_state(self, state: dict[str, Any], path: Path) -> None:
+        if isinstance(self.policy, CausalLMPolicy):
+            self._check_lora_checkpoint(state, path)
         if state.get("start_checksum") not in (None, self.start_checksum):
             raise ConfigError(
                 f"checkpoint={str(path)!r} started from other weights than "
@@ -353,7 +364,29 @@ class GroupTrainer(RunState):
                 "would differ"
             )
         self.completions, self.tokens = int(state.get("completions", 0)), int(state.get("tokens", 0))
-        self.source.resume(int(state["steps"]))
+        steps = int(state["steps"])
+        # written before the cursor was: every step drew its prompts_per_step on every worker, once
+        earlier = {"cursor": steps * self.cfg.prompts_per_step * self.sync.world_size, "draws": steps}
+        self.sampling = DynamicSampling(**state.get("sampling", earlier))
+        self.source.resume(steps)
+
+    def _check_lora_checkpoint(self, state: dict[str, Any], path: Path) -> None:
+        """A LoRA checkpoint holds the adapter alone: it goes on only with the adapter layout it was trained with,
+        on the very base weights it was trained on."""
+        assert isinstance(self.policy, CausalLMPolicy)
+        recorded, lora = state.get("lora"), self.policy.adapter_config()
+        if recorded != lora:
+            raise ConfigError(
+                f"checkpoint={str(path)!r} was trained with {_adapter_text(recorded)}, not {_adapter_text(lora)}: "
+                "resume it with the --lora-* settings it was trained with"
+            )
+        base = state.get("base_checksum")
+        if base is not None and base != self.policy.base_checksum():
+            raise ConfigError(
+                f"checkpoint={str(path)!r} holds a LoRA adapter trained on other base weights than "
+                f"model={self.cfg.model!r} holds now (checksum {base} != {self.policy.base_checksum()}): resume "
+                "with the model it was trained on"
+            )
 
     def broadcast_tensors(self) -> list[torch.Tensor]:
         optim = self.algo.optimizer
@@ -361,11 +394,19 @@ class GroupTrainer(RunState):
             self.policy.params.data,
             optim.exp_avg,
             optim.exp_avg_sq,
-            torch.tensor([optim.steps], dtype=torch.float64),
+            torch.tensor([optim.steps, *self.sampling.values()], dtype=torch.float64),
         ]
 
     def after_broadcast(self, tensors: list[torch.Tensor]) -> None:
         self.algo.optimizer.steps = int(tensors[-1][0])
+        self.sampling.load(tensors[-1][1:].tolist())
+
+
+def _adapter_text(adapter: dict[str, Any] | None) -> str:
+    """An adapter as :meth:`CausalLMPolicy.adapter_config` describes it, in words."""
+    if adapter is None:
+        return "full fine-tuning"
+    return f"LoRA rank {adapter['rank']}, alpha {adapter['alpha']:g} on {len(adapter['target_modules'])} layers"
 
 
 def greedy_reward_fraction(task: StateTask, policy: Any, seed: int) -> dict[str, float]:
