@@ -59,6 +59,25 @@ def hang_data(tmp_path):
     return write_lines(tmp_path / "hang.jsonl", rows)
 
 
+def test_calls_behind_a_hung_one_in_its_chunk_go_to_another_worker_and_are_scored(tmp_path):
+    """Forty calls on two workers go out five to a message; a hung call's worker is killed with the calls it had
+    not begun, and those are made elsewhere: every call but the hung ones gets its own score, once."""
+    rows = [{"prompt": str(i), "hang": i == 3} for i in range(10)]
+    task = TextTask(write_lines(tmp_path / "d.jsonl", rows), [HANGS], reward_timeout_s=1, reward_workers=2)
+    try:
+        positions = np.arange(10)
+        hangs = [rows[i]["hang"] for i in task.dataset.row_indices(positions)]
+        texts = ["x" * (i + 1) for i in range(40)]  # G = 4 completions per prompt
+        scored = task.score(positions, 4, np.zeros((40, 1), dtype=np.int64), texts)
+        hung = [row for row in range(40) if hangs[row // 4]]
+        assert len(hung) == 4
+        assert scored.scores[:, 0].tolist() == [0.0 if row in hung else row + 1.0 for row in range(40)]
+        assert sorted(f.index for f in scored.failures) == hung
+        assert all(f.timed_out for f in scored.failures)
+    finally:
+        task.close()
+
+
 def test_a_hung_call_scores_the_timeout_score_and_is_named_by_its_dataset_line(hang_data):
     task = TextTask(
         hang_data, [HANGS, "distrl_lm:length"], reward_timeout_s=1, reward_workers=2, reward_timeout_score=-1

@@ -38,6 +38,10 @@ KILL_WAIT_S = 5.0
 the kernel takes this long)."""
 PARENT_POLL_S = 0.2
 """How often a worker checks that its parent still lives (one getppid call)."""
+CHUNKS_PER_WORKER = 4
+"""A run's calls go out in chunks, about this many per worker: one message carries a chunk, and the worker
+answers each call as it ends. A message per call would cost a round trip per sample (most of the time of a
+cheap reward); a chunk per worker would leave a worker idle behind one slow call."""
 _BOOT = (
     "import json, sys; sys.path[:] = json.loads(sys.argv[1]); "
     "import distrl.reward_workers as w; w.serve(int(sys.argv[2]), int(sys.argv[3]))"
@@ -96,12 +100,15 @@ class WorkerPool:
         self._finalizer = weakref.finalize(self, _kill_all, self.workers)
 
     def run(self, jobs: Sequence[Job], on_outcome: Callable[[int, Outcome], None]) -> None:
-        """Make every call of ``jobs``, ``workers`` at a time, and hand each one's outcome to
-        ``on_outcome(index, outcome)`` as it comes. If ``on_outcome`` (or anything else, Ctrl-C included)
-        raises, the calls under way are killed, since their answers would be read as later calls', and the
-        exception goes on. Raises :class:`WorkersFailed` if a worker cannot start."""
+        """Make every call of ``jobs`` on the ``workers`` in parallel, and hand each one's outcome to
+        ``on_outcome(index, outcome)`` as it comes. Each call has ``timeout_s`` of its own: a worker's deadline
+        moves on with every answer, and a call past it is killed with its worker, whose calls not yet begun go
+        to the others. If ``on_outcome`` (or anything else, Ctrl-C included) raises, the calls under way are
+        killed, since their answers would be read as later calls', and the exception goes on. Raises
+        :class:`WorkersFailed` if a worker cannot start."""
         pending = deque(range(len(jobs)))
         remaining = len(jobs)
+        chunk = max(1, -(-len(jobs) // (self.size * CHUNKS_PER_WORKER)))
         try:
             while remaining:
                 busy = sum(worker.job is not None for worker in self.workers)
@@ -109,18 +116,21 @@ class WorkerPool:
                     self.workers.append(_Worker(self.load, self.names, self.start_timeout_s))
                 for worker in self.workers:
                     if pending and worker.ready and worker.job is None:
-                        j = pending.popleft()
-                        worker.call(j, jobs[j], self.timeout_s)
-                for j, outcome in self._collect():
+                        taken = [pending.popleft() for _ in range(min(chunk, len(pending)))]
+                        worker.call([(j, jobs[j]) for j in taken], self.timeout_s)
+                for j, outcome in self._collect(pending):
                     remaining -= 1
                     on_outcome(j, outcome)
+                if remaining and not pending and all(worker.job is None for worker in self.workers):
+                    raise RuntimeError(f"reward worker pool: {remaining} calls neither made nor queued")
         except BaseException:
             for worker in [w for w in self.workers if w.job is not None]:
                 self._discard(worker)
             raise
 
-    def _collect(self) -> list[tuple[int, Outcome]]:
-        """Wait for an answer, a worker ready, a death or the first deadline; the calls that ended."""
+    def _collect(self, pending: deque[int]) -> list[tuple[int, Outcome]]:
+        """Wait for an answer, a worker ready, a death or the first deadline; the calls that ended. The calls
+        a killed worker had not begun go back to the front of ``pending``."""
         deadline = min((worker.deadline for worker in self.workers), default=time.monotonic())
         wait([worker.conn for worker in self.workers], timeout=max(0.0, min(deadline - time.monotonic(), 1.0)))
         ended: list[tuple[int, Outcome]] = []
@@ -131,6 +141,7 @@ class WorkerPool:
                 message = worker.conn.recv()
             except (EOFError, OSError):
                 status = self._discard(worker)
+                pending.extendleft(reversed(worker.queued()))
                 if worker.job is not None:
                     error = f"ended its worker process ({status})"
                     ended.append((worker.job, Outcome(error=error, seconds=time.monotonic() - worker.sent)))
@@ -161,6 +172,7 @@ class WorkerPool:
             assert worker.job is not None
             ended.append((worker.job, Outcome(timed_out=True, seconds=now - worker.sent)))
             self._discard(worker)
+            pending.extendleft(reversed(worker.queued()))
         return ended
 
     def _discard(self, worker: _Worker) -> str:
@@ -173,7 +185,7 @@ class WorkerPool:
 
 
 class _Worker:
-    """One worker process, seen from the parent: its connection and the call it is making."""
+    """One worker process, seen from the parent: its connection, the call it is making and those it holds next."""
 
     def __init__(self, load: Callable[[str], Callable[..., Any]], names: Sequence[str], start_timeout_s: float):
         ours, theirs = socket.socketpair()
@@ -190,20 +202,33 @@ class _Worker:
         self.conn = Connection(ours.detach())
         self.conn.send((load, tuple(names)))
         self.ready = False
-        self.job: int | None = None
-        self.sent = 0.0
+        self.calls: deque[int] = deque()
+        """The calls sent and not answered, in order: the first is under way (since ``sent``)."""
+        self.sent, self.timeout_s = 0.0, 0.0
         self.deadline = time.monotonic() + start_timeout_s
         """When the worker must be ready by (starting) or its call must end (busy); inf when idle."""
 
-    def call(self, j: int, job: Job, timeout_s: float) -> None:
-        self.conn.send(job)
-        self.job, self.sent = j, time.monotonic()
+    @property
+    def job(self) -> int | None:
+        """The call under way, if any."""
+        return self.calls[0] if self.calls else None
+
+    def call(self, chunk: list[tuple[int, Job]], timeout_s: float) -> None:
+        self.conn.send([job for _, job in chunk])
+        self.calls.extend(j for j, _ in chunk)
+        self.timeout_s, self.sent = timeout_s, time.monotonic()
         self.deadline = self.sent + timeout_s
 
     def done(self) -> int:
-        assert self.job is not None
-        j, self.job, self.deadline = self.job, None, float("inf")
+        """The call just answered; the next one starts now, with a deadline of its own."""
+        j = self.calls.popleft()
+        self.sent = time.monotonic()
+        self.deadline = self.sent + self.timeout_s if self.calls else float("inf")
         return j
+
+    def queued(self) -> list[int]:
+        """The calls sent but not begun (all but the one under way)."""
+        return list(self.calls)[1:]
 
     def kill(self) -> str:
         """SIGKILL to the worker's process group; how the worker ended."""
@@ -233,7 +258,7 @@ def _kill_all(workers: list[_Worker]) -> None:
 
 
 def serve(fd: int, parent: int) -> None:
-    """A worker's life: import the functions, then answer calls until the parent closes the connection."""
+    """A worker's life: import the functions, then answer chunks of calls until the parent closes the connection."""
     _exit_with_parent(parent)
     conn = Connection(fd)
     try:
@@ -246,14 +271,15 @@ def serve(fd: int, parent: int) -> None:
         conn.send(("ready", ""))
         while True:
             try:
-                k, kwargs = conn.recv()
+                chunk = conn.recv()
             except EOFError:
                 return
-            returned, value, seconds = _call(functions[k], kwargs)
-            try:
-                conn.send((returned, value, seconds))
-            except Exception as exc:  # noqa: BLE001 - pickling the value failed before anything was sent
-                conn.send((False, f"returned a {type(value).__name__} that cannot be sent back: {exc}", seconds))
+            for k, kwargs in chunk:  # each answer as it comes: the parent times every call from the last answer
+                returned, value, seconds = _call(functions[k], kwargs)
+                try:
+                    conn.send((returned, value, seconds))
+                except Exception as exc:  # noqa: BLE001 - pickling the value failed before anything was sent
+                    conn.send((False, f"returned a {type(value).__name__} that cannot be sent back: {exc}", seconds))
     finally:
         _kill_group()
 
