@@ -38,6 +38,10 @@ KILL_WAIT_S = 5.0
 the kernel takes this long)."""
 PARENT_POLL_S = 0.2
 """How often a worker checks that its parent still lives (one getppid call)."""
+ANSWER_EVERY_S = 0.005
+"""A worker sends the answers it holds this often (and at once at the end of a chunk): a message per answer
+would cost a cheap reward most of its time, and the parent's clock for the next call starts at the last
+message, so a call's timeout stretches by about this much at most."""
 CHUNKS_PER_WORKER = 4
 """A run's calls go out in chunks, about this many per worker: one message carries a chunk, and the worker
 answers each call as it ends. A message per call would cost a round trip per sample (most of the time of a
@@ -157,9 +161,9 @@ class WorkerPool:
                     raise WorkersFailed(f"a reward worker could not import {', '.join(self.names)}: {text}")
                 worker.ready, worker.deadline = True, float("inf")
                 continue
-            returned, value, seconds = message
-            outcome = Outcome(value=value, seconds=seconds) if returned else Outcome(error=value, seconds=seconds)
-            ended.append((worker.done(), outcome))
+            for returned, value, seconds in message:  # the answers to one or more calls, in order
+                outcome = Outcome(value=value, seconds=seconds) if returned else Outcome(error=value, seconds=seconds)
+                ended.append((worker.done(), outcome))
         now = time.monotonic()
         for worker in list(self.workers):
             if now < worker.deadline:
@@ -269,19 +273,56 @@ def serve(fd: int, parent: int) -> None:
             conn.send(("failed", f"{type(exc).__name__}: {exc}"))
             return
         conn.send(("ready", ""))
+        outbox = _Outbox(conn)
         while True:
             try:
                 chunk = conn.recv()
             except EOFError:
                 return
-            for k, kwargs in chunk:  # each answer as it comes: the parent times every call from the last answer
-                returned, value, seconds = _call(functions[k], kwargs)
-                try:
-                    conn.send((returned, value, seconds))
-                except Exception as exc:  # noqa: BLE001 - pickling the value failed before anything was sent
-                    conn.send((False, f"returned a {type(value).__name__} that cannot be sent back: {exc}", seconds))
+            for k, kwargs in chunk:
+                outbox.put(_call(functions[k], kwargs))
+            outbox.flush()
     finally:
         _kill_group()
+
+
+class _Outbox:
+    """A worker's answers on their way to the parent: a thread sends what has accumulated every
+    :data:`ANSWER_EVERY_S` (and at once on :meth:`flush`), so an answer held back never waits on the next call,
+    which may hang; the parent times that call from the answers it got last."""
+
+    def __init__(self, conn: Connection):
+        self.conn, self.held = conn, []
+        self.lock, self.wake = threading.Lock(), threading.Event()
+        threading.Thread(target=self._send_forever, daemon=True, name="answers").start()
+
+    def put(self, answer: tuple[bool, Any, float]) -> None:
+        with self.lock:
+            self.held.append(answer)
+
+    def flush(self) -> None:
+        self.wake.set()
+
+    def _send_forever(self) -> None:
+        while True:
+            self.wake.wait(ANSWER_EVERY_S)
+            self.wake.clear()
+            with self.lock:  # held while sending: answers leave in the order they were made
+                if self.held:
+                    _send_answers(self.conn, self.held)
+                    self.held = []
+
+
+def _send_answers(conn: Connection, answers: list[tuple[bool, Any, float]]) -> None:
+    try:
+        conn.send(answers)
+    except Exception:  # noqa: BLE001 - pickling a value failed before anything was sent: find it, send the rest
+        for returned, value, seconds in answers:
+            try:
+                conn.send([(returned, value, seconds)])
+            except Exception as exc:  # noqa: BLE001
+                why = f"returned a {type(value).__name__} that cannot be sent back: {exc}"
+                conn.send([(False, why, seconds)])
 
 
 def _call(fn: Callable[..., Any], kwargs: dict[str, Any]) -> tuple[bool, Any, float]:
