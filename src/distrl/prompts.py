@@ -25,45 +25,47 @@ from distrl.rewards import RewardScores, RewardSet
 PROMPT = "prompt"
 
 
-class PromptDataset:
-    """The lines of a JSONL prompt file, in the run's order of prompts."""
+class JsonlRows:
+    """The JSON objects of a JSONL file, one per non-empty line, read in the run's order of positions.
+
+    Position ``j`` reads row ``permutation_e[j % n]`` of epoch ``e = j // n``, a permutation keyed by (seed, e), so
+    any worker can be handed any position and a resumed run reads what the uninterrupted one would have.
+    """
+
+    what = "rows"
+    """What the lines hold, for messages."""
+    line = "a JSON object"
+    """What one line must be, for messages."""
 
     def __init__(self, path: str, seed: int = 0):
         self.path = path
         self.seed = seed
-        file = Path(path)
         if not path:
-            raise ConfigError("dataset='' is not allowed: must be a JSONL file of prompts (--dataset FILE)")
-        if not file.is_file():
-            raise ConfigError(f"dataset={path!r} is not a file: must be a JSONL file of prompts")
+            raise ConfigError(f"dataset='' is not allowed: must be a JSONL file of {self.what} (--dataset FILE)")
+        if not Path(path).is_file():
+            raise ConfigError(f"dataset={path!r} is not a file: must be a JSONL file of {self.what}")
         self.rows: list[dict[str, Any]] = []
         self.lines: list[int] = []
         """The file's line number of each row (1-based), for error messages."""
-        with file.open(encoding="utf-8") as f:
+        with open(path, encoding="utf-8") as f:
             for number, text in enumerate(f, start=1):
                 if text.strip():
-                    self.rows.append(_parse_line(path, number, text))
+                    where = f"dataset={path!r} line {number}"
+                    self.rows.append(self.check(where, _json_object(where, text, self.line)))
                     self.lines.append(number)
         if not self.rows:
-            raise ConfigError(f"dataset={path!r} holds no prompts: must have one JSON object per line")
+            raise ConfigError(f"dataset={path!r} holds no {self.what}: must have one JSON object per line")
         self._epochs: dict[int, np.ndarray] = {}
+
+    def check(self, where: str, row: dict[str, Any]) -> dict[str, Any]:
+        """A line's object as the rows' user needs it, or a ConfigError that starts with ``where``."""
+        return row
 
     def __len__(self) -> int:
         return len(self.rows)
 
-    def require_fields(self, needs: dict[str, tuple[str, ...]]) -> None:
-        """Every line must have the fields each reward requires (reward name → fields)."""
-        for reward, fields in needs.items():
-            for row, number in zip(self.rows, self.lines):
-                missing = [name for name in fields if name not in row]
-                if missing:
-                    raise ConfigError(
-                        f"dataset={self.path!r} line {number} has no field {missing[0]!r}, which "
-                        f"reward {reward!r} needs (its fields: {', '.join(sorted(row))})"
-                    )
-
     def row_indices(self, positions: np.ndarray) -> np.ndarray:
-        """The row read at each of the run's prompt positions."""
+        """The row read at each of the run's positions."""
         n = len(self.rows)
         out = np.empty(len(positions), dtype=np.int64)
         for i, position in enumerate(positions):
@@ -83,33 +85,53 @@ class PromptDataset:
         return self._epochs[epoch]
 
 
-def _parse_line(path: str, number: int, text: str) -> dict[str, Any]:
-    where = f"dataset={path!r} line {number}"
+def _json_object(where: str, text: str, line: str) -> dict[str, Any]:
     try:
         row = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ConfigError(f"{where} is not JSON ({exc.msg} at column {exc.colno})") from None
     if not isinstance(row, dict):
-        raise ConfigError(f"{where} is a {type(row).__name__}: must be a JSON object with a {PROMPT!r} field")
-    if PROMPT not in row:
-        raise ConfigError(f"{where} has no {PROMPT!r} field (its fields: {', '.join(sorted(row)) or 'none'})")
-    prompt = row[PROMPT]
-    if isinstance(prompt, list):
-        for message in prompt:
-            if not (
-                isinstance(message, dict)
-                and isinstance(message.get("role"), str)
-                and isinstance(message.get("content"), str)
-            ):
-                raise ConfigError(
-                    f"{where}: a chat prompt must be a list of {{'role': str, 'content': str}} "
-                    f"messages, not {json.dumps(message)[:80]}"
-                )
-    elif not isinstance(prompt, str):
-        raise ConfigError(
-            f"{where}: {PROMPT!r} is a {type(prompt).__name__}: must be a string or a list of chat messages"
-        )
+        raise ConfigError(f"{where} is a {type(row).__name__}: must be {line}")
     return row
+
+
+class PromptDataset(JsonlRows):
+    """The lines of a JSONL prompt file, in the run's order of prompts: each has a ``prompt``."""
+
+    what = "prompts"
+    line = f"a JSON object with a {PROMPT!r} field"
+
+    def check(self, where: str, row: dict[str, Any]) -> dict[str, Any]:
+        if PROMPT not in row:
+            raise ConfigError(f"{where} has no {PROMPT!r} field (its fields: {', '.join(sorted(row)) or 'none'})")
+        prompt = row[PROMPT]
+        if isinstance(prompt, list):
+            for message in prompt:
+                if not (
+                    isinstance(message, dict)
+                    and isinstance(message.get("role"), str)
+                    and isinstance(message.get("content"), str)
+                ):
+                    raise ConfigError(
+                        f"{where}: a chat prompt must be a list of {{'role': str, 'content': str}} "
+                        f"messages, not {json.dumps(message)[:80]}"
+                    )
+        elif not isinstance(prompt, str):
+            raise ConfigError(
+                f"{where}: {PROMPT!r} is a {type(prompt).__name__}: must be a string or a list of chat messages"
+            )
+        return row
+
+    def require_fields(self, needs: dict[str, tuple[str, ...]]) -> None:
+        """Every line must have the fields each reward requires (reward name → fields)."""
+        for reward, fields in needs.items():
+            for row, number in zip(self.rows, self.lines):
+                missing = [name for name in fields if name not in row]
+                if missing:
+                    raise ConfigError(
+                        f"dataset={self.path!r} line {number} has no field {missing[0]!r}, which "
+                        f"reward {reward!r} needs (its fields: {', '.join(sorted(row))})"
+                    )
 
 
 class TextTask:

@@ -42,16 +42,15 @@ without one) and its other fields.
 from __future__ import annotations
 
 import inspect
-import json
 import math
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
 from distrl.config import ConfigError
 from distrl.env_names import import_attr
+from distrl.prompts import JsonlRows
 from distrl.rewards import RewardScores, RewardSet
 from distrl.streams import KeyedStreams
 from distrl.text_env_adapters import ReasoningGymTasks, TextArenaGames
@@ -180,56 +179,19 @@ def _user_factory(name: str, kwargs: dict[str, Any]) -> Callable[[], Any]:
 # ---- rows ----
 
 
-class EnvRows:
-    """The lines of a JSONL file of rows (JSON objects), in the run's order of positions."""
+class EnvRows(JsonlRows):
+    """The lines of a JSONL file of rows (JSON objects) that ``reset`` reads, in the run's order of positions."""
 
-    def __init__(self, path: str, seed: int = 0):
-        self.path, self.seed = path, seed
-        if not Path(path).is_file():
-            raise ConfigError(f"dataset={path!r} is not a file: must be a JSONL file of rows (JSON objects)")
-        self.rows: list[dict[str, Any]] = []
-        self.lines: list[int] = []
-        """The file's line number of each row (1-based), for messages."""
-        with open(path, encoding="utf-8") as f:
-            for number, text in enumerate(f, start=1):
-                if text.strip():
-                    self.rows.append(_parse_row(path, number, text))
-                    self.lines.append(number)
-        if not self.rows:
-            raise ConfigError(f"dataset={path!r} holds no rows: must have one JSON object per line")
-        self._epochs: dict[int, np.ndarray] = {}
+    what = "rows (JSON objects)"
 
-    def __len__(self) -> int:
-        return len(self.rows)
-
-    def indices(self, positions: np.ndarray) -> list[int]:
-        """Position ``j`` reads row ``permutation_e[j % n]`` of epoch ``e = j // n``, a permutation keyed by (seed, e)."""
-        out = []
-        for position in positions:
-            epoch, offset = divmod(int(position), len(self.rows))
-            if epoch not in self._epochs:
-                if len(self._epochs) > 4:
-                    self._epochs.clear()
-                self._epochs[epoch] = np.random.default_rng([self.seed, epoch, SEED_TAG]).permutation(len(self.rows))
-            out.append(int(self._epochs[epoch][offset]))
-        return out
-
-
-def _parse_row(path: str, number: int, text: str) -> dict[str, Any]:
-    where = f"dataset={path!r} line {number}"
-    try:
-        row = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{where} is not JSON ({exc.msg} at column {exc.colno})") from None
-    if not isinstance(row, dict):
-        raise ConfigError(f"{where} is a {type(row).__name__}: must be a JSON object")
-    taken = [name for name in SET_FIELDS if name in row]
-    if taken:
-        raise ConfigError(
-            f"{where} has a field {taken[0]!r}, which distrl sets for reset (the episode's seed and the rollout's "
-            "place in its group): rename it"
-        )
-    return row
+    def check(self, where: str, row: dict[str, Any]) -> dict[str, Any]:
+        taken = [name for name in SET_FIELDS if name in row]
+        if taken:
+            raise ConfigError(
+                f"{where} has a field {taken[0]!r}, which distrl sets for reset (the episode's seed and the "
+                "rollout's place in its group): rename it"
+            )
+        return row
 
 
 def episode_seeds(seed: int, positions: np.ndarray) -> list[int]:
@@ -284,7 +246,7 @@ class TextEnvTask:
     def prompts(self, positions: np.ndarray) -> list[dict[str, Any]]:
         """The rows at these positions (what ``reset`` reads, less the seed and member)."""
         if self.rows is not None:
-            return [self.rows.rows[i] for i in self.rows.indices(positions)]
+            return [self.rows.rows[i] for i in self.rows.row_indices(positions)]
         return [{"index": int(p)} for p in positions]
 
     def eval_positions(self, most: int) -> np.ndarray:
@@ -312,7 +274,7 @@ class TextEnvTask:
             return RewardScores(np.zeros((len(texts), 0), dtype=np.float32))
         rows = [row for row in self.prompts(positions) for _ in range(group_size)]
         if self.rows is not None:
-            lines = [f"dataset line {self.rows.lines[i]}" for i in self.rows.indices(positions)]
+            lines = [f"dataset line {self.rows.lines[i]}" for i in self.rows.row_indices(positions)]
         else:
             lines = [f"row {int(p)}" for p in positions]
         labels = [f"{line} (episode {j + 1} of {group_size})" for line in lines for j in range(group_size)]
