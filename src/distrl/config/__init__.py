@@ -8,7 +8,6 @@ is allowed, so the command line can print it as one line and exit with status 2.
 from distrl.config.algos import (
     ALGO_CONFIGS,
     ActorCriticNet,
-    GRPOConfig,
     PPOConfig,
     REINFORCEConfig,
     SACConfig,
@@ -38,6 +37,7 @@ from distrl.config.base import (
     to_dict,
 )
 from distrl.config.dqn import DQNConfig
+from distrl.config.grpo import GRPOConfig
 from distrl.config.run import RunConfig, StrategyConfig, parse_env_kwargs, scaled
 from distrl.config.vtrace import APPOConfig, IMPALAConfig
 

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 import tyro
 
-from distrl.config.algos import GRPOConfig, REINFORCEConfig, SACConfig
+from distrl.config.algos import REINFORCEConfig, SACConfig
 from distrl.config.base import (
     ActionMask,
     AgentPolicies,
@@ -29,6 +29,7 @@ from distrl.config.base import (
     require_positive,
 )
 from distrl.config.dqn import DQNConfig
+from distrl.config.grpo import GRPOConfig
 
 EVAL_STEPS_PER_STEP = 2
 """The default cap on an evaluation's steps, per training step: an evaluation step does no update and costs
