@@ -133,12 +133,11 @@ def test_bad_multiagent_input_is_one_line_exit_2(tmp_path, capsys, args, message
     assert code == 2 and message in err and err.count("\n") == 1
 
 
-def test_per_agent_networks_with_a_recurrent_core_are_refused_for_now():
-    with pytest.raises(ConfigError, match="not allowed with core='lstm' yet"):
-        OnPolicyTrainer(
-            RunConfig(env="distrl_macoop:unlike", quiet=True, agent_policies="per-agent"),
-            PPOConfig(n_envs=1, n_steps=8, batch_size=8, core="lstm"),
-        )
+def test_the_centralised_critic_refuses_a_policy_that_returns_head_and_value_itself():
+    # an encoder becomes the actor's (tests/test_multiagent_nets.py); a whole network would read the state in its actor
+    run = RunConfig(env="distrl_macoop:unlike", quiet=True, critic="centralised", policy="distrl_manets:CueNet")
+    with pytest.raises(ConfigError, match="critic=centralised is not allowed with policy='distrl_manets:CueNet'"):
+        OnPolicyTrainer(run, PPOConfig(n_envs=1, n_steps=8, batch_size=8))
 
 
 def test_a_shared_recurrent_policy_trains_on_the_agents_rows(tmp_path):

@@ -27,13 +27,13 @@ from distrl.masks import reader_for
 from distrl.nets.actor_critic import ActorCritic
 from distrl.nets.agent import Agent
 from distrl.nets.causal_lm import CausalLMPolicy
-from distrl.nets.encoders import ActorCriticModule, make_encoder
+from distrl.nets.encoders import make_encoder
 from distrl.nets.group_policy import CategoricalPolicy
 from distrl.nets.lora import LoraSettings
 from distrl.nets.module import ModuleAgent
 from distrl.nets.multiagent import AgentSetup, multiagent_module
 from distrl.nets.q import QMLP, ModuleQ, QHeadModule
-from distrl.nets.recurrent import RecurrentActorCritic, RecurrentAgent, RecurrentCore, is_recurrent
+from distrl.nets.recurrent import RecurrentAgent, is_recurrent, with_heads
 from distrl.nets.sac import SquashedGaussianActor, TwinQ
 from distrl.nets.sac_module import ModuleSquashedActor, ModuleTwinQ, SACActorModule, TwinQModule
 from distrl.spaces import action_spec, check_observation_space, is_image, is_vector
@@ -112,42 +112,114 @@ def build_module(
     """The network of the module path: the user's (seeded with ``seed``), or the built-in encoder and heads.
 
     A user's module either returns ``(head, value)`` itself, or has an integer ``features_dim``
-    attribute and is used as the encoder in front of distrl's heads.
+    attribute and is used as the encoder in front of distrl's heads. ``agents``: a multi-agent run's
+    policies and critic (see :func:`_multiagent_network`).
     """
-    spec = action_spec(action_space)
-    core = cfg.core
     source = resolve_policy(policy)
     with seeded_layers(seed):  # the user's layers and distrl's heads alike
-        several = None
-        if agents is not None:
-            args = (tuple(cfg.net_arch), cfg.activation, cfg.encoder, agents)
-            several = multiagent_module(observation_space, spec.head_size, *args)
-        if several is not None:
-            if source is not None or cfg.core != "none":
-                raise ConfigError(
-                    "agent_policies=per-agent, agent_groups and critic=centralised are not allowed with "
-                    + ("a policy module" if source is not None else f"core={cfg.core!r}")
-                    + " yet: use one shared policy with a local critic"
-                )
-            if cfg.ortho_init:
-                several.init_orthogonal(torch.Generator().manual_seed(seed))  # type: ignore[operator]
-            return several
-        if source is None:
-            net = _with_heads(make_encoder(observation_space, cfg.encoder), spec.head_size, cfg)
-            if cfg.ortho_init:
-                net.init_orthogonal(torch.Generator().manual_seed(seed))
-            return net
-        if not isinstance(source, nn.Module):
-            args = (observation_space, action_space, cfg)
-            require_callable_as("policy", _name(policy), source, args, FACTORY_SHAPE)
-        module = source if isinstance(source, nn.Module) else source(observation_space, action_space, cfg)
-        if not isinstance(module, nn.Module):
-            raise ConfigError(f"policy={_name(policy)} returned {type(module).__name__}, not a torch.nn.Module")
-        if isinstance(getattr(module, "features_dim", None), (int, np.integer)) and not is_recurrent(module):
-            return _with_heads(module, spec.head_size, cfg)
-    if core != "none" and not is_recurrent(module):
+        if agents is not None and not agents.one_network:
+            net = _multiagent_network(observation_space, action_space, cfg, policy, agents)
+        elif source is None:
+            net = _with_heads(make_encoder(observation_space, cfg.encoder), action_spec(action_space).head_size, cfg)
+        else:
+            return _user_network(observation_space, action_space, cfg, policy, source)
+    if source is None and cfg.ortho_init:
+        net.init_orthogonal(torch.Generator().manual_seed(seed))  # type: ignore[operator]
+    return net
+
+
+def _multiagent_network(
+    observation_space: spaces.Space,
+    action_space: spaces.Space,
+    cfg: ActorCriticNet,
+    policy: PolicySource,
+    agents: AgentSetup,
+) -> nn.Module:
+    """Networks per group of agents and/or the centralised critic (see :mod:`distrl.nets.multiagent`), built
+    inside :func:`seeded_layers`: each group's is what one shared network would be, distrl's or the user's.
+
+    A user's factory or class is called once per group, in the groups' order, so the groups start from
+    different weights that depend on the seed alone; a module instance is copied into each group. Under the
+    centralised critic the user's module must be an encoder: it becomes the actor's, fed every part of the row
+    but the global state, and the critic stays distrl's network of the state and the agent's index. As for a
+    single network, ``ortho_init`` applies to distrl's networks alone: with a user's module every layer keeps
+    torch's initialisation.
+    """
+    source = resolve_policy(policy)
+
+    def own_source() -> nn.Module | Callable[..., nn.Module]:
+        assert source is not None
+        return copy.deepcopy(source) if isinstance(source, nn.Module) else source
+
+    def network() -> nn.Module:
+        return _user_network(observation_space, action_space, cfg, policy, own_source())
+
+    def actor_encoder(actor_space: spaces.Dict) -> nn.Module:
+        module = _user_module(actor_space, action_space, cfg, policy, own_source())
+        if not _is_encoder(module):
+            raise ConfigError(
+                f"critic=centralised is not allowed with policy={_name(policy)}: it returns (head, value) itself; "
+                "give it an integer features_dim (it then encodes each agent's own observation for the actor, "
+                "and distrl's critic reads the global state)"
+            )
+        return module
+
+    user = source is not None
+    built = multiagent_module(
+        observation_space,
+        action_spec(action_space).head_size,
+        tuple(cfg.net_arch),
+        cfg.activation,
+        cfg.encoder,
+        agents,
+        cfg.core,
+        cfg.core_size,
+        network=network if user else None,
+        actor_encoder=actor_encoder if user else None,
+    )
+    assert built is not None, "one shared policy with a local critic is distrl's single network"
+    return built
+
+
+def _user_module(
+    observation_space: spaces.Space,
+    action_space: spaces.Space,
+    cfg: ActorCriticNet,
+    policy: PolicySource,
+    source: nn.Module | Callable[..., nn.Module],
+) -> nn.Module:
+    """The module ``source`` is or makes for these spaces (a one-line error for a factory of the wrong shape or
+    one that returns something else than a ``torch.nn.Module``)."""
+    if isinstance(source, nn.Module):
+        return source
+    args = (observation_space, action_space, cfg)
+    require_callable_as("policy", _name(policy), source, args, FACTORY_SHAPE)
+    module = source(*args)
+    if not isinstance(module, nn.Module):
+        raise ConfigError(f"policy={_name(policy)} returned {type(module).__name__}, not a torch.nn.Module")
+    return module
+
+
+def _is_encoder(module: nn.Module) -> bool:
+    """Whether a user's module is an encoder that distrl puts its heads on (an integer ``features_dim``, not
+    recurrent), rather than a network that returns ``(head, value)`` itself."""
+    return isinstance(getattr(module, "features_dim", None), (int, np.integer)) and not is_recurrent(module)
+
+
+def _user_network(
+    observation_space: spaces.Space,
+    action_space: spaces.Space,
+    cfg: ActorCriticNet,
+    policy: PolicySource,
+    source: nn.Module | Callable[..., nn.Module],
+) -> nn.Module:
+    """The user's module with distrl's heads (and ``cfg.core``) on it when it is an encoder, else as it is."""
+    module = _user_module(observation_space, action_space, cfg, policy, source)
+    if _is_encoder(module):
+        return _with_heads(module, action_spec(action_space).head_size, cfg)
+    if cfg.core != "none" and not is_recurrent(module):
         raise ConfigError(
-            f"core={core!r} is not allowed with policy={_name(policy)}: it returns (head, value) itself; "
+            f"core={cfg.core!r} is not allowed with policy={_name(policy)}: it returns (head, value) itself; "
             "give it an integer features_dim (distrl adds the core and heads), or make it recurrent "
             "(forward(obs, state, episode_starts) and initial_state(batch_size), see distrl.nets.recurrent)"
         )
@@ -156,16 +228,7 @@ def build_module(
 
 def _with_heads(encoder: nn.Module, head_size: int, cfg: ActorCriticNet) -> nn.Module:
     """distrl's heads on ``encoder``, with the recurrent core ``cfg.core`` between them if any."""
-    core = cfg.core
-    if core == "none":
-        return ActorCriticModule(encoder, head_size, tuple(cfg.net_arch), cfg.activation)
-    return RecurrentActorCritic(
-        encoder,
-        RecurrentCore(core, int(encoder.features_dim), cfg.core_size),
-        head_size,
-        tuple(cfg.net_arch),
-        cfg.activation,
-    )
+    return with_heads(encoder, head_size, tuple(cfg.net_arch), cfg.activation, cfg.core, cfg.core_size)
 
 
 def make_agent(

@@ -125,6 +125,22 @@ class RecurrentActorCritic(ActorCriticModule):
         self.core.init_orthogonal(generator)
 
 
+def with_heads(
+    encoder: nn.Module,
+    head_size: int,
+    net_arch: tuple[int, ...],
+    activation: str,
+    core: str = "none",
+    core_size: int = 128,
+) -> ActorCriticModule:
+    """distrl's policy and value heads on ``encoder`` (which has an integer ``features_dim``), with a recurrent
+    core between them unless ``core`` is "none" (an lstm or gru of ``core_size`` units)."""
+    if core == "none":
+        return ActorCriticModule(encoder, head_size, net_arch, activation)
+    rnn = RecurrentCore(core, int(encoder.features_dim), core_size)  # type: ignore[arg-type]
+    return RecurrentActorCritic(encoder, rnn, head_size, net_arch, activation)
+
+
 def is_recurrent(module: nn.Module) -> bool:
     return callable(getattr(module, "initial_state", None))
 
