@@ -157,7 +157,7 @@ class SplitActorCritic(nn.Module):
 
 class RecurrentSplitActorCritic(SplitActorCritic):
     """:class:`SplitActorCritic` under the recurrent module contract, with a core for the actor and another for
-    the critic, as MAPPO's recurrent networks have (its code keeps ``rnn_states`` and ``rnn_states_critic``):
+    the critic, as MAPPO's recurrent networks have (Yu et al. 2022):
     the actor remembers only what it saw, the critic what the global state showed. A row's state is the actor
     core's tensors followed by the critic core's."""
 
