@@ -20,7 +20,7 @@ import gymnasium as gym
 
 from distrl.config import ConfigError, RunConfig, parse_env_kwargs, require_callable_as
 from distrl.pettingzoo_envs import is_multiagent
-from distrl.selfplay import is_two_player_game
+from distrl.selfplay import is_turn_based_game
 
 SHORT_NAMES = {
     "cartpole": "CartPole-v1",
@@ -77,7 +77,7 @@ def resolve_env_id(name: str) -> str:
             "process that trained this run, and the run does not record which (runs saved before "
             f"distrl recorded entry points): name it, e.g. --env mypkg.envs:{class_name}"
         )
-    if is_multiagent(name) or is_two_player_game(name):  # PettingZoo envs: distrl builds them, not Gymnasium
+    if is_multiagent(name) or is_turn_based_game(name):  # PettingZoo envs: distrl builds them, not Gymnasium
         return name
     if ":" in name:
         return _register_custom(name)

@@ -38,7 +38,7 @@ from distrl.env_names import (
 from distrl.masks import has_mask_key
 from distrl.multiagent import ParallelAgents, agent_returns, parallel_vector_env
 from distrl.pettingzoo_envs import is_multiagent, make_parallel_env
-from distrl.selfplay import TwoPlayerGame, aec_factory, is_two_player_game
+from distrl.selfplay import TurnBasedGame, aec_factory, is_turn_based_game
 from distrl.spaces import DictLayout
 
 if TYPE_CHECKING:
@@ -72,8 +72,8 @@ def make_single_env(
             env = make_atari(env_id, dict(env_kwargs or {}), training=not evaluation, render_mode=render_mode)
         elif remembered(env_id) is not None:
             env = remembered(env_id)(**kwargs)
-        elif is_two_player_game(env_id):  # one seat of a turn-based game; the other moves inside step
-            env = TwoPlayerGame(aec_factory(env_id, dict(env_kwargs or {})))
+        elif is_turn_based_game(env_id):  # one seat of a turn-based game; the others move inside step
+            env = TurnBasedGame(aec_factory(env_id, dict(env_kwargs or {})))
         else:
             env = gym.make(env_id, **kwargs)
     except TypeError as exc:

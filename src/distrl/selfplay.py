@@ -1,18 +1,23 @@
-"""Two-player turn-based games (PettingZoo AEC) from one seat, and self-play against a pool of past policies.
+"""Turn-based games (PettingZoo AEC) from one seat, and self-play against a pool of past policies.
 
-:class:`TwoPlayerGame` is a Gymnasium env: the learner plays one seat of a PettingZoo AEC game (tic-tac-toe,
-connect four), the seats alternating from game to game, and an opponent moves for the other seat inside
-``step``. The learner's reward is its own (+1 win, -1 loss, 0 draw in the classic games); observations keep
-the game's Dict with its ``action_mask``, so the masks apply (:mod:`distrl.masks`). Because the game is an
-ordinary env to distrl, every algorithm, strategy and evaluation path plays it unchanged.
+:class:`TurnBasedGame` is a Gymnasium env: the learner plays one seat of a PettingZoo AEC game of two players or
+more (tic-tac-toe, connect four), one seat further on each game, and an opponent moves for every other seat
+inside ``step``. The learner's reward is its own (+1 win, -1 loss, 0 draw in the classic games); observations
+keep the game's Dict with its ``action_mask``, so the masks apply (:mod:`distrl.masks`). Because the game is an
+ordinary env to distrl, every algorithm, strategy and evaluation path plays it unchanged. A game is won, drawn
+or lost as the learner's return is positive, zero or negative, which is what winning means in a zero-sum game.
 
-The opponent is :class:`RandomOpponent` (uniform over the legal moves) until a run with ``--self-play``
-attaches a :class:`SnapshotPool`: copies of the learner's own weights taken every ``snapshot_every`` policy
-versions, at most ``opponent_pool`` of them, and the random player. One is sampled for each game,
-uniformly or, as AlphaStar's prioritised fictitious self-play does (Vinyals et al. 2019), with weight
-``(1 - p)^2`` where ``p`` is the learner's win rate against it, so that the opponents it cannot yet beat
-come up more often. Each
-snapshot's record and an Elo rating (learner and snapshots, K = 16, everyone starting at 1000) are kept.
+The opponent is :class:`RandomOpponent` (uniform over the legal moves) until a run with ``--self-play`` attaches
+a :class:`SnapshotPool`: copies of the learner's own weights taken every ``snapshot_every`` policy versions, at
+most ``opponent_pool`` of them, and the random player. Each of the other seats samples its own for each game (a
+three-player game can seat two different copies), uniformly or, as AlphaStar's prioritised fictitious self-play
+does (Vinyals et al. 2019), with weight ``(1 - p)^2`` where ``p`` is the learner's win rate against it, so that
+the opponents it cannot yet beat come up more often. Against each opponent of a game the learner wins, draws or
+loses as its return is above, equal to or below that opponent's seat's when the learner's game ends (in a
+two-player zero-sum game, the game's own result). That result goes into the opponent's record and into Elo
+ratings updated pairwise, the learner against that opponent, once for each opponent of the game (K = 16,
+everyone starting at 1000): comparing returns rather than crediting every opponent with the learner's result
+keeps a learner as strong as its opponents at even odds against each, however many sit at the table.
 """
 
 from __future__ import annotations
@@ -33,12 +38,16 @@ ELO_START = 1000.0
 
 class Opponent(Protocol):
     def begin_game(self, rng: np.random.Generator) -> Any:
-        """Who plays this game (a handle :meth:`act` and :meth:`end_game` get back)."""
+        """Who plays one seat of this game (a handle :meth:`act` and :meth:`end_game` get back); called once for
+        each seat that is not the learner's."""
         ...
 
     def act(self, who: Any, obs: dict[str, np.ndarray], rng: np.random.Generator) -> int: ...
 
-    def end_game(self, who: Any, learner_return: float) -> None: ...
+    def end_game(self, who: Any, margin: float) -> None:
+        """The learner's game is over: ``margin`` is its return minus that of ``who``'s seat (positive when the
+        learner came out ahead of it)."""
+        ...
 
 
 class RandomOpponent:
@@ -50,12 +59,12 @@ class RandomOpponent:
     def act(self, who: Any, obs: dict[str, np.ndarray], rng: np.random.Generator) -> int:
         return int(rng.choice(np.flatnonzero(obs["action_mask"])))
 
-    def end_game(self, who: Any, learner_return: float) -> None:
+    def end_game(self, who: Any, margin: float) -> None:
         pass
 
 
-def is_two_player_game(name: str) -> bool:
-    """Whether ``name`` is a PettingZoo AEC game module of two players ("pettingzoo.classic.tictactoe_v3")."""
+def is_turn_based_game(name: str) -> bool:
+    """Whether ``name`` is a module whose ``env()`` builds a PettingZoo AEC game ("pettingzoo.classic.tictactoe_v3")."""
     if ":" in name or "." not in name:
         return False
     try:
@@ -78,29 +87,46 @@ def aec_factory(name: str, env_kwargs: dict[str, Any]) -> Callable[[], Any]:
     return make
 
 
-class TwoPlayerGame(gym.Env):
-    """One seat of a two-player AEC game; the other seat is ``opponent``'s (see the module docstring)."""
+class TurnBasedGame(gym.Env):
+    """One seat of an AEC game of two players or more; every other seat is ``opponent``'s (see the module
+    docstring).
+
+    The learner's step reward is its reward from its own move plus those it is paid during the other players'
+    moves until its next turn. A player the game has ended for (terminated or truncated while the others play
+    on) is stepped with None, as PettingZoo removes players, and its seat is skipped from then on; the
+    learner's episode ends when its own game does.
+    """
 
     metadata = {"render_modes": []}
 
     def __init__(self, make_game: Callable[[], Any], opponent: Opponent | None = None):
         self.game = make_game()
         self.players = tuple(self.game.possible_agents)
-        if len(self.players) != 2:
-            raise ConfigError(f"a game of {len(self.players)} players is not allowed: self-play needs two")
-        spaces_ = [self.game.observation_space(p) for p in self.players]
-        actions = [self.game.action_space(p) for p in self.players]
-        if spaces_[0] != spaces_[1] or actions[0] != actions[1]:
+        if len(self.players) < 2:
             raise ConfigError(
-                "the two players' observation or action spaces differ, which is not allowed: one policy plays both seats"
+                f"possible_agents={list(self.players)} is not allowed: a turn-based game needs two players or more"
             )
-        self.observation_space, self.action_space = spaces_[0], actions[0]
+        first = self.players[0]
+        observation_space, action_space = self.game.observation_space(first), self.game.action_space(first)
+        unlike = [
+            p
+            for p in self.players[1:]
+            if self.game.observation_space(p) != observation_space or self.game.action_space(p) != action_space
+        ]
+        if unlike:
+            raise ConfigError(
+                f"the observation or action spaces of {', '.join(unlike)} differ from {first}'s, which is not "
+                "allowed: one policy plays every seat"
+            )
+        self.observation_space, self.action_space = observation_space, action_space
         self.opponent: Opponent = opponent if opponent is not None else RandomOpponent()
         self.rng = np.random.default_rng()
         self.games = 0
         self.seat = 0
-        self.who: Any = None
-        self.episode_return = 0.0
+        self.opponents: dict[str, Any] = {}
+        """This game's opponent handle (from ``opponent.begin_game``) for each seat but the learner's."""
+        self.returns: dict[str, float] = {}
+        """Every seat's return so far in this game."""
         self.outcomes = np.zeros(3, np.int64)
         """This env's finished games from the learner's side: wins, draws, losses."""
 
@@ -108,38 +134,49 @@ class TwoPlayerGame(gym.Env):
     def learner(self) -> str:
         return self.players[self.seat]
 
-    def _play_opponent(self) -> float:
-        """The opponent's moves until the learner's turn or the game's end; the learner's reward meanwhile."""
+    def _paid(self) -> float:
+        """Adds the rewards of the game's last move to every seat's return, and gives back the learner's."""
+        for player, reward in self.game.rewards.items():
+            self.returns[player] += float(reward)
+        return float(self.game.rewards[self.learner])
+
+    def _play_others(self) -> float:
+        """The other players' moves until the learner's turn or the end of its game; its reward meanwhile."""
         reward = 0.0
         while not self._over() and self.game.agent_selection != self.learner:
-            obs = self.game.observe(self.game.agent_selection)
-            self.game.step(self.opponent.act(self.who, obs, self.rng))
-            reward += float(self.game.rewards[self.learner])
+            player = self.game.agent_selection
+            if self.game.terminations[player] or self.game.truncations[player]:
+                self.game.step(None)  # PettingZoo's way out for a player whose game has ended
+            else:
+                self.game.step(self.opponent.act(self.opponents[player], self.game.observe(player), self.rng))
+            reward += self._paid()
         return reward
 
     def _over(self) -> bool:
         return bool(self.game.terminations[self.learner] or self.game.truncations[self.learner])
 
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[Any, dict]:
-        if seed is not None:  # env i of a vector env (seeded s + i) starts in seat (s + i) % 2
+        if seed is not None:  # env i of a vector env (seeded s + i) starts in seat (s + i) % players
             self.rng = np.random.default_rng(seed)
-            self.games = seed % 2
+            self.games = seed % len(self.players)
         self.game.reset(seed=seed)
-        self.seat = self.games % 2  # the seats alternate: both are learned and evaluated alike
+        self.seat = self.games % len(self.players)  # the seats take turns: all are learned and evaluated alike
         self.games += 1
-        self.who = self.opponent.begin_game(self.rng)
-        self.episode_return = self._play_opponent()
+        self.opponents = {p: self.opponent.begin_game(self.rng) for p in self.players if p != self.learner}
+        self.returns = dict.fromkeys(self.players, 0.0)
+        self._play_others()
         return self.game.observe(self.learner), {"seat": self.seat}
 
     def step(self, action: Any) -> tuple[Any, float, bool, bool, dict]:
         self.game.step(int(action))
-        reward = float(self.game.rewards[self.learner]) + self._play_opponent()
-        self.episode_return += reward
+        reward = self._paid() + self._play_others()
         done = self._over()
         truncated = bool(self.game.truncations[self.learner]) and not self.game.terminations[self.learner]
         if done:
-            self.outcomes[0 if self.episode_return > 0 else 2 if self.episode_return < 0 else 1] += 1
-            self.opponent.end_game(self.who, self.episode_return)
+            learner_return = self.returns[self.learner]
+            self.outcomes[0 if learner_return > 0 else 2 if learner_return < 0 else 1] += 1
+            for player, who in self.opponents.items():
+                self.opponent.end_game(who, learner_return - self.returns[player])
         return self.game.observe(self.learner), reward, done and not truncated, truncated, {"seat": self.seat}
 
     def close(self) -> None:
@@ -200,11 +237,11 @@ class SnapshotPool:
         noise = np.stack([self.agent.spec.draw_noise(rng, ())])
         return int(np.asarray(self.agent.act(row, noise)).reshape(-1)[0])
 
-    def end_game(self, who: Any, learner_return: float) -> None:
+    def end_game(self, who: Any, margin: float) -> None:
         snapshot = self._find(who)
         if snapshot is None:
             return
-        score = 1.0 if learner_return > 0 else 0.0 if learner_return < 0 else 0.5
+        score = 1.0 if margin > 0 else 0.0 if margin < 0 else 0.5
         snapshot["games"] += 1
         snapshot["wins" if score == 1.0 else "losses" if score == 0.0 else "draws"] += 1
         expected = 1.0 / (1.0 + 10 ** ((snapshot["elo"] - self.learner_elo) / 400.0))
@@ -219,11 +256,11 @@ class SnapshotPool:
         return {"learner_elo": self.learner_elo, "opponents": rows}
 
 
-def games_of(vec_env: Any) -> list[TwoPlayerGame]:
-    """The :class:`TwoPlayerGame` envs inside a distrl vector env (sync or single; async ones are out of reach)."""
+def games_of(vec_env: Any) -> list[TurnBasedGame]:
+    """The :class:`TurnBasedGame` envs inside a distrl vector env (sync or single; async ones are out of reach)."""
     inner = vec_env.env
     envs = inner.envs if hasattr(inner, "envs") else [getattr(inner, "env", None)]
-    return [e.unwrapped for e in envs if e is not None and isinstance(e.unwrapped, TwoPlayerGame)]
+    return [e.unwrapped for e in envs if e is not None and isinstance(e.unwrapped, TurnBasedGame)]
 
 
 def attach_pool(vec_env: Any, make_agent: Callable[[], Any], run: Any) -> SnapshotPool | None:
@@ -234,7 +271,7 @@ def attach_pool(vec_env: Any, make_agent: Callable[[], Any], run: Any) -> Snapsh
     games = games_of(vec_env)
     if not games:
         raise ConfigError(
-            f"self_play is not allowed for env={run.env!r}: it needs a two-player turn-based PettingZoo game (a module "
+            f"self_play is not allowed for env={run.env!r}: it needs a turn-based PettingZoo game (a module "
             "with env(), e.g. pettingzoo.classic.tictactoe_v3) stepped in the training process (--vec auto or sync)"
         )
     pool = SnapshotPool(make_agent(), run.opponent_pool, run.snapshot_every, run.opponent_sampling)
@@ -250,7 +287,7 @@ def self_play_summary(pool: SnapshotPool, vec_env: Any) -> dict[str, Any]:
 
 
 def outcomes(returns: np.ndarray, prefix: str = "final_eval_") -> dict[str, int]:
-    """Wins, draws and losses of a two-player game's episode returns (positive, zero, negative)."""
+    """Wins, draws and losses of a turn-based game's episode returns (positive, zero, negative)."""
     returns = np.asarray(returns)
     return {
         f"{prefix}wins": int((returns > 0).sum()),
@@ -260,7 +297,7 @@ def outcomes(returns: np.ndarray, prefix: str = "final_eval_") -> dict[str, int]
 
 
 class ModelOpponent:
-    """A trained model (``distrl.Model``) playing the other seat."""
+    """A trained model (``distrl.Model``) playing the other seats."""
 
     def __init__(self, model: Any, deterministic: bool = True):
         self.model, self.deterministic = model, deterministic
@@ -272,5 +309,5 @@ class ModelOpponent:
         action, _ = self.model.predict(obs, deterministic=self.deterministic, rng=rng)
         return int(action)
 
-    def end_game(self, who: Any, learner_return: float) -> None:
+    def end_game(self, who: Any, margin: float) -> None:
         pass

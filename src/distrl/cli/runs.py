@@ -77,8 +77,10 @@ class EvalArgs(RunArgs):
     track: tuple[Tracker, ...] = ()
     """With --record: also log the video to the run's tracked runs (wandb, mlflow), as its training did."""
     opponent: str = ""
-    """Two-player games: play whole games against random (uniform legal moves), another run directory or a
-    checkpoint (RUN/checkpoints/step-N), taking each seat in every other game; prints wins, draws and losses."""
+    """Turn-based games: play whole games against random (uniform legal moves), search (a fixed search player:
+    perfect at tic-tac-toe; at connect four alpha-beta 4 moves ahead, search:DEPTH for another depth), another
+    run directory or a checkpoint (RUN/checkpoints/step-N), the run moving on by one seat each game; prints wins,
+    draws and losses."""
 
     @property
     def episodes_to_run(self) -> int:
@@ -156,8 +158,8 @@ def eval_command(argv: list[str]) -> int:
 
 
 def play_against(model: Any, opponent: Any, games: int, deterministic: bool, seed: int | None) -> dict[str, Any]:
-    """``games`` whole games of ``model`` against ``opponent`` (an :class:`Opponent`), ``model`` taking each seat in
-    every other game: its wins, draws and losses, overall and per seat."""
+    """``games`` whole games of ``model`` against ``opponent`` (an :class:`Opponent`, in every other seat), ``model``
+    moving on by one seat each game: its wins, draws and losses, overall and per seat."""
     import numpy as np
 
     from distrl.envs import make_run_env
@@ -170,7 +172,7 @@ def play_against(model: Any, opponent: Any, games: int, deterministic: bool, see
     found = games_of(env)
     if not found:
         env.close()
-        raise ConfigError(f"opponent= is not allowed for env={trainer.env_id!r}: it is not a two-player game")
+        raise ConfigError(f"opponent= is not allowed for env={trainer.env_id!r}: it is not a turn-based game")
     for game in found:
         game.opponent = opponent
     rng = np.random.default_rng(seed)
@@ -179,20 +181,30 @@ def play_against(model: Any, opponent: Any, games: int, deterministic: bool, see
         returns = evaluate(lambda obs, starts: model._act(obs, deterministic, rng, None, starts)[0], env, seed)
     finally:
         env.close()
-    seats = [(seed + i) % 2 for i in range(games)]  # env i starts in seat (seed + i) % 2 and plays one game
-    per_seat = {f"seat_{s + 1}": outcomes(returns[[i for i, x in enumerate(seats) if x == s]], "") for s in (0, 1)}
+    players = len(found[0].players)
+    seats = [(seed + i) % players for i in range(games)]  # env i starts in seat (seed + i) % players, plays one game
+    per_seat = {
+        f"seat_{s + 1}": outcomes(returns[[i for i, x in enumerate(seats) if x == s]], "") for s in range(players)
+    }
     return {**outcomes(returns, ""), "games": len(returns), **per_seat}
 
 
 def _play(model: Any, args: EvalArgs) -> int:
     """``distrl eval RUN --opponent ...``: whole games in both seats, their wins, draws and losses."""
+    from distrl.search_players import SearchOpponent
     from distrl.selfplay import ModelOpponent, RandomOpponent
 
     other = None
-    if args.opponent != "random":
+    opponent: RandomOpponent | SearchOpponent | ModelOpponent
+    if args.opponent == "random":
+        opponent = RandomOpponent()
+    elif args.opponent.partition(":")[0] == "search":
+        trainer = model._trainer
+        opponent = SearchOpponent(trainer.env.single_observation_space, trainer.env_id, _search_depth(args.opponent))
+    else:
         other = RunArgs(args.opponent, trust_code=args.trust_code).load(args.device)
+        opponent = ModelOpponent(other, deterministic=not args.stochastic)
     try:
-        opponent = RandomOpponent() if other is None else ModelOpponent(other, deterministic=not args.stochastic)
         result = play_against(model, opponent, args.episodes_to_run, not args.stochastic, args.seed)
     finally:
         if other is not None:
@@ -210,6 +222,20 @@ def _play(model: Any, args: EvalArgs) -> int:
             f"in {result['games']} games (wins/draws/losses by seat: {seats})"
         )
     return 0
+
+
+def _search_depth(opponent: str) -> int:
+    """The connect four depth of ``--opponent search`` or ``search:DEPTH``."""
+    from distrl.search_players import DEFAULT_DEPTH
+
+    _, colon, depth = opponent.partition(":")
+    if not colon:
+        return DEFAULT_DEPTH
+    if not depth.isdigit() or int(depth) < 1:
+        raise ConfigError(
+            f"opponent={opponent!r} is not allowed: search:DEPTH takes a whole number of moves >= 1, e.g. search:4"
+        )
+    return int(depth)
 
 
 def export_command(argv: list[str]) -> int:
