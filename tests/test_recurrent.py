@@ -112,6 +112,7 @@ def test_the_sequence_gradient_equals_autograd_on_the_plain_loss():
         advantages[rows],
         returns[rows],
         valid[rows],
+        rows,
     )
     algo._minibatch_gradient(mb, 0.2, Sequences(starts, state).select(envs))
     ours = agent.params.grad.clone()

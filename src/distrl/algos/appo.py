@@ -32,6 +32,8 @@ def vtrace_targets(
     by the actor that collected it. A rollout without them was collected by this very network (``single``),
     so ``pi = mu``: the value targets are then GAE(lambda)'s returns, and the advantages GAE(1)'s at lambda 1
     (below 1 they are a TD error plus gamma times the next step's GAE advantage, as the paper defines them).
+    With ``normalize_value`` V-trace runs on the critic's denormalised values (see ``PPOAlgo.denormalized``);
+    the targets' ``values`` are the critic's outputs as they are.
     """
     agent = algo.agent
     T, N = rollout.rewards.shape
@@ -54,7 +56,7 @@ def vtrace_targets(
     targets = vtrace(
         log_rhos,
         rollout.rewards,
-        values,
+        algo.denormalized(values),
         rollout.terminated,
         rollout.truncated,
         rollout.valid,

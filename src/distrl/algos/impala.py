@@ -8,6 +8,8 @@ computed for the learner's current network when the batch is prepared)::
 
 averaged over the batch, one gradient step per batch (``n_epochs`` 1), as RLlib's IMPALA. No ratio
 clipping: the truncated importance weight ``rho_s`` inside ``A_s`` is the whole off-policy correction.
+With ``normalize_value`` V-trace runs on the critic's denormalised values and ``V(x_s) - v_s`` is taken in
+normalised units (:mod:`distrl.algos.value_norm`).
 """
 
 from __future__ import annotations
@@ -74,7 +76,14 @@ class IMPALAAlgo(PPOAlgo):
         """:func:`impala_loss`, with the ratio to the behaviour policy for the statistics (it takes no part)."""
         log_prob, entropy, values = outputs
         loss = impala_loss(
-            log_prob, entropy, values, mb.advantages, mb.returns, mb.valid, self.cfg.vf_coef, self.cfg.ent_coef
+            log_prob,
+            entropy,
+            values,
+            mb.advantages,
+            self.value_targets(mb.returns),
+            mb.valid,
+            self.cfg.vf_coef,
+            self.cfg.ent_coef,
         )
         ratio = (log_prob.detach() - mb.old_log_prob).exp()
         return PPOLoss(loss.loss, loss.policy_loss, loss.value_loss, ratio)

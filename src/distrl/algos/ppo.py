@@ -3,7 +3,8 @@
 Clipped surrogate objective, GAE(lambda) advantages, optional value clipping, entropy
 bonus, and early stopping on Schulman's approx-KL estimator. One ``update`` runs
 ``n_epochs`` passes over a rollout in minibatches; every minibatch goes through the
-strategy's ``Sync`` before the gradient is clipped and Adam steps.
+strategy's ``Sync`` before the gradient is clipped and Adam steps. With ``normalize_value``
+the critic works in normalised units (:mod:`distrl.algos.value_norm`).
 """
 
 from __future__ import annotations
@@ -17,10 +18,13 @@ import torch
 
 from distrl.algos.autodiff import leaves, output_grads
 from distrl.algos.optim import ClippedAdam, FlatOptimizer, linear
+from distrl.algos.policy_stats import STATS, AgentPolicies
+from distrl.algos.value_norm import ValueNormalizer
 from distrl.config import PPOConfig
 from distrl.data.packed import Minibatch, PackedBatch
 from distrl.data.rollout import Rollout, RolloutBatch, Sequences, gae
 from distrl.nets import Agent
+from distrl.nets.multiagent import AgentSetup
 from distrl.nets.recurrent import sequence_minibatch_rows, state_from_numpy
 from distrl.protocols import Sync
 
@@ -31,7 +35,8 @@ class Targets(NamedTuple):
     log_probs: torch.Tensor
     """[T * N] the behaviour policy's log-probs of the actions taken."""
     values: np.ndarray
-    """[T + 1, N] the critic's values the advantages were computed from."""
+    """[T + 1, N] the critic's outputs the advantages were computed from (in normalised units with
+    ``normalize_value``: the advantages come from their denormalised values)."""
     advantages: np.ndarray
     """[T, N] the policy gradient's advantages."""
     returns: np.ndarray
@@ -94,8 +99,8 @@ def ppo_loss(
     return PPOLoss(loss @ valid, policy_loss, value_loss, ratio)
 
 
-# Per-sample statistics summed over valid samples and workers with every minibatch gradient.
-_STATS = ("count", "approx_kl", "clip_fraction", "policy_loss", "value_loss", "entropy")
+_COUNT, _APPROX_KL = STATS.index("count"), STATS.index("approx_kl")
+_VALUE_NORM = "value_norm"  # the normaliser's entries in the algorithm's state: value_norm/<key>
 UPDATE_METRICS = (
     "losses/policy_loss",
     "losses/value_loss",
@@ -110,7 +115,8 @@ UPDATE_METRICS = (
     "charts/learning_rate",
     "charts/clip_range",
 )
-"""What ``update`` returns, in this order (decoupled's trainers send them to the player as one tensor)."""
+"""What ``update`` returns, in this order (decoupled's trainers send them to the player as one tensor); a
+multi-agent run with several policies adds each one's ``losses/<policy>/...`` (see ``algos.policy_stats``)."""
 
 
 class PPOAlgo:
@@ -126,7 +132,20 @@ class PPOAlgo:
         self.agents_per_env = 1
         """Rows per environment (a multi-agent env's agents): a minibatch holds ``batch_size`` environment steps
         of every agent, so the minibatches per epoch do not grow with the agents (MAPPO's fixed num_mini_batch)."""
+        self.policies: AgentPolicies | None = None
+        """A multi-agent run with more than one policy: which policy each agent's rows train, for the
+        statistics ``update`` reports per policy."""
+        self.value_norm = ValueNormalizer() if cfg.normalize_value else None
+        """With ``normalize_value``: the value targets' running statistics, the critic's units."""
         self.reseed(seed, 0, 0)
+
+    def set_agents(self, setup: AgentSetup | None) -> None:
+        """A multi-agent env's agents and their policies (None: a single-agent env); see ``agents_per_env``."""
+        if setup is None:
+            return
+        self.agents_per_env = len(setup.names)
+        if len(setup.groups) > 1:
+            self.policies = AgentPolicies.of_setup(setup)
 
     def reseed(self, seed: int, rank: int, segment: int) -> None:
         """Restart the minibatch shuffling stream from ``(seed, rank, segment)``."""
@@ -177,7 +196,7 @@ class PPOAlgo:
             values = self.critic_values(obs)
         advantages, returns = gae(
             rollout.rewards,
-            values,
+            self.denormalized(values),
             rollout.terminated,
             rollout.truncated,
             rollout.valid,
@@ -191,9 +210,26 @@ class PPOAlgo:
         return Targets(log_probs, values, advantages, returns)
 
     def critic_values(self, obs: torch.Tensor) -> np.ndarray:
-        """The critic's values of rollout observations [T + 1, N, ...] as [T + 1, N]."""
+        """The critic's outputs for rollout observations [T + 1, N, ...] as [T + 1, N] (see :meth:`denormalized`)."""
         rows, n = obs.shape[:2]
         return self.agent.values(obs.reshape(rows * n, *obs.shape[2:])).reshape(rows, n).cpu().numpy()
+
+    def denormalized(self, values: np.ndarray) -> np.ndarray:
+        """The critic's outputs (recorded while acting, or computed here) as values in the returns' units, for
+        GAE or V-trace to bootstrap from, truncated episodes' final observations included: ``z * std + mean``
+        with ``normalize_value``, else as they are."""
+        return values if self.value_norm is None else self.value_norm.denormalize_numpy(values)
+
+    def value_targets(self, returns: torch.Tensor) -> torch.Tensor:
+        """What the critic's output is trained toward: the returns, normalised with ``normalize_value``."""
+        return returns if self.value_norm is None else self.value_norm.normalize(returns)
+
+    def explained_variance(self, packed: PackedBatch) -> float:
+        """The batch's explained variance in the returns' units (the critic's outputs denormalised with the
+        statistics its advantages were computed with: call it before the normaliser's update)."""
+        if self.value_norm is None:
+            return packed.explained_variance()
+        return packed.explained_variance(self.value_norm.denormalize(packed.all_rows().old_values))
 
     def recomputed(self, batch: RolloutBatch) -> RolloutBatch:
         """``batch`` with the current critic's values, and the advantages and returns they give."""
@@ -273,31 +309,40 @@ class PPOAlgo:
         lr = linear(cfg.learning_rate, progress_remaining, cfg.lr_schedule)
         clip_range = linear(cfg.clip_range, progress_remaining, cfg.clip_schedule)
         grad = self.agent.params.grad
-        totals = torch.zeros(len(_STATS), dtype=torch.float64, device=grad.device)  # beside the stats
+        explained_variance = self.explained_variance(packed)
+        if self.value_norm is not None:  # once per update, before any value loss, from every worker's returns
+            everything = packed.all_rows()
+            self.value_norm.update(sync.all_sum(self.value_norm.moments(everything.returns, everything.valid)))
+        # the statistics of all samples, then of each policy's (see algos.policy_stats)
+        groups = 1 + (len(self.policies.names) if self.policies is not None else 0)
+        totals = torch.zeros(groups, len(STATS), dtype=torch.float64, device=grad.device)
         grad_norms: list[float] = []
         approx_kl = 0.0
         stopped_early = False
         for epoch in range(cfg.n_epochs):
             if epoch and repack is not None:
                 packed = repack()
+                explained_variance = self.explained_variance(packed)
             for mb, sequences in self._minibatches(packed, part):
                 stats = self._minibatch_gradient(mb, clip_range, sequences)
                 sync.gradients(grad, stats)
-                count = float(stats[0])
+                summed = stats.view(groups, len(STATS))
+                count = float(summed[0, _COUNT])
                 if count == 0:
                     continue
-                approx_kl = float(stats[1]) / count
+                approx_kl = float(summed[0, _APPROX_KL]) / count
                 if cfg.target_kl is not None and approx_kl > 1.5 * cfg.target_kl:
                     stopped_early = True  # every worker sees the same summed KL: they stop together
                     break
                 grad.div_(count)
                 grad_norms.append(self.optimizer.step(lr))
-                totals += stats
+                totals += summed
             if stopped_early:
                 break
         self.agent.refresh_acting_copy()
-        means = {name: float(totals[i]) / max(float(totals[0]), 1.0) for i, name in enumerate(_STATS)}
-        return dict(
+        samples = float(totals[0, _COUNT])
+        means = {name: float(totals[0, i]) / max(samples, 1.0) for i, name in enumerate(STATS)}
+        metrics = dict(
             zip(
                 UPDATE_METRICS,
                 (
@@ -307,15 +352,18 @@ class PPOAlgo:
                     approx_kl,
                     means["clip_fraction"],
                     float(np.mean(grad_norms)) if grad_norms else 0.0,
-                    packed.explained_variance(),
+                    explained_variance,
                     float(len(grad_norms)),
-                    float(totals[0]),
+                    samples,
                     float(stopped_early),
                     lr,
                     clip_range,
                 ),
             )
         )
+        if self.policies is not None:
+            metrics.update(self.policies.metrics(totals[1:]))
+        return metrics
 
     def _minibatches(self, packed: PackedBatch, part: tuple[int, int] | None) -> Any:
         """One epoch's minibatches in a fresh shuffle, each with its ``Sequences`` (recurrent) or None.
@@ -341,7 +389,8 @@ class PPOAlgo:
     def _minibatch_gradient(self, mb: Minibatch, clip_range: float, sequences: Sequences | None = None) -> torch.Tensor:
         """Put the gradient of the minibatch's :func:`ppo_loss` (summed over valid samples) in the buffer.
 
-        Returns the summed statistics (see ``_STATS``) that travel with the gradient.
+        Returns the summed statistics that travel with the gradient: :data:`~distrl.algos.policy_stats.STATS`
+        over all valid samples, then over each policy's (a multi-agent run with several), flattened.
         """
         agent = self.agent
         if sequences is None:
@@ -359,7 +408,10 @@ class PPOAlgo:
             per_sample = torch.stack(
                 [mb.valid, approx_kl, was_clipped, loss.policy_loss, loss.value_loss, terms.entropy.detach()]
             )
-            return (per_sample @ mb.valid).double()
+            stats = (per_sample @ mb.valid)[None]
+            if self.policies is not None:
+                stats = torch.cat([stats, self.policies.sums(per_sample, mb.valid, mb.rows)])
+            return stats.double().flatten()
 
     def loss(self, outputs: tuple[torch.Tensor, ...], mb: Minibatch, clip_range: float) -> PPOLoss:
         """The minibatch's :func:`ppo_loss` on the network's (log_prob, entropy, values)."""
@@ -369,7 +421,7 @@ class PPOAlgo:
             mb.old_log_prob,
             mb.old_values,
             mb.advantages,
-            mb.returns,
+            self.value_targets(mb.returns),
             mb.valid,
             clip_range,
             cfg.clip_range_vf,
@@ -378,7 +430,17 @@ class PPOAlgo:
         )
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        return self.optimizer.state_dict()
+        """The optimizer's state, and with ``normalize_value`` the normaliser's as ``value_norm/<key>``."""
+        tensors = self.optimizer.state_dict()
+        if self.value_norm is not None:
+            tensors.update({f"{_VALUE_NORM}/{k}": v for k, v in self.value_norm.state_dict().items()})
+        return tensors
 
     def load_state_dict(self, tensors: dict[str, torch.Tensor]) -> None:
+        """What :meth:`state_dict` gave; a checkpoint from before ``normalize_value`` was set (no ``value_norm/``
+        entries) leaves the normaliser's statistics as they are."""
         self.optimizer.load_state_dict(tensors)
+        prefix = f"{_VALUE_NORM}/"
+        stats = {k.removeprefix(prefix): v for k, v in tensors.items() if k.startswith(prefix)}
+        if self.value_norm is not None and stats:
+            self.value_norm.load_state_dict(stats)

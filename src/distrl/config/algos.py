@@ -99,6 +99,11 @@ class PPOConfig(ActorCriticNet):
     """Scale rewards by the running std of the discounted return (saved with the model)."""
     clip_obs: float = 10.0
     """Clip normalised observations to [-clip_obs, clip_obs]."""
+    normalize_value: bool = False
+    """Train the critic in normalised units (MAPPO's value normalisation, Yu et al. 2022, arXiv:2103.01955):
+    a running mean and variance of the value targets (decay 0.99999, debiased) normalise the returns the
+    value loss compares with, and denormalise the critic's outputs wherever values bootstrap, as in GAE,
+    V-trace and truncated episodes; value clipping acts in normalised units. Saved with the model."""
 
     def __post_init__(self) -> None:
         super().__post_init__()

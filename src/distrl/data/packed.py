@@ -21,6 +21,8 @@ class Minibatch(NamedTuple):
     advantages: torch.Tensor
     returns: torch.Tensor
     valid: torch.Tensor
+    rows: torch.Tensor
+    """[B] int64: each sample's row in the batch (``t * N + n``: a multi-agent env's agent is ``n % agents``)."""
 
 
 class PackedBatch:
@@ -65,25 +67,29 @@ class PackedBatch:
         return int(self.data.shape[0])
 
     def rows(self, idx: torch.Tensor) -> Minibatch:
-        return self._split(self.obs.index_select(0, idx), self.data.index_select(0, idx))
+        """The rows ``idx`` [B] (int64, on the batch's device)."""
+        return self._split(self.obs.index_select(0, idx), self.data.index_select(0, idx), idx)
 
     def all_rows(self) -> Minibatch:
         if self._all is None:
-            self._all = self._split(self.obs, self.data)
+            self._all = self._split(self.obs, self.data, torch.arange(self.size, device=self.device))
         return self._all
 
-    def _split(self, obs: torch.Tensor, rows: torch.Tensor) -> Minibatch:
+    def _split(self, obs: torch.Tensor, data: torch.Tensor, idx: torch.Tensor) -> Minibatch:
         a = self.action_columns
-        actions = rows[:, :a].reshape(len(rows), *self.action_shape)
+        actions = data[:, :a].reshape(len(data), *self.action_shape)
         if self.discrete:
             actions = actions.long()
-        log_prob, values, advantages, returns, valid = rows[:, a:].unbind(1)
-        return Minibatch(obs, actions, log_prob, values, advantages, returns, valid)
+        log_prob, values, advantages, returns, valid = data[:, a:].unbind(1)
+        return Minibatch(obs, actions, log_prob, values, advantages, returns, valid, idx)
 
-    def explained_variance(self) -> float:
-        """1 - Var[returns - values] / Var[returns] over valid steps (1 is perfect, <= 0 is useless)."""
+    def explained_variance(self, values: torch.Tensor | None = None) -> float:
+        """1 - Var[returns - values] / Var[returns] over valid steps (1 is perfect, <= 0 is useless).
+
+        ``values`` [B]: the critic's values in the returns' units, where the batch's are not (default: its own).
+        """
         r = self.all_rows()
         mask = r.valid > 0
-        returns, values = r.returns[mask], r.old_values[mask]
+        returns, values = r.returns[mask], (r.old_values if values is None else values)[mask]
         var = float(returns.var()) if returns.numel() > 1 else 0.0
         return float("nan") if var == 0 else 1.0 - float((returns - values).var()) / var

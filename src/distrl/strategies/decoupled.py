@@ -53,6 +53,11 @@ def check_layout(cfg: PPOConfig, strategy: StrategyConfig, world: int) -> None:
             "recompute_advantage=True is not available with --strategy decoupled: its player "
             "computes the advantages once per rollout; use single, ddp or actor-learner"
         )
+    if cfg.normalize_value:
+        raise ConfigError(
+            "normalize_value=True is not available with --strategy decoupled: its player computes the advantages "
+            "with value statistics that only its trainers' updates see; use single, ddp or actor-learner"
+        )
     trainers = world - 1
     if not strategy.share_data and cfg.core != "none":  # shards of whole environment sequences
         if cfg.n_envs % trainers or (cfg.batch_size // trainers) % cfg.n_steps:
@@ -233,7 +238,7 @@ def run_trainer(
         obs_space, action_space, cfg, device, run.seed, run.policy, run.precision, run.action_mask, setup
     )
     algo = PPOAlgo(trainer_config(cfg, strategy, trainers), agent, run.seed)
-    algo.agents_per_env = max(1, len(agents))  # a multi-agent env's rows: n_envs games of every agent
+    algo.set_agents(setup)  # a multi-agent env's rows: n_envs games of every agent
     sync = DistributedSync(device, strategy.timeout_s, group=trainers_group)
     _receive_start_state(
         agent,
