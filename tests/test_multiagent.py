@@ -174,3 +174,32 @@ def test_one_shared_policy_on_vector_observations_takes_the_closed_form_networks
     mappo = OnPolicyTrainer(RunConfig(env="distrl_macoop:symmetric", quiet=True, critic="centralised"), cfg)
     assert not isinstance(mappo.agent, ActorCritic) and "state" in mappo.env.single_observation_space.spaces
     mappo.close()
+
+
+# ---- APPO and IMPALA (V-trace) on multi-agent envs ----
+
+VTRACE = ["--n-envs", "4", "--n-steps", "32", "--batch-size", "128", "--eval-episodes", "8", "--quiet"]
+"""Their own defaults (one epoch, lr 1e-4 for APPO, 5e-4 for IMPALA) but small batches: each learned the unlike task
+to 8.0 by 30,000 steps for every seed tried (0-4 in single, 0-5 in APPO's pipeline), and at 20,000 not for all."""
+
+
+@pytest.mark.parametrize(
+    "algo, strategy",
+    [
+        ("appo", ["--strategy", "single"]),
+        ("impala", ["--strategy", "single"]),
+        pytest.param("appo", ["--strategy", "pipeline", "--workers", "2"], marks=pytest.mark.multiprocess),
+    ],
+    ids=["appo-single", "impala-single", "appo-pipeline"],
+)
+def test_vtrace_algorithms_learn_the_unlike_task_with_per_agent_policies(tmp_path, algo, strategy):
+    # guessing earns 10/3 of the best team return, 8
+    run = tmp_path / "run"
+    args = ["--agent-policies", "per-agent", *VTRACE, "--total-steps", "30000", *strategy, "--run-dir", str(run)]
+    assert main(["train", algo, "distrl_macoop:unlike", *args]) in (0, None)
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["strategy"] == strategy[1] and summary["total_steps"] >= 30000
+    assert summary["final_eval_mean_return"] >= 7.5
+    header, rows = monitor(run)
+    assert header[3:] == ["r_agent_0", "r_agent_1"]
+    np.testing.assert_allclose(rows[:, 3:].sum(1), rows[:, 0], atol=1e-4)

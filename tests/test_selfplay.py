@@ -9,7 +9,7 @@ import torch
 pytest.importorskip("pettingzoo")
 
 from distrl.cli import main  # noqa: E402
-from distrl.selfplay import RandomOpponent, SnapshotPool, TwoPlayerGame, aec_factory, outcomes  # noqa: E402
+from distrl.selfplay import RandomOpponent, SnapshotPool, TurnBasedGame, aec_factory, outcomes  # noqa: E402
 
 TICTACTOE = "pettingzoo.classic.tictactoe_v3"
 
@@ -23,13 +23,13 @@ class FirstLegal(RandomOpponent):
     def act(self, who, obs, rng):
         return int(np.flatnonzero(obs["action_mask"])[0])
 
-    def end_game(self, who, learner_return):
-        self.ended.append(learner_return)
+    def end_game(self, who, margin):
+        self.ended.append(margin)
 
 
 def test_the_learner_alternates_seats_and_the_opponent_moves_inside_step():
     opponent = FirstLegal()
-    game = TwoPlayerGame(aec_factory(TICTACTOE, {}), opponent)
+    game = TurnBasedGame(aec_factory(TICTACTOE, {}), opponent)
     obs, info = game.reset(seed=4)
     assert info["seat"] == 0 and obs["action_mask"].sum() == 9  # first to move: an empty board
     # the learner takes squares 8, 7, 6 (the bottom row); the opponent the lowest free ones: 0, 1, then 2 wins
@@ -40,7 +40,7 @@ def test_the_learner_alternates_seats_and_the_opponent_moves_inside_step():
         if terminated:
             break
     assert rewards == [0.0, 0.0, 1.0] and terminated and not truncated  # the learner's row completes first
-    assert opponent.ended == [1.0] and game.outcomes.tolist() == [1, 0, 0]
+    assert opponent.ended == [2.0] and game.outcomes.tolist() == [1, 0, 0]  # the learner's 1 against its -1
     obs, info = game.reset()
     assert info["seat"] == 1 and obs["action_mask"].sum() == 8  # second: the opponent has already moved
     assert obs["action_mask"][0] == 0  # into the lowest square
@@ -50,7 +50,7 @@ def test_the_learner_alternates_seats_and_the_opponent_moves_inside_step():
 
 def test_the_pool_snapshots_every_k_versions_keeps_the_newest_and_rates_games():
     class Agent:
-        observation_space = TwoPlayerGame(aec_factory(TICTACTOE, {})).observation_space
+        observation_space = TurnBasedGame(aec_factory(TICTACTOE, {})).observation_space
         params = type("P", (), {"data": torch.zeros(3)})()
 
     pool = SnapshotPool(Agent(), size=2, every=5)
@@ -130,4 +130,26 @@ def test_eval_opponent_needs_a_two_player_game(tmp_path, capsys):
     )
     capsys.readouterr()
     assert main(["eval", str(run), "--opponent", "random"]) == 2
-    assert "opponent= is not allowed for env='CartPole-v1': it is not a two-player game" in capsys.readouterr().err
+    assert "opponent= is not allowed for env='CartPole-v1': it is not a turn-based game" in capsys.readouterr().err
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("strategy", ["actor-learner", "pipeline"])
+def test_rollout_workers_report_their_own_pools_to_the_learners_summary(tmp_path, strategy):
+    # each rollout worker plays its games against a pool of its own: summary.json lists every worker's table and
+    # sums their records
+    run = tmp_path / "run"
+    args = ["--strategy", strategy, "--workers", "2", "--n-envs", "2", "--n-steps", "16", "--batch-size", "32"]
+    code = main(
+        ["train", "ppo", TICTACTOE, "--self-play", *args, "--total-steps", "640", "--quiet", "--run-dir", str(run)]
+    )
+    assert code in (0, None)
+    played = json.loads((run / "summary.json").read_text())["self_play"]
+    tables = played["workers"]
+    assert len(tables) == 2
+    for outcome in ("wins", "draws", "losses"):
+        assert played["training_games"][outcome] == sum(table["training_games"][outcome] for table in tables)
+    for table in tables:
+        games = sum(table["training_games"].values())
+        assert games > 0 and sum(opponent["games"] for opponent in table["opponents"]) == games
+        assert table["opponents"][0]["version"] == "random" and len(table["opponents"]) > 1

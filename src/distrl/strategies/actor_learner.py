@@ -36,6 +36,7 @@ from distrl.strategies.actors import (
     Overheads,
     RayActors,
     as_array,
+    ask_each,
     failure_note,
     replace_actor,
     resolve_placements,
@@ -197,6 +198,13 @@ class RolloutWorker:
         size = sum(v.nbytes for v in vars(batch).values() if isinstance(v, np.ndarray))
         return pack({"type": type(batch).__name__, **vars(batch)}) if size < PACKED_RESULT_BYTES else batch
 
+    def self_play_table(self) -> dict[str, Any] | None:
+        """Self-play: this worker's training games record, its learner Elo and its pool's opponents (None without
+        self-play)."""
+        from distrl.selfplay import self_play_summary
+
+        return self_play_summary(self.opponents, self.env) if self.opponents is not None else None
+
     def _log_probs(self, rollout: Rollout) -> np.ndarray:
         import torch
 
@@ -205,6 +213,18 @@ class RolloutWorker:
             obs = torch.from_numpy(rollout.obs[:T].reshape(T * N, *rollout.obs.shape[2:]))
             actions = torch.from_numpy(rollout.actions.reshape(T * N, *rollout.actions.shape[2:]))
             return self.agent.log_prob(obs, actions).numpy().reshape(T, N)
+
+
+def workers_self_play(engine: ActorEngine, actors: list[Any], timeout_s: float) -> dict[str, Any]:
+    """summary.json's ``self_play`` where rollout workers play the training games, each against a pool of its own
+    (actor-learner, pipeline): ``workers``, each worker's table in worker order (see
+    :meth:`RolloutWorker.self_play_table`; ``{"lost": reason}`` for one that did not answer), and
+    ``training_games``, the records of those that answered, summed. A worker restarted during the run reports
+    its replacement's games only."""
+    tables = ask_each(engine, actors, "self_play_table", timeout_s)
+    records = [table["training_games"] for table in tables if "lost" not in table]
+    summed = {outcome: sum(record[outcome] for record in records) for outcome in (records[0] if records else {})}
+    return {"training_games": summed, "workers": tables}
 
 
 def unpack_batch(result: bytes | Rollout | EpisodeBatch) -> Rollout | EpisodeBatch:
@@ -324,8 +344,12 @@ class RemoteCollector:
         return self.overheads.summary()
 
     def finish(self) -> dict[str, Any]:
-        """For summary.json: where each rollout worker ran (every actor it has had, the replaced ones first)."""
-        return {"placement": {"workers": resolve_placements(self.engine, self.places)}}
+        """For summary.json: where each rollout worker ran (every actor it has had, the replaced ones first) and,
+        with self-play, each worker's games and pool (:func:`workers_self_play`)."""
+        figures: dict[str, Any] = {"placement": {"workers": resolve_placements(self.engine, self.places)}}
+        if self.trainer.run.self_play:
+            figures["self_play"] = workers_self_play(self.engine, self.actors, self.strategy.timeout_s)
+        return figures
 
     def close(self) -> None:
         for actor in self.actors:

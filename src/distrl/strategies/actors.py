@@ -134,6 +134,22 @@ def replace_actor(
     places[i].append(engine.call(actors[i], "where"))
 
 
+def ask_each(engine: ActorEngine, actors: list[Any], method: str, timeout_s: float) -> list[Any]:
+    """Call ``method`` on every actor at once and return the answers in actor order, waiting up to ``timeout_s``
+    for them all; an actor that died, raised or did not answer gives ``{"lost": reason}``. For the records
+    summary.json keeps: the end of a run never fails over one of them."""
+    pending = [engine.call(actor, method) for actor in actors]
+    engine.wait(pending, timeout_s)
+    answers = []
+    for call in pending:
+        try:
+            answers.append(engine.result(call, 0.5))
+        except Exception as exc:  # noqa: BLE001 - dead, failed or late: say so, it is a record
+            detail = str(exc).strip().splitlines()[:1]
+            answers.append({"lost": ": ".join([type(exc).__name__, *detail])})
+    return answers
+
+
 def failure_note(engine: ActorEngine, places: list[list[Any]], i: int) -> str:
     """Where actor ``i`` ran, for the line that reports its failure (see :func:`where_note`)."""
     return where_note(resolve_placements(engine, [places[i][-1:]], 0.5)[0][0])

@@ -187,8 +187,11 @@ class AsyncCollector:
 
         Times are over the training loop (``train_s``: collection waits and updates, no evaluation
         or start-up); ``drained_steps`` are the env steps of the fragments drained at the end,
-        which ``total_steps`` does not count.
+        which ``total_steps`` does not count. With self-play, ``self_play`` holds each generator's games and
+        pool (:func:`~distrl.strategies.actor_learner.workers_self_play`), the drained fragments' games included.
         """
+        from distrl.strategies.actor_learner import workers_self_play
+
         for _, fragment in self.pool.drain():
             self._add(fragment)
         self.stats.learner_busy_s = self.trainer.update_s
@@ -200,12 +203,15 @@ class AsyncCollector:
             self.pool.restarted(),
             "fragment",
         )
-        return {
+        figures = {
             **summary,
             "drained_steps": self.pending_env_steps,
             "startup_s": self.startup_s,
             "placement": {"generators": self.pool.placement()},
         }
+        if self.trainer.run.self_play:
+            figures["self_play"] = workers_self_play(self.engine, self.pool.actors, self.strategy.timeout_s)
+        return figures
 
     def close(self) -> None:
         self.pool.close()

@@ -16,11 +16,13 @@ from distrl.algos.appo import APPOAlgo
 from distrl.algos.impala import IMPALAAlgo
 from distrl.algos.optim import FlatOptimizer
 from distrl.algos.ppo import PPOAlgo
+from distrl.algos.value_norm import ValueNormalizer
 from distrl.config import PPOConfig, RunConfig, StrategyConfig
 from distrl.data.normalize import ObsNormalizer, RewardScaler
 from distrl.data.rollout import Rollout, RolloutBatch, RolloutCollector, RolloutSource
 from distrl.nets.agent import Agent
 from distrl.nets.factory import PolicySource, check_agent_spaces
+from distrl.nets.multiagent import agent_setup
 from distrl.protocols import Sync
 from distrl.selfplay import attach_pool, self_play_summary
 from distrl.training.common import TrainerBase
@@ -112,8 +114,13 @@ class OnPolicyTrainer(TrainerBase):
         )
         if collector_factory is not None:
             self.collector = collector_factory(self)
+            # the collector's workers play the training games, each against a pool of its own that it reports at
+            # the end (actor_learner.workers_self_play); this process's pool served to check the env above
+            self.opponents = None
         algo = ON_POLICY_ALGOS[self.algo_name](cfg, self.agent, run.seed)
-        algo.agents_per_env = max(1, len(self.env.agents))
+        algo.set_agents(agent_setup(self.env.agents, run.agent_policies, run.agent_groups, run.critic))
+        self.value_norm = algo.value_norm
+        """With ``normalize_value``: the value statistics, which the start-up broadcast carries."""
         self.algo: OnPolicyUpdate = update_factory(algo) if update_factory is not None else algo
         self.start_segment()
 
@@ -246,15 +253,22 @@ class OnPolicyTrainer(TrainerBase):
 
     @staticmethod
     def start_state(
-        agent: Agent, optimizer: FlatOptimizer, obs_normalizer: ObsNormalizer, reward_scaler: RewardScaler
+        agent: Agent,
+        optimizer: FlatOptimizer,
+        obs_normalizer: ObsNormalizer,
+        reward_scaler: RewardScaler,
+        value_norm: ValueNormalizer | None = None,
     ) -> list[torch.Tensor]:
         """What the start-up broadcast carries, for any holder of these parts (a trainer, or decoupled's
-        trainer ranks): the live parameter and Adam tensors, then one float64 tensor packing the obs and
-        reward statistics (mean, var, count each) and Adam's step count."""
+        trainer ranks): the live parameter and Adam tensors (and value statistics, with ``value_norm``), then
+        one float64 tensor packing the obs and reward statistics (mean, var, count each) and Adam's step count."""
         stats = (obs_normalizer.stats, reward_scaler.stats)
         packed = [np.concatenate([s.mean.ravel(), s.var.ravel(), [s.count]]) for s in stats]
         packed.append(np.array([optimizer.steps], dtype=np.float64))
-        return [agent.params.data, optimizer.exp_avg, optimizer.exp_avg_sq, torch.from_numpy(np.concatenate(packed))]
+        live = [agent.params.data, optimizer.exp_avg, optimizer.exp_avg_sq]
+        if value_norm is not None:
+            live.append(value_norm.state)
+        return [*live, torch.from_numpy(np.concatenate(packed))]
 
     @staticmethod
     def load_start_state(
@@ -263,7 +277,7 @@ class OnPolicyTrainer(TrainerBase):
         obs_normalizer: ObsNormalizer,
         reward_scaler: RewardScaler,
     ) -> None:
-        """Unpack what :meth:`start_state` packed (its first three tensors were received in place)."""
+        """Unpack what :meth:`start_state` packed (the live tensors before its last were received in place)."""
         values, offset = tensors[-1].numpy(), 0
         for stats in (obs_normalizer.stats, reward_scaler.stats):
             size = stats.mean.size
@@ -278,7 +292,9 @@ class OnPolicyTrainer(TrainerBase):
         optimizer.steps = int(values[offset])
 
     def broadcast_tensors(self) -> list[torch.Tensor]:
-        return self.start_state(self.agent, self.algo.optimizer, self.obs_normalizer, self.reward_scaler)
+        return self.start_state(
+            self.agent, self.algo.optimizer, self.obs_normalizer, self.reward_scaler, self.value_norm
+        )
 
     def after_broadcast(self, tensors: list[torch.Tensor]) -> None:
         self.load_start_state(tensors, self.algo.optimizer, self.obs_normalizer, self.reward_scaler)
