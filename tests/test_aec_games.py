@@ -224,3 +224,18 @@ def test_a_game_whose_players_have_unlike_spaces_is_one_line_exit_2(tmp_path, ca
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1, err
     assert "the observation or action spaces of player_2 differ from player_0's" in err
+
+
+@pytest.mark.parametrize(
+    ("name", "players"), [("distrl_aecgames:Knockout", 3), ("distrl_aecgames:two_player_knockout", 2)]
+)
+def test_a_game_named_as_package_module_name_is_a_class_or_a_function(tmp_path, name, players):
+    from distrl.selfplay import is_turn_based_game
+
+    assert is_turn_based_game(name) and not is_turn_based_game("distrl_aecgames:stones")
+    assert len(TurnBasedGame(aec_factory(name, {})).players) == players
+    run = tmp_path / "run"
+    args = ["--n-envs", "2", "--n-steps", "16", "--batch-size", "32", "--total-steps", "64", "--eval-episodes", "4"]
+    assert main(["train", "ppo", name, *args, "--quiet", "--run-dir", str(run)]) in (0, None)
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["final_eval_wins"] + summary["final_eval_draws"] + summary["final_eval_losses"] == 4

@@ -50,16 +50,22 @@ def is_multiagent(name: str) -> bool:
         return False
     if not attr:
         return callable(getattr(module, "parallel_env", None))
+    return names_a(module, attr, pettingzoo.ParallelEnv)
+
+
+def names_a(module: Any, attr: str, kind: type) -> bool:
+    """Whether ``module.attr`` is a subclass of ``kind`` (a PettingZoo env class) or a function that returns an
+    instance of it (called once here, without arguments, to find out)."""
     obj = getattr(module, attr, None)
     if isinstance(obj, type):
-        return issubclass(obj, pettingzoo.ParallelEnv)
+        return issubclass(obj, kind)
     if not inspect.isfunction(obj):
         return False
     try:
         made = obj()
     except Exception:  # noqa: BLE001 - not callable bare: the Gymnasium path reports it
         return False
-    found = isinstance(made, pettingzoo.ParallelEnv)
+    found = isinstance(made, kind)
     if found or isinstance(made, gym.Env):
         made.close()
     return found

@@ -31,6 +31,7 @@ import gymnasium as gym
 import numpy as np
 
 from distrl.config import ConfigError
+from distrl.pettingzoo_envs import names_a
 
 ELO_K = 16.0
 ELO_START = 1000.0
@@ -64,25 +65,34 @@ class RandomOpponent:
 
 
 def is_turn_based_game(name: str) -> bool:
-    """Whether ``name`` is a module whose ``env()`` builds a PettingZoo AEC game ("pettingzoo.classic.tictactoe_v3")."""
-    if ":" in name or "." not in name:
+    """Whether ``name`` builds a PettingZoo AEC game: a module whose ``env()`` builds one
+    ("pettingzoo.classic.tictactoe_v3"), or 'package.module:Name' naming an AECEnv class or a function that
+    returns one (called once here, without arguments, to find out)."""
+    module_name, _, attr = name.partition(":")
+    if "." not in module_name and not attr:
         return False
     try:
+        import pettingzoo
+
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)
-            module = importlib.import_module(name)
+            module = importlib.import_module(module_name)
     except ImportError:
         return False
-    return callable(getattr(module, "env", None)) and not callable(getattr(module, "parallel_env", None))
+    if not attr:
+        return callable(getattr(module, "env", None)) and not callable(getattr(module, "parallel_env", None))
+    return names_a(module, attr, pettingzoo.AECEnv)
 
 
 def aec_factory(name: str, env_kwargs: dict[str, Any]) -> Callable[[], Any]:
-    """A function that builds the AEC game of module ``name`` with ``env_kwargs``."""
+    """A function that builds the AEC game ``name`` (see :func:`is_turn_based_game`) with ``env_kwargs``."""
+    module_name, _, attr = name.partition(":")
 
     def make() -> Any:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)
-            return importlib.import_module(name).env(**env_kwargs)
+            module = importlib.import_module(module_name)
+        return getattr(module, attr or "env")(**env_kwargs)
 
     return make
 

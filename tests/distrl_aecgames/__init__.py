@@ -93,3 +93,10 @@ class Knockout(AECEnv):
 
     def close(self) -> None:
         pass
+
+
+def two_player_knockout() -> AECEnv:
+    """Knock-out Nim for two, from a function (as ``distrl_aecgames:two_player_knockout``)."""
+    from pettingzoo.utils.wrappers import OrderEnforcingWrapper
+
+    return OrderEnforcingWrapper(Knockout(players=2))
