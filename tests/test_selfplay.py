@@ -74,6 +74,8 @@ def test_the_pool_snapshots_every_k_versions_keeps_the_newest_and_rates_games():
     pool.sampling = "uniform"
     assert 0.28 < [pool.begin_game(rng) for _ in range(3000)].count(15) / 3000 < 0.39
     assert outcomes(np.array([1.0, 0.0, -1.0, 1.0]), "") == {"wins": 2, "draws": 1, "losses": 1}
+    pool.random_share = 0.5  # half the seats to the random player outright, the rest uniform over all three
+    assert abs([pool.begin_game(rng) for _ in range(4000)].count("random") / 4000 - (0.5 + 0.5 / 3)) < 0.03
 
 
 def test_self_play_learns_tictactoe_to_lose_far_less_than_a_random_player_in_either_seat(tmp_path, capsys):
@@ -98,10 +100,16 @@ def test_self_play_learns_tictactoe_to_lose_far_less_than_a_random_player_in_eit
     assert result["losses"] <= 0.20 * 400, result
 
 
+TTT = ["train", "ppo", TICTACTOE, "--self-play"]
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
         (["train", "ppo", "CartPole-v1", "--self-play"], "self_play is not allowed for env='CartPole-v1'"),
+        ([*TTT, "--random-opponent-share", "1.5"], "random_opponent_share=1.5 is not allowed: must be in [0, 1]"),
+        ([*TTT, "--snapshot-every", "0"], "snapshot_every=0 is not allowed: must be > 0 updates"),
+        ([*TTT, "--opponent-pool", "-1"], "opponent_pool=-1 is not allowed: must be >= 0"),
     ],
 )
 def test_bad_self_play_input_is_one_line_exit_2(tmp_path, capsys, args, message):

@@ -196,10 +196,13 @@ class TurnBasedGame(gym.Env):
 class SnapshotPool:
     """Past copies of the learner's weights as opponents (see the module docstring); ``agent`` acts with them."""
 
-    def __init__(self, agent: Any, size: int, every: int, sampling: str = "pfsp"):
+    def __init__(self, agent: Any, size: int, every: int, sampling: str = "pfsp", random_share: float = 0.0):
         from distrl.spaces import DictLayout
 
         self.agent, self.size, self.every, self.sampling = agent, size, every, sampling
+        self.random_share = random_share
+        """The share of seats the random player takes outright, before the others are sampled (among all the
+        members, the random player included): a floor on how often the learner meets it."""
         self.layout = DictLayout(agent.observation_space)
         self.snapshots: list[dict[str, Any]] = []
         self.loaded = -1
@@ -226,6 +229,8 @@ class SnapshotPool:
 
     def begin_game(self, rng: np.random.Generator) -> Any:
         members = self.members
+        if self.random_share and rng.random() < self.random_share:
+            return self.baseline["version"]
         if self.sampling == "uniform":
             return members[int(rng.integers(len(members)))]["version"]
         rates = np.array([s["wins"] / s["games"] if s["games"] else 0.5 for s in members])
@@ -284,7 +289,9 @@ def attach_pool(vec_env: Any, make_agent: Callable[[], Any], run: Any) -> Snapsh
             f"self_play is not allowed for env={run.env!r}: it needs a turn-based PettingZoo game (a module "
             "with env(), e.g. pettingzoo.classic.tictactoe_v3) stepped in the training process (--vec auto or sync)"
         )
-    pool = SnapshotPool(make_agent(), run.opponent_pool, run.snapshot_every, run.opponent_sampling)
+    pool = SnapshotPool(
+        make_agent(), run.opponent_pool, run.snapshot_every, run.opponent_sampling, run.random_opponent_share
+    )
     for game in games:
         game.opponent = pool
     return pool

@@ -168,6 +168,9 @@ class RunConfig:
     opponent_sampling: OpponentSampling = "pfsp"
     """Self-play: the opponent of each game, uniformly from the pool or prioritised (pfsp) toward those the
     policy beats least, weight (1 - win rate)^2."""
+    random_opponent_share: float = 0.0
+    """Self-play: the share of games played against the uniformly random player outright, whatever the
+    sampling; the rest are drawn from the whole pool, the random player included."""
     threads: int = 1
     """Intra-op torch threads per process. 1 suits small networks and several workers per machine;
     wide networks (256x256 MLPs, CNNs) gain from more when the process has the cores to itself."""
@@ -195,6 +198,9 @@ class RunConfig:
         require(self.checkpoint_every_s >= 0, "checkpoint_every_s", self.checkpoint_every_s, ">= 0 seconds")
         require(self.keep_checkpoints >= 0, "keep_checkpoints", self.keep_checkpoints, ">= 0 (0: keep all)")
         require(self.eval_every >= 0, "eval_every", self.eval_every, ">= 0")
+        require(self.opponent_pool >= 0, "opponent_pool", self.opponent_pool, ">= 0 (0: the random player alone)")
+        require(self.snapshot_every > 0, "snapshot_every", self.snapshot_every, "> 0 updates")
+        require_fraction(self, "random_opponent_share")
         if self.eval_max_steps is not None:
             require(
                 self.eval_max_steps >= 0,
