@@ -122,12 +122,19 @@ def load_runs() -> list[dict]:
             "config": config,
             "timing_caveat": caveats.get("timing", ""),
             "last100": float(returns[-100:].mean()),
-            "multiagent": any(column.startswith("r_") for column in read_monitor(run_dir / "monitor.csv")),
+            "multiagent": monitor_agents(run_dir / "monitor.csv") > 0,
             "seed": config["run"]["seed"],
         }
         run["settings"] = settings(run)
         runs.append(run)
     return runs
+
+
+def monitor_agents(path: Path) -> int:
+    """How many agents a Monitor file has a return column for (``r_<agent>``, after ``r,l,t``; 0: one agent)."""
+    with path.open() as f:
+        f.readline()  # the JSON header
+        return sum(column.startswith("r_") for column in f.readline().strip().split(","))
 
 
 def settings(run: dict) -> str:
@@ -369,7 +376,7 @@ def spread_at(run: dict, step: int) -> float | None:
     """Mean team return of the last 100 games that ended by agent-step ``step`` (each game step is one step of
     every agent)."""
     data = read_monitor(run["dir"] / "monitor.csv")
-    agents = sum(column.startswith("r_") for column in data)
+    agents = monitor_agents(run["dir"] / "monitor.csv")
     ended = data["r"][np.cumsum(data["l"]) * agents <= step]
     return float(ended[-100:].mean()) if len(ended) and run["summary"]["total_steps"] >= step else None
 

@@ -97,3 +97,25 @@ def test_the_results_page_is_what_the_kept_runs_regenerate():
     assert results.PAGE.read_text() == results.page_text(draw=False), (
         "docs/results.md differs from what `python benchmarks/results.py` writes: run it and commit the page"
     )
+
+
+def test_ppo_on_a_multiagent_env_is_ippo_or_mappo_by_its_critic_and_counts_agent_steps(tmp_path):
+    def spread(name, critic, seed):
+        base = run(name, seed, 60.0, 100.0, -50.0)
+        base["summary"] = {**base["summary"], "algo": "ppo", "env": results.SPREAD, "total_steps": 600}
+        base["config"]["run"]["critic"] = critic
+        base["multiagent"] = True
+        base["dir"] = tmp_path / name
+        base["dir"].mkdir()
+        # 2 agents, 4 games of 50 game steps (100 agent-steps each): team returns -40, -30, -20, -10
+        lines = ['#{"t_start": 0}', "r,l,t,r_a,r_b"] + [f"{r},50,1.0,{r / 2},{r / 2}" for r in (-40, -30, -20, -10)]
+        (base["dir"] / "monitor.csv").write_text("\n".join(lines) + "\n")
+        return base
+
+    ippo, mappo = spread("ippo-s0", "local", 0), spread("mappo-s0", "centralised", 0)
+    assert results.algo_label(ippo) == "IPPO" and results.algo_label(mappo) == "MAPPO"
+    assert results.algo_label(run("sac", 0, 1.0, 1.0, 1.0)) == "SAC"
+    assert results.spread_at(ippo, 250) == -35.0 and results.spread_at(ippo, 400) == -25.0  # games ended by then
+    assert results.spread_at(ippo, 700) is None  # past the run's steps
+    rows = [line.split(" | ") for line in results.learning_table([ippo, mappo])[2:]]
+    assert sorted(row[1] for row in rows) == ["IPPO", "MAPPO"]  # a row each, though both are "custom" settings
