@@ -2,6 +2,7 @@
 
     python benchmarks/selfplay_games.py            # seed 0 of each game; writes docs/results/selfplay.json
     python benchmarks/selfplay_games.py --seeds 0 1 2
+    python benchmarks/selfplay_games.py --games "connect four"   # one game; the other's kept result stays
     python benchmarks/selfplay_games.py --quick    # tiny budgets, prints the table, writes nothing
 
 Each game is trained with ``distrl train ppo GAME --self-play`` and the settings in :data:`GAMES` (one process,
@@ -33,8 +34,8 @@ SHARED = ["--n-envs", "8", "--n-steps", "64", "--batch-size", "128", "--learning
 GAMES: dict[str, dict] = {
     "tic-tac-toe": {
         "env": "pettingzoo.classic.tictactoe_v3",
-        "args": [*SHARED, "--self-play", "--random-opponent-share", "0.5"],
-        "steps": 200_000,
+        "args": [*SHARED, "--self-play", "--random-opponent-share", "0.5", "--lr-schedule", "linear"],
+        "steps": 300_000,
         "opponents": {"random": 400, "search": 100},
     },
     "connect four": {
@@ -86,7 +87,7 @@ def main() -> None:
     args = parser.parse_args()
     root = Path(args.root)
     root.mkdir(parents=True, exist_ok=True)
-    data = {"games": {}}
+    data: dict = {"games": {}}
     for game in args.games:
         steps = 5_000 if args.quick else GAMES[game]["steps"]
         runs = []
@@ -96,8 +97,10 @@ def main() -> None:
         data["games"][game] = {"env": GAMES[game]["env"], "runs": runs}
     body = "\n".join(report(data))
     print(body)
-    if not args.quick:
-        RESULT.write_text(json.dumps(data, indent=1) + "\n")
+    if not args.quick:  # the games not run now keep their results
+        kept = json.loads(RESULT.read_text()) if RESULT.is_file() else {"games": {}}
+        kept["games"].update(data["games"])
+        RESULT.write_text(json.dumps(kept, indent=1) + "\n")
 
 
 def report(data: dict) -> list[str]:
