@@ -40,6 +40,9 @@ def test_cooperative_tasks_are_learned(tmp_path, env, extra):
     assert main(["train", "ppo", env, *extra, *FAST, "--total-steps", "12000", "--run-dir", str(run)]) in (0, None)
     summary = json.loads((run / "summary.json").read_text())
     assert summary["final_eval_mean_return"] >= 7.5
+    # the evaluation counts games, not agents' rows: it ends once every copy played one (8-step games here)
+    evaluated = summary["final_eval_episodes"]
+    assert summary["final_eval_finished"] == evaluated and summary["final_eval_steps"] <= 2 * 9 * evaluated * 3
     header, rows = monitor(run)
     assert header == ["r", "l", "t", *(f"r_agent_{i}" for i in range(3 if "symmetric" in env else 2))]
     assert set(rows[:, 1]) == {8} and rows[:, 0].max() <= 8 + 1e-6  # one line per game, with the team's return

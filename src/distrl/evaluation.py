@@ -71,7 +71,8 @@ def run_episodes(
     max_steps: int = 0,
     progress: Progress | None = None,
 ) -> Evaluation:
-    """One episode in each of ``env``'s environments, stopped once it has taken ``max_steps`` steps.
+    """One episode in each of ``env``'s environments (one game of each copy of a multi-agent env), stopped once it
+    has taken ``max_steps`` steps.
 
     Args:
         act: maps raw observations [n_envs, ...] and episode starts [n_envs] (True where the observation
@@ -85,7 +86,10 @@ def run_episodes(
     start = time.perf_counter()
     obs = env.reset(seed=seed)
     starts = np.ones(env.n_envs, dtype=bool)
-    returns = np.full(env.n_envs, np.nan)
+    rows_per_episode = max(
+        1, len(getattr(env, "agents", ()))
+    )  # a multi-agent env's game is one episode of all its agents' rows
+    returns = np.full(env.n_envs // rows_per_episode, np.nan)
     steps = 0
     while np.isnan(returns).any() and not (max_steps and steps >= max_steps):
         step = env.step(act(obs, starts))
@@ -93,13 +97,14 @@ def run_episodes(
         obs, starts = step.obs, ~step.valid
         ended = step.episode_ends if step.episode_ends is not None else step.terminated | step.truncated
         if ended.any():
-            first = ended & np.isnan(returns)
-            # VecEnv reports returns only for the envs that ended, in env order.
-            returns[np.flatnonzero(ended)[first[ended]]] = step.episode_returns[first[ended]]
+            # VecEnv reports returns only for the envs that ended, in env order (a game's on one of its rows)
+            episode = np.flatnonzero(ended) // rows_per_episode
+            first = np.isnan(returns[episode])
+            returns[episode[first]] = step.episode_returns[first]
         if progress is not None:
             progress(int((~np.isnan(returns)).sum()), steps)
     done = returns[~np.isnan(returns)]
-    return Evaluation(done, env.n_envs, steps, max_steps, time.perf_counter() - start)
+    return Evaluation(done, len(returns), steps, max_steps, time.perf_counter() - start)
 
 
 def evaluate(
@@ -109,5 +114,5 @@ def evaluate(
     fails if they have not all ended after ``max_steps`` vector steps."""
     result = run_episodes(act, env, seed, max_steps * env.n_envs)
     if result.capped:
-        raise RuntimeError(f"evaluation did not finish {env.n_envs} episodes within {max_steps} steps")
+        raise RuntimeError(f"evaluation did not finish {result.episodes} episodes within {max_steps} steps")
     return result.returns
