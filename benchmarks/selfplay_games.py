@@ -40,8 +40,9 @@ GAMES: dict[str, dict] = {
     },
     "connect four": {
         "env": "pettingzoo.classic.connect_four_v3",
-        "args": [*SHARED, "--self-play", "--random-opponent-share", "0.5", "--net-arch", "128", "128"],
-        "steps": 300_000,
+        "args": [*SHARED, "--self-play", "--random-opponent-share", "0.5", "--lr-schedule", "linear"]
+        + ["--net-arch", "128", "128"],
+        "steps": 1_000_000,
         "opponents": {"random": 400, "search:1": 100, "search:2": 100, "search:4": 100},
     },
 }
