@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from distrl.logs import read_monitor
+from distrl.logs import monitor_agents, read_monitor
 from distrl.plots import mean_curves, reward_curves
 from harness import markdown_table
 
@@ -78,6 +78,7 @@ SHORT = {
     "CartPole-v1": "cartpole",
     "Pendulum-v1": "pendulum",
     "LunarLander-v3": "lunarlander",
+    "mpe2.simple_spread_v3": "simple-spread",
     "ALE/Breakout-v5": "breakout",
     "ALE/Pong-v5": "pong",
 }
@@ -128,13 +129,6 @@ def load_runs() -> list[dict]:
         run["settings"] = settings(run)
         runs.append(run)
     return runs
-
-
-def monitor_agents(path: Path) -> int:
-    """How many agents a Monitor file has a return column for (``r_<agent>``, after ``r,l,t``; 0: one agent)."""
-    with path.open() as f:
-        f.readline()  # the JSON header
-        return sum(column.startswith("r_") for column in f.readline().strip().split(","))
 
 
 def settings(run: dict) -> str:
@@ -403,9 +397,10 @@ def spread_section(runs: list[dict]) -> list[str]:
         "## Multi-agent: IPPO and MAPPO on simple_spread_v3",
         "",
         "Team return (the three agents' returns summed) of the last 100 games ended by each count of agent-steps "
-        f"(`{SPREAD}`, N=3, discrete actions, 25-step games; {config['run']['env_kwargs']}). IPPO is one shared "
+        f"(`{SPREAD}` with `{' '.join(config['run']['env_kwargs'])}`: 3 agents, discrete actions, 25-step games). "
+        "IPPO is one shared "
         "policy and critic on each agent's own observation and its one-hot index; MAPPO gives the critic the "
-        "global state (`--critic centralised`). Both use `--normalize-value`. Commands: the table above's rows, "
+        "global state (`--critic centralised`). Both use `--normalize-value`. Command: "
         "`distrl train ppo mpe2.simple_spread_v3 --env-kwargs N=3 continuous_actions=false max_cycles=25 "
         "--preset none --n-envs 8 --n-steps 128 --batch-size 256 --n-epochs 10 --learning-rate 0.0007 "
         "--ent-coef 0.01 --max-grad-norm 0.5 --normalize-value --total-steps 1000000 --seed N [--critic centralised]`.",

@@ -130,7 +130,8 @@ def report(data: dict) -> list[str]:
         "evaluated with `distrl eval RUN --opponent OPPONENT --episodes N --json`, moving first and second in turn, "
         "always playing its most probable legal move. `search` is perfect at tic-tac-toe (a policy can at best "
         "draw it); at connect four `search:D` searches D moves ahead with alpha-beta. Reproduce: "
-        "`python benchmarks/selfplay_games.py`; the training commands:",
+        "`python benchmarks/selfplay_games.py`; training minutes were taken with other runs beside on the 2 cores, "
+        "so they do not compare. The training commands:",
         "",
         *commands,
         "",

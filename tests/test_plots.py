@@ -39,6 +39,15 @@ def test_steps_axis_divides_by_the_collecting_workers(tmp_path):
     np.testing.assert_array_equal(fig.axes[0].get_lines()[0].get_xdata(), [50, 100])
 
 
+def test_a_multiagent_games_steps_count_every_agents_step_as_the_run_counts_them(tmp_path):
+    path = tmp_path / "ma" / "monitor.csv"
+    path.parent.mkdir()
+    header = "#" + json.dumps({"t_start": 1700000000.0, "env_id": "distrl_macoop:unlike"})
+    path.write_text("\n".join([header, "r,l,t,r_agent_0,r_agent_1", "4,8,0.1,2,2", "6,8,0.2,3,3"]) + "\n")
+    fig = reward_curves([tmp_path / "ma"], "total-steps")
+    np.testing.assert_array_equal(fig.axes[0].get_lines()[0].get_xdata(), [16, 32])  # 8 game steps of 2 agents
+
+
 def test_seeds_of_one_setting_are_one_curve_their_mean_and_band_read_between_episode_ends(tmp_path):
     write_monitor(tmp_path / "a" / "monitor.csv", [0, 10], [10, 10])  # episodes end at steps 10 and 20
     write_monitor(tmp_path / "b" / "monitor.csv", [20, 30], [5, 15])  # at 5 and 20

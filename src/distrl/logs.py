@@ -63,6 +63,14 @@ def read_monitor(path: Path) -> dict[str, np.ndarray]:
     return {name: np.array([float(row[columns[name]]) for row in rows]) for name in ("r", "l", "t")}
 
 
+def monitor_agents(path: Path) -> int:
+    """How many agents a Monitor file has a return column for (``r_<agent>`` after ``r,l,t``; 0: a single-agent
+    run). A multi-agent game's length ``l`` counts game steps, each one step of every agent."""
+    with path.open() as f:
+        f.readline()  # the JSON header
+        return sum(column.startswith("r_") for column in f.readline().strip().split(","))
+
+
 def truncate_monitor(path: Path, rows: int) -> list[float]:
     """Keep a Monitor file's header and its first ``rows`` episodes; returns their returns.
 

@@ -15,7 +15,7 @@ from typing import Any, Literal
 import numpy as np
 
 from distrl.config import ConfigError
-from distrl.logs import MONITOR_FILE, read_monitor
+from distrl.logs import MONITOR_FILE, monitor_agents, read_monitor
 
 Axis = Literal["steps", "total-steps", "time"]
 AXIS_LABELS = {
@@ -104,7 +104,7 @@ def load_curve(run: Path, x: Axis, k: int = 1) -> Curve:
         raise ConfigError(f"run={str(run)!r}: {exc}") from None
     if len(data["r"]) == 0:
         raise ConfigError(f"run={str(run)!r}: the Monitor file {str(path)!r} holds no episodes")
-    total = np.cumsum(data["l"])
+    total = np.cumsum(data["l"]) * max(1, monitor_agents(path))  # agent-steps, as the run counts its steps
     xs = {"total-steps": total, "steps": total / run_workers(run), "time": data["t"]}[x]
     name = run.name if run.is_dir() else run.stem
     return Curve(name, xs, smooth(data["r"], k), run_end(run, x))
