@@ -18,7 +18,7 @@ import torch
 
 from distrl.config import GRPOConfig, RunConfig
 from distrl.data.groups import GroupSamples, draw_groups, score_groups
-from distrl.nets.factory import make_group_policy
+from distrl.nets.group_factory import make_group_policy
 from distrl.rewards import RewardError
 from distrl.strategies.actors import as_array, placement
 from distrl.tasks import make_group_task

@@ -33,7 +33,7 @@ from distrl.data.groups import GroupSamples, draw_groups, score_groups
 from distrl.logs import Console, RunLogger
 from distrl.nets.causal_lm import CausalLMPolicy, PromptEncoder
 from distrl.nets.core import checksum
-from distrl.nets.factory import lora_settings, make_group_policy
+from distrl.nets.group_factory import lora_settings, make_group_policy
 from distrl.nets.lm_loading import load_tokenizer
 from distrl.nets.lora import check_lora_targets, require_peft
 from distrl.protocols import Sync
