@@ -282,3 +282,45 @@ def test_a_run_saved_with_a_custom_id_takes_the_entry_point_from_the_command(tmp
         == 0
     )
     assert json.loads((run_dir / "config.json").read_text())["run"]["env"] == "distrl_testenvs:GoRight"
+
+
+X86 = "processor : 0\nflags : fpu sse2 avx avx2 fma {}\n"
+ARM = "processor : 0\nFeatures : fp asimd sve {}\n"
+
+
+@pytest.mark.parametrize(
+    "cpuinfo, native",
+    [
+        (X86.format(""), False),
+        (X86.format("avx512f avx512_bf16"), True),
+        (X86.format("amx_tile amx_bf16"), True),
+        (X86.format("avx512bw avx512vl"), False),  # AVX-512 without its BF16 extension converts every operand
+        (ARM.format(""), False),
+        (ARM.format("bf16 i8mm"), True),
+        ("", None),
+    ],
+    ids=["avx2", "avx512-bf16", "amx", "avx512-core", "arm", "arm-bf16", "unknown"],
+)
+def test_native_bf16_is_read_from_the_cpu_flags(cpuinfo, native):
+    from distrl.training.state import cpu_has_native_bf16
+
+    assert cpu_has_native_bf16(cpuinfo) is native
+
+
+def test_bf16_on_a_cpu_that_emulates_it_is_noted_once(tmp_path, capsys, monkeypatch):
+    from distrl.config import RunConfig, StrategyConfig
+    from distrl.training import state
+
+    emulated, native = X86.format(""), X86.format("avx512_bf16")
+    bf16 = RunConfig(precision="bf16", device="cpu")
+    assert "no native bfloat16" in state.bf16_emulated_note(bf16, StrategyConfig(), emulated)
+    assert state.bf16_emulated_note(bf16, StrategyConfig(), native) is None
+    assert state.bf16_emulated_note(bf16.replace(precision="fp32"), StrategyConfig(), emulated) is None
+
+    monkeypatch.setattr(state, "cpu_has_native_bf16", lambda cpuinfo=None: False)
+    assert main(["train", "ppo", "cartpole", *FAST, "--precision", "bf16", "--run-dir", str(tmp_path / "a")]) == 0
+    err = capsys.readouterr().err
+    assert err.count("distrl: note: precision=bf16: this CPU has no native bfloat16") == 1
+    monkeypatch.setattr(state, "cpu_has_native_bf16", lambda cpuinfo=None: True)
+    assert main(["train", "ppo", "cartpole", *FAST, "--precision", "bf16", "--run-dir", str(tmp_path / "b")]) == 0
+    assert "bfloat16" not in capsys.readouterr().err

@@ -142,7 +142,8 @@ class RunConfig:
     precision: Precision = "fp32"
     """Arithmetic of the module path's networks (images, Dict observations, --policy) and of GRPO's language
     models: bf16 runs their forward and backward (and generation) under bfloat16 autocast, with float32
-    weights, Adam and losses; on a CPU with AVX-512 BF16 it trained the Nature CNN 1.9x faster. For sac's
+    weights, Adam and losses; on a CPU with AVX-512 BF16 it trained the Nature CNN 1.9x faster, while a CPU
+    without native bfloat16 (AVX2 only) emulates it about ten times slower, and the run says so. For sac's
     MLPs (flat-vector observations) bf16 multiplies the matrices in bfloat16, everything else float32.
     ppo's and reinforce's MLPs always use float32."""
     action_mask: ActionMask = "auto"

@@ -32,6 +32,39 @@ def resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
+def cpu_has_native_bf16(cpuinfo: str | None = None) -> bool | None:
+    """Whether this machine's CPU computes in bfloat16 natively, read from Linux's /proc/cpuinfo: x86 with
+    AVX-512 BF16 or AMX, Arm with its BF16 extension. None where that cannot be told (no /proc/cpuinfo)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return None
+    words = set(cpuinfo.split())
+    if "flags" in words:  # x86
+        return bool(words & {"avx512_bf16", "amx_bf16"})
+    if "Features" in words:  # Arm
+        return "bf16" in words
+    return None
+
+
+def bf16_emulated_note(run: RunConfig, strategy: StrategyConfig, cpuinfo: str | None = None) -> str | None:
+    """A note for a bf16 run whose networks run on a CPU that would emulate bfloat16, else None.
+
+    Such a CPU runs bfloat16 products on slow fallback paths: the Nature CNN's forward and backward on 256 frames
+    took 3.8 s under bfloat16 autocast against 0.37 s in float32 on an AVX2-only CPU (one thread). The actors of ``actor-learner`` and ``pipeline`` run on the
+    CPUs whatever ``--device`` says."""
+    if run.precision != "bf16" or cpu_has_native_bf16(cpuinfo) is not False:
+        return None
+    cpu_actors = strategy.strategy in ("actor-learner", "pipeline")
+    if not cpu_actors and run.device != "cpu" and torch.cuda.is_available():
+        return None
+    return (
+        "precision=bf16: this CPU has no native bfloat16 arithmetic (no AVX-512 BF16 or AMX), so the networks "
+        "bf16 applies to are emulated and can run about ten times slower than with --precision fp32"
+    )
+
+
 def set_cpu_options(run: RunConfig) -> None:
     """This process's torch CPU settings for a run: intra-op threads and subnormal flushing."""
     torch.set_num_threads(run.threads)  # default 1: for small networks a second thread only contends
