@@ -318,9 +318,12 @@ def test_bf16_on_a_cpu_that_emulates_it_is_noted_once(tmp_path, capsys, monkeypa
     assert state.bf16_emulated_note(bf16.replace(precision="fp32"), StrategyConfig(), emulated) is None
 
     monkeypatch.setattr(state, "cpu_has_native_bf16", lambda cpuinfo=None: False)
-    assert main(["train", "ppo", "cartpole", *FAST, "--precision", "bf16", "--run-dir", str(tmp_path / "a")]) == 0
-    err = capsys.readouterr().err
-    assert err.count("distrl: note: precision=bf16: this CPU has no native bfloat16") == 1
+    loud = [flag for flag in FAST if flag != "--quiet"]
+    assert main(["train", "ppo", "cartpole", *loud, "--precision", "bf16", "--run-dir", str(tmp_path / "a")]) == 0
+    assert capsys.readouterr().err.count("precision=bf16: this CPU has no native bfloat16") == 1
+    events = json.loads((tmp_path / "a" / "summary.json").read_text())["events"]
+    assert sum("no native bfloat16" in event for event in events) == 1
     monkeypatch.setattr(state, "cpu_has_native_bf16", lambda cpuinfo=None: True)
-    assert main(["train", "ppo", "cartpole", *FAST, "--precision", "bf16", "--run-dir", str(tmp_path / "b")]) == 0
+    assert main(["train", "ppo", "cartpole", *loud, "--precision", "bf16", "--run-dir", str(tmp_path / "b")]) == 0
     assert "bfloat16" not in capsys.readouterr().err
+    assert not any("bfloat16" in event for event in json.loads((tmp_path / "b" / "summary.json").read_text())["events"])

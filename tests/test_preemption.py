@@ -2,6 +2,7 @@
 ddp rank at the same one, exits with 128 + the signal's number, and resumed it ends exactly where a run that was
 never stopped ends. Also the clock form of --checkpoint-every, and a second signal stopping at once."""
 
+import json
 import os
 import signal
 import subprocess
@@ -189,6 +190,9 @@ def test_a_pipeline_run_checkpoints_while_its_generators_run_and_stops_on_a_sign
     resumed = distrl("train", "ppo", SLOW, "--resume", str(run), "--quiet")
     assert resumed.returncode == 0, resumed.stderr
     assert (run / "model").is_dir()
+    # the learner's own events reach summary.json beside the generators' (they used to replace them there)
+    events = json.loads((run / "summary.json").read_text())["events"]
+    assert sum("resumed at step" in event for event in events) == 1, events
 
 
 @pytest.mark.parametrize("algo", ["ppo", "reinforce", "sac", "grpo"])

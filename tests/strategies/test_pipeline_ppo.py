@@ -73,7 +73,7 @@ def test_a_killed_generator_is_replaced_and_ppo_goes_on(ray_local):
     trainer.train(stop_at=trainer.steps + 20 * 32)
     summary = trainer.collector.finish()
     trainer.close()
-    assert summary["generator_restarts"] == 1 and summary["events"][0].startswith("generator 0 died")
+    assert summary["generator_restarts"] == 1 and trainer.events[0].split(" ", 2)[2].startswith("generator 0 died")
     assert (
         summary["fragments_generated"]
         == summary["fragments_added"]
@@ -146,5 +146,7 @@ def test_a_generator_that_keeps_failing_ends_the_run_after_max_worker_restarts(r
     trainer = pipeline_trainer(ray_local, run, cfg=PPOConfig(n_envs=1, n_steps=4, batch_size=4), max_worker_restarts=1)
     with pytest.raises(GeneratorFailed, match=r"generator 0 failed 2 times \(max_worker_restarts=1\); last: raised "):
         trainer.train()
-    assert trainer.collector.events[0].startswith("generator 0 raised worker 0, env distrl_testenvs:ExplodingEnv")
+    assert (
+        trainer.events[0].split(" ", 2)[2].startswith("generator 0 raised worker 0, env distrl_testenvs:ExplodingEnv")
+    )
     trainer.close()

@@ -190,7 +190,6 @@ def _train_command(argv: list[str]) -> int:
         run = run.replace(run_dir=str(default_run_dir(run, run.env if algo == "grpo" else resolve_env_id(run.env))))
     run_dir = Path(run.run_dir)
     command = ["train", algo, env, *rest]
-    _note_emulated_bf16(run, args.strategy)
     with checkpoint.removed_after_a_mistake(run_dir), rundir.held_here(run_dir, command):
         try:
             if algo == "grpo":
@@ -201,16 +200,6 @@ def _train_command(argv: list[str]) -> int:
             if failure is None:
                 raise
             raise failure from None
-
-
-def _note_emulated_bf16(run: RunConfig, strategy: StrategyConfig) -> None:
-    """Tell a bf16 run on a CPU that would emulate bfloat16 so, once: the launching process does, not its ranks."""
-    from distrl.strategies.ddp import in_distributed_env
-    from distrl.training.state import bf16_emulated_note
-
-    note = bf16_emulated_note(run, strategy)
-    if note is not None and not in_distributed_env():
-        print(f"distrl: note: {note}", file=sys.stderr)
 
 
 def _train(

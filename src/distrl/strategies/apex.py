@@ -53,7 +53,6 @@ class ApexSource:
         run, cfg, algo = trainer.run, trainer.cfg, trainer.algo_name
         self.holder = engine.spawn(ReplayHolder, trainer.replay_recipe(), run.seed)
         self.holder_place = engine.call(self.holder, "where")
-        self.events: list[str] = []  # actor restarts, reported through the trainer as they happen
         self.seed, self.segment = run.seed, 0
 
         def spawn(i: int, restarts: int) -> Any:
@@ -67,7 +66,7 @@ class ApexSource:
             payload = {"version": version, "uniform": self.inserted < cfg.learning_starts, **(weights or {})}
             return engine.call(actor, "collect", payload, PUSH_STEPS)
 
-        self.pool = GeneratorPool(engine, strategy.workers, spawn, request, strategy, self.events, depth=2)
+        self.pool = GeneratorPool(engine, strategy.workers, spawn, request, strategy, trainer.report, depth=2)
         self.replay = RemoteReplay(self)
         self.inserted = self.replay_size = self.sampled = 0
         self.published = 0
@@ -113,9 +112,6 @@ class ApexSource:
         if wait and not self.pool.in_flight:
             raise PipelineStalled("the learner waits for data and no replay actor has a request under way")
         got = self.pool.finished(self.strategy.starve_timeout_s if wait else 0)
-        for event in self.events:
-            self.trainer.report(event)
-        self.events.clear()
         if wait and not got:
             raise PipelineStalled(
                 f"no replay actor pushed anything for {self.strategy.starve_timeout_s:.0f} s "

@@ -140,7 +140,6 @@ class PipelineGroups:
         )
         self.stats = PipelineStats()
         self.trained_lengths, self.dropped_lengths = LengthTally(), LengthTally()
-        self.events = self.stats.events
         self.scorer = engine.spawn(Scorer, run, cfg)
         self.scorer_place = engine.call(self.scorer, "where")
         scorer = engine.client(self.scorer, strategy.timeout_s + scoring_bound_s(cfg))
@@ -165,7 +164,7 @@ class PipelineGroups:
             lambda i, restarts: engine.spawn(Generator, run, cfg, i, scorer),
             request,
             strategy,
-            self.events,
+            trainer.report,
             depth=2,
         )
         self.startup_s = self.pool.ready(self.scorer)

@@ -67,7 +67,6 @@ class AsyncCollector:
             max_reuse=strategy.max_reuse,
         )
         self.stats = PipelineStats()
-        self.events = self.stats.events
         self.seed, self.segment = trainer.run.seed, 0
 
         first = trainer.sync.rank * strategy.workers  # a ddp rank's actors play environments of their own
@@ -86,7 +85,7 @@ class AsyncCollector:
         def request(actor: Any, version: int, weights: dict[str, Any] | None) -> Any:
             return engine.call(actor, "collect", weights if weights is not None else {"version": version}, 0, True)
 
-        self.pool = GeneratorPool(engine, strategy.workers, spawn, request, strategy, self.events, depth=depth)
+        self.pool = GeneratorPool(engine, strategy.workers, spawn, request, strategy, trainer.report, depth=depth)
         self.pending_env_steps, self.pending_returns, self.pending_lengths = 0, [], []
         self.pending_agent_returns: list[list[float]] = []
         """What the generators delivered since the last batch: env steps, finished episodes' returns and lengths."""

@@ -31,7 +31,6 @@ class PipelineStats:
     lag_max: float = 0.0
     lag_counts: Counter[int] = field(default_factory=Counter)
     """How many trained items had each lag (in versions): the distribution, in as many entries as lags seen."""
-    events: list[str] = field(default_factory=list)
 
     def record_queue(self, depth: int) -> None:
         self.queue_depth = depth
@@ -79,7 +78,6 @@ class PipelineStats:
             "policy_lag_counts": {str(lag): n for lag, n in sorted(self.lag_counts.items())},
             f"{unit}s_dropped_for_lag_fraction": replay.dropped_for_lag / max(replay.added, 1),
             "generator_restarts": restarts,
-            "events": self.events,
             **counters,
         }
 

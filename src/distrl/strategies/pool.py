@@ -48,10 +48,10 @@ class GeneratorPool:
         spawn: Callable[[int, int], Any],
         request: Callable[..., Any],
         strategy: StrategyConfig,
-        events: list[str],
+        report: Callable[[str], None],
         depth: int = 1,
     ):
-        self.engine, self.spawn, self.request, self.strategy, self.events = engine, spawn, request, strategy, events
+        self.engine, self.spawn, self.request, self.strategy, self.report = engine, spawn, request, strategy, report
         self.actors = [spawn(i, 0) for i in range(n)]
         self.places = [[engine.call(actor, "where")] for actor in self.actors]
         """Per generator, a pending ``where`` for each actor it has had (see :meth:`placement`)."""
@@ -136,9 +136,7 @@ class GeneratorPool:
                 raise GeneratorFailed(f"generator {i} {reason}") from None
         reason = f"{reason.splitlines()[0]}{failure_note(self.engine, self.places, i)}"
         spend_restart(self.restarts, i, self.strategy.max_worker_restarts, "generator", reason, GeneratorFailed)
-        self.events.append(
-            f"generator {i} {reason}; restarted ({self.restarts[i]}/{self.strategy.max_worker_restarts})"
-        )
+        self.report(f"generator {i} {reason}; restarted ({self.restarts[i]}/{self.strategy.max_worker_restarts})")
         replace_actor(self.engine, self.actors, self.places, i, self.spawn, self.restarts)
         self.held[i] = -1
         for p in [p for p, j in self.in_flight.items() if j == i]:  # lost with the old actor, never counted

@@ -173,6 +173,9 @@ class RunState:
         left in the run directory (killed before its first checkpoint). On the main worker only."""
         if self.logger is not None and not self.run.debug:  # other libraries' warnings: in the run, not on screen
             self.restore_warnings = route_to_run_log(self.logger.run_dir)
+        note = bf16_emulated_note(self.run, self.strategy) if self.is_main else None
+        if note is not None:
+            self.report(note)
         if resume_path is not None:
             self.load_checkpoint(resume_path)
             self.report(resumed_line(f"{self.progress_unit()} {self.steps:,}", resume_path))
