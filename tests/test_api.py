@@ -244,3 +244,17 @@ def test_predict_carries_the_state_as_evaluation_and_the_player_do():
     np.testing.assert_allclose(restarted[1], kept[1], rtol=0, atol=1e-6)
     assert np.abs(kept[0] - fresh[0]).max() > 1e-4
     model.close()
+
+
+def test_bf16_on_a_cpu_that_emulates_it_warns_from_the_constructor(monkeypatch):
+    import warnings
+
+    from distrl.training import state
+
+    monkeypatch.setattr(state, "cpu_has_native_bf16", lambda cpuinfo=None: False)
+    with pytest.warns(UserWarning, match="precision=bf16: this CPU has no native bfloat16"):
+        PPO("CartPole-v1", precision="bf16", n_envs=1, n_steps=32, batch_size=32)
+    monkeypatch.setattr(state, "cpu_has_native_bf16", lambda cpuinfo=None: True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        PPO("CartPole-v1", precision="bf16", n_envs=1, n_steps=32, batch_size=32)

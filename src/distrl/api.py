@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ import numpy as np
 import torch
 
 from distrl import checkpoint, export, trust
-from distrl.config import ConfigError, RunConfig, split_by_config
+from distrl.config import ConfigError, RunConfig, StrategyConfig, split_by_config
 from distrl.env_names import env_kwargs_items, env_source, policy_name, refuse_named_code, wrapper_names
 from distrl.envs import make_run_env
 from distrl.evaluation import evaluate
@@ -33,6 +34,7 @@ from distrl.training import (
     configs_from_checkpoint,
     make_trainer,
 )
+from distrl.training.state import bf16_emulated_note
 
 
 class Model:
@@ -79,6 +81,9 @@ class Model:
         name, spec_kwargs = env_source(env)
         run.update(env_kwargs=spec_kwargs + env_kwargs_items(env_kwargs), wrappers=wrapper_names(wrappers))
         run_cfg, cfg, _ = algo_configs(self.algo, name, preset, {"seed": seed, **run}, params)
+        note = bf16_emulated_note(run_cfg, StrategyConfig())
+        if note is not None:
+            warnings.warn(note, stacklevel=2)
         self._trainer: TrainerBase = make_trainer(self.algo, run_cfg, cfg, run_dir=Path(run_dir) if run_dir else None)
 
     @property
