@@ -51,17 +51,16 @@ def cpu_has_native_bf16(cpuinfo: str | None = None) -> bool | None:
 def bf16_emulated_note(run: RunConfig, strategy: StrategyConfig, cpuinfo: str | None = None) -> str | None:
     """A note for a bf16 run whose networks run on a CPU that would emulate bfloat16, else None.
 
-    Such a CPU runs bfloat16 products on slow fallback paths: the Nature CNN's forward and backward on 256 frames
-    took 3.8 s under bfloat16 autocast against 0.37 s in float32 on an AVX2-only CPU (one thread). The actors of ``actor-learner`` and ``pipeline`` run on the
-    CPUs whatever ``--device`` says."""
+    Such a CPU runs bfloat16 products on slow fallback paths (``benchmarks/bf16_cpu.py`` measures how slow).
+    The actors of ``actor-learner`` and ``pipeline`` run on the CPUs whatever ``--device`` says."""
     if run.precision != "bf16" or cpu_has_native_bf16(cpuinfo) is not False:
         return None
     cpu_actors = strategy.strategy in ("actor-learner", "pipeline")
     if not cpu_actors and run.device != "cpu" and torch.cuda.is_available():
         return None
     return (
-        "precision=bf16: this CPU has no native bfloat16 arithmetic (no AVX-512 BF16 or AMX), so the networks "
-        "bf16 applies to are emulated and can run about ten times slower than with --precision fp32"
+        "precision=bf16: this CPU has no native bfloat16 arithmetic (x86: AVX-512 BF16 or AMX; Arm: BF16), so the "
+        "networks bf16 applies to are emulated and can run about ten times slower than with --precision fp32"
     )
 
 
