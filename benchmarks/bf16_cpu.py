@@ -6,7 +6,7 @@ Atari frames, float32 against bfloat16 autocast (float32 weights, as distrl runs
 
 Prints what distrl reads from /proc/cpuinfo (whether the CPU computes in bfloat16 natively), the seconds per
 step of each precision in every round, and the ratio of the medians. A run on a CPU without native bfloat16
-says so as it starts (``distrl.training.state.bf16_emulated_note``).
+says so as it starts (``distrl.training.precision.bf16_emulated_note``).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import time
 import torch
 
 from distrl.nets.encoders import NatureCNN
-from distrl.training.state import cpu_has_native_bf16
+from distrl.training.precision import cpu_has_native_bf16
 
 
 def seconds_per_step(net: torch.nn.Module, frames: torch.Tensor, bf16: bool, steps: int) -> float:

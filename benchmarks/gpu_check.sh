@@ -45,7 +45,7 @@ check() {  # check NAME TIMEOUT_S distrl-train-arguments...
 nvidia-smi -L
 "$py" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name())"
 # the pipeline's actors run bf16 on the host's CPUs: without native bfloat16 they are about ten times slower
-"$py" -c "from distrl.training.state import cpu_has_native_bf16 as n; print('host CPU native bfloat16:', n())"
+"$py" -c "from distrl.training.precision import cpu_has_native_bf16 as n; print('host CPU native bfloat16:', n())"
 "$py" -m pytest -q -p no:cacheprovider tests/test_q_nets.py -k cuda 2>&1 | tail -n 2
 
 check ppo-ddp-nccl 60 ppo CartPole-v1 --strategy ddp --workers 1 --device cuda --total-steps 20000

@@ -249,12 +249,12 @@ def test_predict_carries_the_state_as_evaluation_and_the_player_do():
 def test_bf16_on_a_cpu_that_emulates_it_warns_from_the_constructor(monkeypatch):
     import warnings
 
-    from distrl.training import state
+    from distrl.training import precision
 
-    monkeypatch.setattr(state, "cpu_has_native_bf16", lambda cpuinfo=None: False)
+    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda cpuinfo=None: False)
     with pytest.warns(UserWarning, match="precision=bf16: this CPU has no native bfloat16"):
         PPO("CartPole-v1", precision="bf16", n_envs=1, n_steps=32, batch_size=32)
-    monkeypatch.setattr(state, "cpu_has_native_bf16", lambda cpuinfo=None: True)
+    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda cpuinfo=None: True)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         PPO("CartPole-v1", precision="bf16", n_envs=1, n_steps=32, batch_size=32)

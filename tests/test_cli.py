@@ -302,28 +302,28 @@ ARM = "processor : 0\nFeatures : fp asimd sve {}\n"
     ids=["avx2", "avx512-bf16", "amx", "avx512-core", "arm", "arm-bf16", "unknown"],
 )
 def test_native_bf16_is_read_from_the_cpu_flags(cpuinfo, native):
-    from distrl.training.state import cpu_has_native_bf16
+    from distrl.training.precision import cpu_has_native_bf16
 
     assert cpu_has_native_bf16(cpuinfo) is native
 
 
 def test_bf16_on_a_cpu_that_emulates_it_is_noted_once(tmp_path, capsys, monkeypatch):
     from distrl.config import RunConfig, StrategyConfig
-    from distrl.training import state
+    from distrl.training import precision
 
     emulated, native = X86.format(""), X86.format("avx512_bf16")
     bf16 = RunConfig(precision="bf16", device="cpu")
-    assert "no native bfloat16" in state.bf16_emulated_note(bf16, StrategyConfig(), emulated)
-    assert state.bf16_emulated_note(bf16, StrategyConfig(), native) is None
-    assert state.bf16_emulated_note(bf16.replace(precision="fp32"), StrategyConfig(), emulated) is None
+    assert "no native bfloat16" in precision.bf16_emulated_note(bf16, StrategyConfig(), emulated)
+    assert precision.bf16_emulated_note(bf16, StrategyConfig(), native) is None
+    assert precision.bf16_emulated_note(bf16.replace(precision="fp32"), StrategyConfig(), emulated) is None
 
-    monkeypatch.setattr(state, "cpu_has_native_bf16", lambda cpuinfo=None: False)
+    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda cpuinfo=None: False)
     loud = [flag for flag in FAST if flag != "--quiet"]
     assert main(["train", "ppo", "cartpole", *loud, "--precision", "bf16", "--run-dir", str(tmp_path / "a")]) == 0
     assert capsys.readouterr().err.count("precision=bf16: this CPU has no native bfloat16") == 1
     events = json.loads((tmp_path / "a" / "summary.json").read_text())["events"]
     assert sum("no native bfloat16" in event for event in events) == 1
-    monkeypatch.setattr(state, "cpu_has_native_bf16", lambda cpuinfo=None: True)
+    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda cpuinfo=None: True)
     assert main(["train", "ppo", "cartpole", *loud, "--precision", "bf16", "--run-dir", str(tmp_path / "b")]) == 0
     assert "bfloat16" not in capsys.readouterr().err
     assert not any("bfloat16" in event for event in json.loads((tmp_path / "b" / "summary.json").read_text())["events"])

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from distrl import checkpoint, export, trust
-from distrl.config import ConfigError, RunConfig, StrategyConfig, split_by_config
+from distrl.config import ConfigError, RunConfig, split_by_config
 from distrl.env_names import env_kwargs_items, env_source, policy_name, refuse_named_code, wrapper_names
 from distrl.envs import make_run_env
 from distrl.evaluation import evaluate
@@ -34,7 +34,7 @@ from distrl.training import (
     configs_from_checkpoint,
     make_trainer,
 )
-from distrl.training.state import bf16_emulated_note
+from distrl.training.precision import bf16_emulated_note
 
 
 class Model:
@@ -81,8 +81,7 @@ class Model:
         name, spec_kwargs = env_source(env)
         run.update(env_kwargs=spec_kwargs + env_kwargs_items(env_kwargs), wrappers=wrapper_names(wrappers))
         run_cfg, cfg, _ = algo_configs(self.algo, name, preset, {"seed": seed, **run}, params)
-        note = bf16_emulated_note(run_cfg, StrategyConfig())
-        if note is not None:
+        if (note := bf16_emulated_note(run_cfg)) is not None:
             warnings.warn(note, stacklevel=2)
         self._trainer: TrainerBase = make_trainer(self.algo, run_cfg, cfg, run_dir=Path(run_dir) if run_dir else None)
 

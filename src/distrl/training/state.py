@@ -22,6 +22,7 @@ from distrl.env_names import named_code
 from distrl.logs import MONITOR_FILE, Console, RunLogger, write_json_atomic
 from distrl.protocols import LocalSync, Sync
 from distrl.quiet import route_to_run_log
+from distrl.training.precision import bf16_emulated_note
 
 
 def resolve_device(device: str) -> torch.device:
@@ -30,38 +31,6 @@ def resolve_device(device: str) -> torch.device:
     if device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("device='cuda' is not available on this machine: use --device cpu or auto")
     return torch.device(device)
-
-
-def cpu_has_native_bf16(cpuinfo: str | None = None) -> bool | None:
-    """Whether this machine's CPU computes in bfloat16 natively, read from Linux's /proc/cpuinfo: x86 with
-    AVX-512 BF16 or AMX, Arm with its BF16 extension. None where that cannot be told (no /proc/cpuinfo)."""
-    if cpuinfo is None:
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text()
-        except OSError:
-            return None
-    words = set(cpuinfo.split())
-    if "flags" in words:  # x86
-        return bool(words & {"avx512_bf16", "amx_bf16"})
-    if "Features" in words:  # Arm
-        return "bf16" in words
-    return None
-
-
-def bf16_emulated_note(run: RunConfig, strategy: StrategyConfig, cpuinfo: str | None = None) -> str | None:
-    """A note for a bf16 run whose networks run on a CPU that would emulate bfloat16, else None.
-
-    Such a CPU runs bfloat16 products on slow fallback paths (``benchmarks/bf16_cpu.py`` measures how slow).
-    The actors of ``actor-learner`` and ``pipeline`` run on the CPUs whatever ``--device`` says."""
-    if run.precision != "bf16" or cpu_has_native_bf16(cpuinfo) is not False:
-        return None
-    cpu_actors = strategy.strategy in ("actor-learner", "pipeline")
-    if not cpu_actors and run.device != "cpu" and torch.cuda.is_available():
-        return None
-    return (
-        "precision=bf16: this CPU has no native bfloat16 arithmetic (x86: AVX-512 BF16 or AMX; Arm: BF16), so the "
-        "networks bf16 applies to are emulated and can run about ten times slower than with --precision fp32"
-    )
 
 
 def set_cpu_options(run: RunConfig) -> None:
