@@ -174,6 +174,7 @@ def test_learn_shows_progress_only_when_asked(capsys):
 
 
 @pytest.mark.multiprocess
+@pytest.mark.heavy
 def test_ray_start_up_chatter_goes_to_the_run_directory(tmp_path):
     run_dir = tmp_path / "run"
     result = subprocess.run(

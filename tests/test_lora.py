@@ -231,6 +231,7 @@ def test_a_resumed_lora_run_equals_the_uninterrupted_one_and_exports_the_adapter
 
 
 @pytest.mark.multiprocess
+@pytest.mark.heavy
 def test_lora_pipeline_and_ddp_move_the_adapter_alone_and_reproduce_single(lm, tmp_path):
     flags = ("--lora-rank", str(RANK), "--lora-alpha", "8", "--learner-steps", "2", "--slices-per-call", "1")
 

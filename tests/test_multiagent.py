@@ -154,6 +154,7 @@ def test_a_shared_recurrent_policy_trains_on_the_agents_rows(tmp_path):
 
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("strategy, workers", [("pipeline", 2), ("actor-learner", 2), ("decoupled", 3)])
+@pytest.mark.heavy
 def test_per_agent_policies_learn_under_every_strategy(tmp_path, strategy, workers):
     # workers build the same per-agent networks from the run (else the weights they receive would not fit)
     run = tmp_path / "run"
@@ -195,6 +196,7 @@ to 8.0 by 30,000 steps for every seed tried (0-4 in single, 0-5 in APPO's pipeli
     ],
     ids=["appo-single", "impala-single", "appo-pipeline"],
 )
+@pytest.mark.heavy
 def test_vtrace_algorithms_learn_the_unlike_task_with_per_agent_policies(tmp_path, algo, strategy):
     # guessing earns 10/3 of the best team return, 8
     run = tmp_path / "run"

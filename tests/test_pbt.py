@@ -189,6 +189,7 @@ def test_a_replayed_schedule_ends_with_the_members_exact_state(study, tmp_path):
 
 
 @pytest.mark.multiprocess
+@pytest.mark.heavy
 def test_a_member_that_crashes_goes_on_from_its_last_checkpoint(tmp_path):
     pytest.importorskip("ray.tune")
     marker = tmp_path / "crashed"

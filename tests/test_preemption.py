@@ -179,6 +179,7 @@ def test_a_bad_checkpoint_time_is_one_line(tmp_path):
     assert not (tmp_path / "r").exists()
 
 
+@pytest.mark.heavy
 def test_a_pipeline_run_checkpoints_while_its_generators_run_and_stops_on_a_signal(tmp_path):
     """The pipeline's generators are under way at every checkpoint: their fragments finish into the buffer before
     the new segment starts (a checkpoint used to fail there), and a stop signal ends the run at one."""

@@ -159,6 +159,7 @@ def test_eval_opponent_needs_a_two_player_game(tmp_path, capsys):
 
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("strategy", ["actor-learner", "pipeline"])
+@pytest.mark.heavy
 def test_rollout_workers_report_their_own_pools_to_the_learners_summary(tmp_path, strategy):
     # each rollout worker plays its games against a pool of its own: summary.json lists every worker's table and
     # sums their records

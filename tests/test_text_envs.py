@@ -272,6 +272,7 @@ def cli(*args, timeout=300):
 
 
 @pytest.mark.multiprocess
+@pytest.mark.heavy
 def test_single_resumes_exactly_and_ddp_and_pipeline_draw_the_same_episodes(model, tmp_path):
     flags = ("--learner-steps", "4", "--slices-per-step", "2", "--slices-per-call", "2")
     assert main(grpo_args(model, tmp_path / "single", *flags, "--checkpoint-every", "2")) == 0

@@ -158,6 +158,7 @@ def test_a_tracked_run_sends_both_trackers_what_tensorboard_gets(tmp_path, store
 
 
 @pytest.mark.multiprocess
+@pytest.mark.heavy
 def test_a_ddp_run_is_tracked_once_by_its_main_process(tmp_path, stores):
     run = tmp_path / "run"
     assert (

@@ -278,6 +278,7 @@ def test_a_study_writes_its_database_results_and_a_best_preset_that_reproduces_t
 
 
 @pytest.mark.multiprocess
+@pytest.mark.heavy
 def test_a_crashing_trial_is_recorded_failed_with_its_error_and_the_study_goes_on(tmp_path, capsys):
     # Every trial's network factory raises: each is recorded as failed, with the error, and the next starts.
     flags = ["--policy", "distrl_tunecrash:crashing_policy", "--trials", "2"]

@@ -46,6 +46,7 @@ def final_params(ray, seed=0):
     return trainer.agent.params.data.clone()
 
 
+@pytest.mark.heavy
 def test_two_runs_with_fixed_seeds_give_identical_learner_parameters(ray_local):
     a, b, c = final_params(ray_local), final_params(ray_local), final_params(ray_local, seed=1)
     assert torch.equal(a, b)
@@ -93,6 +94,7 @@ def test_env_exception_names_worker_and_env_and_aborts_when_asked(ray_local):
     trainer.close()
 
 
+@pytest.mark.heavy
 def test_env_exception_restarts_until_the_limit(ray_local):
     trainer = reinforce_trainer(ray_local, env="distrl_testenvs:ExplodingEnv", strategy=al(max_worker_restarts=1))
     with pytest.raises(WorkerError, match=r"worker \d failed 2 times \(max_worker_restarts=1\)"):

@@ -64,6 +64,7 @@ def test_a_killed_actor_is_replaced_and_the_run_completes(ray_local):
     trainer.close()
 
 
+@pytest.mark.heavy
 def test_the_replay_holders_loss_is_named_and_ends_the_run(ray_local):
     trainer = apex(ray_local, total_steps=5_000)
     trainer.train(stop_at=600)
@@ -110,6 +111,7 @@ def test_sac_with_two_actors_reaches_minus_200_on_pendulum(ray_local):
     assert trainer.last_eval[0] >= -200
 
 
+@pytest.mark.heavy
 def test_the_shared_replay_is_saved_with_checkpoints_and_comes_back_on_resume(ray_local, tmp_path):
     from distrl import checkpoint
 

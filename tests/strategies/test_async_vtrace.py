@@ -178,6 +178,7 @@ def whole_run(rank, world, algo, cfg, iterations, actors_per_rank=0):
 
 
 @pytest.mark.multiprocess
+@pytest.mark.heavy
 def test_ddp_ranks_fed_by_actors_of_their_own_compute_what_ranks_collecting_themselves_compute():
     # one actor per rank, one fragment ahead of its learner (queue 1): every fragment is drawn by the learner's
     # current weights from the environments the rank would have played itself, so ddp's numbers come out

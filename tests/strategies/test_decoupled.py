@@ -98,6 +98,7 @@ def test_one_process_is_a_clear_error(tmp_path):
     )
 
 
+@pytest.mark.heavy
 def test_cli_decoupled_run_writes_the_run_dir(tmp_path):
     run_dir = tmp_path / "run"
     result = subprocess.run(

@@ -154,6 +154,7 @@ def test_one_generator_one_request_ahead_reproduces_single(lm, tmp_path):
     assert {"generate_s", "score_s", "learn_s", "weight_sync_s", "learner_busy_fraction"} <= s.keys()
 
 
+@pytest.mark.heavy
 def test_ddp_on_two_ranks_equals_single_on_the_same_global_batch_and_resumes(lm, tmp_path):
     # every rank draws its share of each step's prompts; the dapo loss divides by the global token count
     flags = ("--group-size", "4", "--learner-steps", "4", "--beta", "0.05", "--microbatch-size", "6")
@@ -287,6 +288,7 @@ def test_a_reward_that_raises_ends_the_run_with_one_line_naming_it(lm, tmp_path)
         ("distrl_lm:wrong_length", "reward 'distrl_lm:wrong_length' returned 15 values for 16 completions"),
     ],
 )
+@pytest.mark.heavy
 def test_a_reward_that_raises_hangs_kills_the_scorer_or_miscounts_cannot_stall_the_pipeline(
     lm, tmp_path, ray_local, reward, message
 ):

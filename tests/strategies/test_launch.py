@@ -83,6 +83,7 @@ def test_torchrun_launch_uses_the_same_code_path(tmp_path):
     assert summary(run_dir)["workers"] == 2 and summary(run_dir)["total_steps"] == 2048
 
 
+@pytest.mark.heavy
 def test_equivalent_scaling_is_recorded_and_impossible_scaling_fails_before_start(tmp_path):
     run_dir = tmp_path / "run"
     ok = distrl(
@@ -126,6 +127,7 @@ def test_equivalent_scaling_is_recorded_and_impossible_scaling_fails_before_star
     assert bad.returncode == 2 and "n_steps=33" in bad.stderr and not (tmp_path / "bad").exists()
 
 
+@pytest.mark.heavy
 def test_reinforce_runs_under_ddp_with_equivalent_scaling(tmp_path):
     run_dir = tmp_path / "run"
     ok = distrl(
@@ -167,6 +169,7 @@ def test_reinforce_runs_under_ddp_with_equivalent_scaling(tmp_path):
     assert len(bad.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.heavy
 def test_a_rank_that_raises_ends_the_job_naming_the_rank(tmp_path):
     start = time.monotonic()
     result = distrl(
@@ -254,6 +257,7 @@ def test_a_killed_rank_ends_the_job_within_60s_and_leaves_no_process(tmp_path):
     assert not [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
 
 
+@pytest.mark.heavy
 def test_sac_runs_under_ddp(tmp_path):
     run_dir = tmp_path / "run"
     result = distrl(
@@ -288,6 +292,7 @@ def test_sac_runs_under_ddp(tmp_path):
 
 # the compact buffer in the default run; the plain one's save and restore is also proven in one process (test_cli)
 @pytest.mark.parametrize("compact", [pytest.param(False, marks=pytest.mark.slow), True])
+@pytest.mark.heavy
 def test_a_ddp_sac_run_resumed_with_every_ranks_replay_buffer_equals_the_uninterrupted_run(tmp_path, compact):
     from distrl import checkpoint
 
@@ -413,6 +418,7 @@ def test_resume_auto_under_torchrun_restarts_continues_a_killed_rank_from_the_ne
         assert torch.equal(value, checkpoint.load(whole / checkpoint.MODEL_DIR)[0][name]), name
 
 
+@pytest.mark.heavy
 def test_resume_auto_needs_a_run_dir_and_starts_afresh_in_one_without_a_checkpoint(tmp_path):
     bad = distrl("train", "ppo", "CartPole-v1", "--resume", "auto", "--total-steps", "256", *SMALL)
     assert bad.returncode == 2 and bad.stderr.strip() == (
@@ -434,6 +440,7 @@ def test_resume_auto_needs_a_run_dir_and_starts_afresh_in_one_without_a_checkpoi
     assert summary(run_dir)["total_steps"] == 512
 
 
+@pytest.mark.heavy
 def test_ray_launcher_places_ranks_as_actors(tmp_path):
     pytest.importorskip("ray")
     run_dir = tmp_path / "run"

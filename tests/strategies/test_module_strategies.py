@@ -58,6 +58,7 @@ def ddp_rank(rank, world, run, cfg, iterations):
 
 
 @pytest.mark.parametrize("name", RUNS)
+@pytest.mark.heavy
 def test_ddp_with_a_module_equals_single_process(name):
     run, cfg = RUNS[name]
     p0, p1 = run_ranks(ddp_rank, 2, run, cfg, 3)
@@ -67,6 +68,7 @@ def test_ddp_with_a_module_equals_single_process(name):
 
 
 @pytest.mark.parametrize("name", RUNS)
+@pytest.mark.heavy
 def test_decoupled_with_a_module_equals_single_process(name):
     # pixels: the rollout's uint8 images are what the player scatters to the trainers
     run, cfg = RUNS[name]
@@ -75,6 +77,7 @@ def test_decoupled_with_a_module_equals_single_process(name):
     torch.testing.assert_close(params, single_params(run, cfg, 3 * 32), rtol=0, atol=1e-6)
 
 
+@pytest.mark.heavy
 def test_decoupled_scatters_a_recurrent_rollout_in_whole_sequences():
     # two trainers, one environment's sequence each: their summed gradient is the single process's
     run, cfg = RUNS["lstm"]
@@ -84,6 +87,7 @@ def test_decoupled_scatters_a_recurrent_rollout_in_whole_sequences():
 
 
 @pytest.mark.parametrize("name", RUNS)
+@pytest.mark.heavy
 def test_actor_learner_with_a_module_equals_single_process(ray_local, name):
     from distrl.strategies.actor_learner import RemoteCollector
     from distrl.strategies.actors import RayActors
@@ -121,6 +125,7 @@ def test_pipeline_with_a_module_one_fragment_ahead_equals_single_process(ray_loc
     torch.testing.assert_close(remote.agent.params.data, single_params(run, cfg, 4 * 32), rtol=0, atol=1e-6)
 
 
+@pytest.mark.heavy
 def test_actor_learner_runs_recurrent_reinforce_deterministically(ray_local):
     from distrl.config import REINFORCEConfig
     from distrl.strategies.actor_learner import RemoteCollector

@@ -129,6 +129,7 @@ def test_ppo_on_two_torchrun_nodes_equals_single_process(tmp_path):
     torch.testing.assert_close(params(run), params(single), rtol=0, atol=2e-5)
 
 
+@pytest.mark.heavy
 def test_sac_on_two_torchrun_nodes_trains_identical_replicas(tmp_path):
     run = tmp_path / "nodes"
     agents = two_nodes(

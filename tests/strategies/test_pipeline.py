@@ -112,6 +112,7 @@ def test_command_line_pipeline_writes_the_run_dir(tmp_path):
     assert bad.returncode == 2 and "strategy='pipeline' is not available for sac" in bad.stderr
 
 
+@pytest.mark.heavy
 def test_a_stalled_scorer_ends_the_run_naming_the_starved_stage(ray_local):
     from distrl.strategies.pool import PipelineStalled
 

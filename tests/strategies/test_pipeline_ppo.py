@@ -141,6 +141,7 @@ def test_async_ppo_with_two_generators_solves_cartpole(tmp_path):
 
 
 @pytest.mark.multiprocess
+@pytest.mark.heavy
 def test_a_generator_that_keeps_failing_ends_the_run_after_max_worker_restarts(ray_local):
     run = RunConfig(env="distrl_testenvs:ExplodingEnv", seed=0, vec="sync", quiet=True, total_steps=10**9)
     trainer = pipeline_trainer(ray_local, run, cfg=PPOConfig(n_envs=1, n_steps=4, batch_size=4), max_worker_restarts=1)

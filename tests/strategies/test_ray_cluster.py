@@ -124,6 +124,7 @@ SLOW = [
 @pytest.mark.parametrize(
     "strategy, role", [("actor-learner", "workers"), pytest.param("pipeline", "generators", marks=pytest.mark.slow)]
 )
+@pytest.mark.heavy
 def test_losing_a_node_mid_run_the_run_goes_on_with_what_is_left_and_says_so(nodes, tmp_path, strategy, role):
     run_dir = tmp_path / "run"
     proc = nodes.train("ppo", *SLOW, "--strategy", strategy, "--workers", "2", "--run-dir", str(run_dir))

@@ -47,6 +47,7 @@ def _train(run_dir: Path, ray_tmp: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.heavy
 def test_the_embedded_instance_starts_beside_a_stale_address_file(ray_tmp, tmp_path):
     address_file = Path(ray_tmp, "ray", "ray_current_cluster")  # what a killed `ray start` leaves behind
     address_file.parent.mkdir(parents=True)
