@@ -128,6 +128,33 @@ def test_a_failed_checkpoint_write_is_one_line_and_the_run_resumes_from_the_last
     assert checkpoint.read_state(run / "model")["steps"] == 512
 
 
+TENSORBOARD_FILLS_THE_DISK = """
+import errno, sys
+from tensorboard.summary.writer.record_writer import RecordWriter
+from distrl.cli import main
+real_write, calls = RecordWriter.write, []
+def filling_disk(self, data):
+    calls.append(len(data))
+    if len(calls) > 4:
+        raise OSError(errno.ENOSPC, "No space left on device")
+    return real_write(self, data)
+RecordWriter.write = filling_disk
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_tensorboard_write_that_fails_on_its_thread_is_one_line_from_the_training_thread(tmp_path):
+    """TensorBoard writes from a thread of its own: the disk filling there ends the run in the same one line,
+    with no second traceback from the dying thread printed into it (in a process of its own: pytest would
+    catch the thread's end itself)."""
+    run = tmp_path / "run"
+    cmd = [sys.executable, "-c", TENSORBOARD_FILLS_THE_DISK, *short_run(run, "--checkpoint-every", "64")]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 1 and len(lines) == 1 and "Exception in thread" not in result.stderr, result.stderr
+    assert lines[0].startswith(f"distrl: error: could not write into {run}: No space left on device (ENOSPC); ")
+
+
 def test_write_failure_only_claims_write_errors(tmp_path):
     run = tmp_path / "run"
     inside = OSError(errno.EACCES, "Permission denied", str(run / "monitor.csv"))

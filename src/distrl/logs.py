@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 import time
 from collections import deque
 from pathlib import Path
@@ -188,6 +189,25 @@ class EpisodeProgress:
         self._task = None
 
 
+def _quiet_tensorboard_writer_threads() -> None:
+    """TensorBoard writes from a thread of its own. A write that fails there (a full disk) is kept for the writer,
+    which raises it in the training thread at its next call, where the run turns it into its one-line error; the
+    thread also dies of it, and Python's default hook would print that second traceback into the middle of the
+    line. Threads of TensorBoard's writer that die of an OSError end unprinted; every other thread's end is
+    printed as before."""
+    previous = threading.excepthook
+    if getattr(previous, "quiets_tensorboard", False):
+        return
+
+    def hook(args: Any) -> None:
+        writer_thread = type(args.thread).__module__.startswith("tensorboard.") if args.thread else False
+        if not (writer_thread and isinstance(args.exc_value, OSError)):
+            previous(args)
+
+    hook.quiets_tensorboard = True  # type: ignore[attr-defined]
+    threading.excepthook = hook
+
+
 class RunLogger:
     """Everything a run writes besides checkpoints. Only the main worker has one."""
 
@@ -237,6 +257,7 @@ class RunLogger:
         if self._tb is None:  # tensorboard's import costs about a second: only when first used
             from torch.utils.tensorboard import SummaryWriter
 
+            _quiet_tensorboard_writer_threads()
             self._tb = SummaryWriter(str(self.run_dir))
         return self._tb
 
