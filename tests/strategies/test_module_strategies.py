@@ -67,8 +67,9 @@ def test_ddp_with_a_module_equals_single_process(name):
     torch.testing.assert_close(p0, single, rtol=0, atol=2e-5)
 
 
-@pytest.mark.parametrize("name", RUNS)
-@pytest.mark.heavy
+@pytest.mark.parametrize(
+    "name", [pytest.param(name, marks=() if name == "pixels" else pytest.mark.heavy) for name in RUNS]
+)  # decoupled's one equivalence test in the default run: pixels, the others heavy
 def test_decoupled_with_a_module_equals_single_process(name):
     # pixels: the rollout's uint8 images are what the player scatters to the trainers
     run, cfg = RUNS[name]
