@@ -200,7 +200,7 @@ def _quiet_tensorboard_writer_threads() -> None:
         return
 
     def hook(args: Any) -> None:
-        writer_thread = type(args.thread).__module__.startswith("tensorboard.") if args.thread else False
+        writer_thread = type(args.thread).__module__.startswith("tensorboard.")  # a thread gone already: NoneType
         if not (writer_thread and isinstance(args.exc_value, OSError)):
             previous(args)
 
