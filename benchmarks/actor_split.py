@@ -43,8 +43,8 @@ class Timed:
 
 def split(algo: str, env: str, run_overrides: dict[str, Any], fragments: int) -> dict[str, float]:
     """Seconds acting and stepping over ``fragments`` fragments of one actor with the env's preset."""
-    from distrl.presets import algo_configs
     from distrl.strategies.actor_learner import RolloutWorker, WorkerSpec
+    from distrl.training.presets import algo_configs
 
     run, cfg, _ = algo_configs(algo, env, "auto", run={"quiet": True, **run_overrides})
     worker = RolloutWorker(WorkerSpec(algo, run, cfg, 0))

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from distrl import checkpoint
+from distrl.run import checkpoint
 from harness import markdown_table
 
 

@@ -38,7 +38,7 @@ CARTPOLE, BREAKOUT = "CartPole-v1", "ALE/Breakout-v5"
 
 def _preset(name: str, **changes: object) -> dict:
     """A distrl DQN preset's hyperparameters, which both libraries take under the same names."""
-    from distrl.presets import PRESETS
+    from distrl.training.presets import PRESETS
 
     values = {k: v for k, v in PRESETS["dqn"][name].items() if k not in ("total_steps", "net_arch")}
     return {**values, **changes}

@@ -96,8 +96,8 @@ def _sb3_model(env_id: str, hp: dict, linear: bool, seed: int):
 def _solve(lib: str, seed: int) -> dict:
     """Training seconds (evaluation excluded) until a 10-episode deterministic eval >= 475."""
     if lib == "distrl":
-        from distrl.presets import algo_configs
         from distrl.training import OnPolicyTrainer
+        from distrl.training.presets import algo_configs
 
         run, cfg, _ = algo_configs(
             "ppo",

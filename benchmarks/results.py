@@ -22,8 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
-from distrl.logs import monitor_agents, read_monitor
-from distrl.plots import mean_curves, reward_curves
+from distrl.run.logs import monitor_agents, read_monitor
+from distrl.run.plots import mean_curves, reward_curves
 from harness import markdown_table
 
 ROOT = Path(__file__).parents[1]
@@ -151,7 +151,7 @@ def load_runs() -> list[dict]:
 def settings(run: dict) -> str:
     """The preset whose hyperparameters the run trained with (whatever it was called then), else "custom"."""
     from distrl.config import ALGO_CONFIGS, to_dict
-    from distrl.presets import PRESETS
+    from distrl.training.presets import PRESETS
 
     algo, env = run["summary"]["algo"], run["summary"]["env"]
 

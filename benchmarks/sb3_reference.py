@@ -30,7 +30,7 @@ def sb3_ppo(env_id: str, seed: int, preset: str = "auto"):
     from stable_baselines3.common.env_util import make_vec_env
     from stable_baselines3.common.vec_env import VecNormalize
 
-    from distrl.presets import algo_configs
+    from distrl.training.presets import algo_configs
 
     _, cfg, _ = algo_configs("ppo", env_id, preset)
     env = make_vec_env(env_id, n_envs=cfg.n_envs, seed=seed)
@@ -73,7 +73,7 @@ def sb3_dqn(env_id: str, seed: int, preset: str = "auto"):
     from stable_baselines3 import DQN
     from stable_baselines3.common.env_util import make_vec_env
 
-    from distrl.presets import algo_configs
+    from distrl.training.presets import algo_configs
 
     _, cfg, _ = algo_configs("dqn", env_id, preset)
     if cfg.double_q or cfg.dueling or cfg.prioritized_replay or cfg.n_steps > 1:
@@ -114,7 +114,7 @@ def main() -> None:
     parser.add_argument("--preset", default="auto")
     parser.add_argument("--algo", choices=("ppo", "dqn"), default="ppo")
     args = parser.parse_args()
-    from distrl.presets import resolve_preset
+    from distrl.training.presets import resolve_preset
 
     preset, _ = resolve_preset(args.algo, args.env, args.preset)
     torch.set_num_threads(1)

@@ -10,7 +10,7 @@ Each game is trained with ``distrl train ppo GAME --self-play`` and the settings
 moving on by one each game, deterministically (the most probable legal move):
 
 - ``random``: uniformly random legal moves;
-- ``search``: the fixed search player of ``distrl.search_players``: perfect at tic-tac-toe (the best a policy
+- ``search``: the fixed search player of ``distrl.envs.search_players``: perfect at tic-tac-toe (the best a policy
   can do is draw every game), an alpha-beta search ``DEPTH`` moves ahead at connect four.
 
 The table gives wins, draws and losses per opponent, overall and moving second (the harder seat), and the

@@ -1,4 +1,4 @@
-"""Tiny deterministic PettingZoo Parallel envs for distrl.multiagent (importable as ``distrl_maenvs:name``)."""
+"""Tiny deterministic PettingZoo Parallel envs for distrl.envs.multiagent (importable as ``distrl_maenvs:name``)."""
 
 from __future__ import annotations
 

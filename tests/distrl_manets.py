@@ -8,7 +8,7 @@ import torch
 from gymnasium import spaces
 from torch import nn
 
-from distrl.spaces import DictLayout
+from distrl.envs.spaces import DictLayout
 
 
 class RowFeatures(nn.Module):

@@ -80,7 +80,7 @@ def test_a_factory_and_wrappers_from_the_api(tmp_path):
     assert run.env.startswith("memory:") and run.wrappers == ("distrl_testenvs:double_reward",)
     model.save(tmp_path / "m")
     model.close()
-    from distrl import env_names
+    from distrl.envs import names as env_names
 
     name = run.env
     factory = env_names._OBJECTS.pop(name)  # as in a fresh process: the lambda is gone

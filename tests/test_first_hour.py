@@ -15,7 +15,7 @@ import distrl
 from distrl.cli import main
 from distrl.cli.runs import EvalArgs, PlotArgs
 from distrl.config import GRPOConfig, PPOConfig, REINFORCEConfig, RunConfig, SACConfig, StrategyConfig
-from distrl.env_names import SHORT_NAMES
+from distrl.envs.names import SHORT_NAMES
 from distrl.tune.study import TuneArgs
 
 TESTS = Path(__file__).parent

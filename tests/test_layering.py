@@ -106,17 +106,80 @@ def test_no_two_modules_import_each_other_even_through_function_level_imports():
     assert cycles(graph) == []
 
 
-def test_training_imports_no_strategy():
-    # Layers import downward: strategies build trainers (and hand them their sources), never the reverse.
-    graph = import_graph(PACKAGE)
-    upward = {
-        (m, d)
-        for m, deps in graph.items()
-        if m.startswith("distrl.training")
-        for d in deps
-        if d.startswith("distrl.strategies")
+# Each part of the package and its layer: a module may import its own layer and the ones below, never one above
+# (cli -> api, tune -> strategies -> training -> algos, export -> data -> nets -> envs, tasks, run -> config).
+LAYERS = {
+    "distrl": 9,
+    "distrl.__main__": 9,
+    "distrl.cli": 8,
+    "distrl.api": 7,
+    "distrl.tune": 7,
+    "distrl.strategies": 6,
+    "distrl.training": 5,
+    "distrl.algos": 4,
+    "distrl.export": 4,
+    "distrl.data": 3,
+    "distrl.nets": 2,
+    "distrl.tasks": 1,
+    "distrl.envs": 1,
+    "distrl.run": 1,
+    "distrl.config": 0,
+    "distrl._version": 0,
+}
+ROOT_MODULES = {"__init__.py", "__main__.py", "api.py", "_version.py"}
+
+
+def part_of(module: str) -> str:
+    """The entry of LAYERS a module belongs to: its subpackage, or itself at the package root."""
+    return ".".join(module.split(".")[:2])
+
+
+def upward_imports(graph: dict[str, set[str]]) -> set[tuple[str, str]]:
+    return {
+        (module, dep)
+        for module, deps in graph.items()
+        for dep in deps
+        if LAYERS[part_of(dep)] > LAYERS[part_of(module)]
     }
-    assert upward == set(), upward
+
+
+def test_only_the_api_stands_at_the_package_root_and_every_part_has_a_layer():
+    assert {p.name for p in PACKAGE.glob("*.py")} == ROOT_MODULES
+    parts = {f"distrl.{p.name}" for p in PACKAGE.iterdir() if (p / "__init__.py").exists()}
+    parts |= {f"distrl.{name.removesuffix('.py')}" for name in ROOT_MODULES - {"__init__.py"}} | {"distrl"}
+    assert parts == set(LAYERS)
+
+
+def test_every_subpackage_says_what_it_holds_and_what_it_may_import():
+    for init in sorted(PACKAGE.glob("*/__init__.py")):
+        doc = ast.get_docstring(ast.parse(init.read_text())) or ""
+        assert "Imports:" in doc and len(doc.split()) >= 25, f"{init.parent.name}/__init__.py"
+
+
+def test_no_import_runs_back_up_the_layers():
+    graph = import_graph(PACKAGE)
+    assert upward_imports(graph) == set()
+    # nor between two parts of one layer both ways (a cycle of packages, even without a cycle of modules)
+    parts = {(part_of(m), part_of(d)) for m, deps in graph.items() for d in deps if part_of(m) != part_of(d)}
+    assert {(a, b) for a, b in parts if (b, a) in parts} == set()
+
+
+def test_nothing_inside_the_package_imports_the_package_root():
+    for path in PACKAGE.rglob("*.py"):
+        if path == PACKAGE / "__init__.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                assert all(alias.name != "distrl" for alias in node.names), path
+            elif isinstance(node, ast.ImportFrom) and node.module == "distrl":
+                # `from distrl import export` names a subpackage; a name of the root's own (a class, __version__) is not
+                for alias in node.names:
+                    assert (PACKAGE / alias.name / "__init__.py").exists(), f"{path}: from distrl import {alias.name}"
+
+
+def test_the_layer_check_finds_an_import_that_runs_back_up(tmp_path):
+    graph = {"distrl.envs.vector": {"distrl.config", "distrl.nets.core"}, "distrl.nets.core": {"distrl.envs.spaces"}}
+    assert upward_imports(graph) == {("distrl.envs.vector", "distrl.nets.core")}
 
 
 def test_the_cycle_check_finds_a_cycle_through_a_function_level_import(tmp_path):

@@ -67,7 +67,7 @@ def test_runs_that_gave_the_env_arguments_get_their_own_row_which_names_them():
 
 def test_a_run_that_saved_or_compacted_its_replay_buffer_still_used_its_preset():
     from distrl.config import SACConfig, to_dict
-    from distrl.presets import PRESETS
+    from distrl.training.presets import PRESETS
 
     params = {k: v for k, v in PRESETS["sac"]["Hopper-v5"].items() if k != "total_steps"}
     stored = dict(to_dict(SACConfig(**params)), save_replay=True, optimize_memory_usage=True)
@@ -78,7 +78,7 @@ def test_a_run_that_saved_or_compacted_its_replay_buffer_still_used_its_preset()
 
 def test_settings_shared_by_several_presets_are_named_after_the_runs_env():
     from distrl.config import PPOConfig, to_dict
-    from distrl.presets import PRESETS
+    from distrl.training.presets import PRESETS
 
     def ppo_run(env, preset):
         params = {k: v for k, v in PRESETS["ppo"][preset].items() if k != "total_steps"}

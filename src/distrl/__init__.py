@@ -5,9 +5,9 @@
 >>> model.evaluate(10)  # doctest: +SKIP
 """
 
-__version__ = "0.1.0"
-
 from typing import TYPE_CHECKING, Any
+
+from distrl._version import __version__
 
 __all__ = ["APPO", "DQN", "IMPALA", "PPO", "REINFORCE", "SAC", "__version__"]
 

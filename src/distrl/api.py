@@ -15,16 +15,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from distrl import checkpoint, export, trust
+from distrl import export
 from distrl.config import ConfigError, RunConfig, split_by_config
-from distrl.env_names import env_kwargs_items, env_source, policy_name, refuse_named_code, wrapper_names
-from distrl.envs import make_run_env
-from distrl.evaluation import evaluate
+from distrl.envs.evaluation import evaluate
+from distrl.envs.masks import with_mask
+from distrl.envs.names import env_kwargs_items, env_source, policy_name, refuse_named_code, wrapper_names
+from distrl.envs.spaces import check_observation, start_flags
+from distrl.envs.vector import make_run_env
 from distrl.export import Export, Format
-from distrl.logs import Console
-from distrl.masks import with_mask
-from distrl.presets import algo_configs
-from distrl.spaces import check_observation, start_flags
+from distrl.run import checkpoint, trust
+from distrl.run.logs import Console
 from distrl.training import (
     EVAL_SEED_OFFSET,
     DQNTrainer,
@@ -35,6 +35,7 @@ from distrl.training import (
     make_trainer,
 )
 from distrl.training.precision import bf16_emulated_note
+from distrl.training.presets import algo_configs
 
 
 class Model:
@@ -269,7 +270,7 @@ class Model:
         Loading never unpickles, and it imports none of the code the run's config names (a custom env's
         'package.module:Name', wrappers, a policy factory) unless ``trust_code=True`` or you pass that
         part again yourself: a run from someone else could name anything. Runs this user wrote on this
-        machine, with their config as written, need neither (see :mod:`distrl.trust`).
+        machine, with their config as written, need neither (see :mod:`distrl.run.trust`).
         """
         path = checkpoint.newest_intact(Path(path))
         run_cfg, _, cfg, state = configs_from_checkpoint(path)

@@ -4,11 +4,11 @@ import torch
 from gymnasium import spaces
 
 from distrl.algos.dqn import DQNAlgo, td_loss, td_target
+from distrl.algos.protocols import LocalSync
 from distrl.config import ConfigError, DQNConfig
 from distrl.data.nstep import NStepAccumulator
 from distrl.data.replay import Transitions
 from distrl.nets import make_q_network
-from distrl.protocols import LocalSync
 
 OBS = spaces.Box(-1.0, 1.0, (3,), np.float32)
 ACTIONS = spaces.Discrete(2)

@@ -7,16 +7,16 @@ import pytest
 import torch
 
 from distrl.algos.grpo import GRPOAlgo, group_advantages, token_loss, token_weights
+from distrl.algos.protocols import LocalSync
 from distrl.config import ConfigError, GRPOConfig, RunConfig, StrategyConfig
 from distrl.data.groups import GroupSamples, draw_groups, sampling_uniforms, score_groups, step_positions
 from distrl.data.versioned import VersionedReplay
 from distrl.nets.distributions import sample_tokens
 from distrl.nets.group_policy import CategoricalPolicy
-from distrl.protocols import LocalSync
 from distrl.strategies.group_actors import Generator, request_positions
 from distrl.strategies.pipeline import check_pipeline
-from distrl.streams import KeyedStreams
-from distrl.tasks import BanditTask, ToyTask, make_group_task
+from distrl.tasks.group import BanditTask, ToyTask, make_group_task
+from distrl.tasks.streams import KeyedStreams
 
 
 def test_group_advantages_by_hand():

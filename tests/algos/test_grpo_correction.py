@@ -16,10 +16,10 @@ from distrl.algos.importance import (
     outside_band,
     sequence_log_ratio,
 )
+from distrl.algos.protocols import LocalSync
 from distrl.config import GRPOConfig
 from distrl.data.groups import GroupSamples
 from distrl.nets.core import bind_module
-from distrl.protocols import LocalSync
 
 
 class PositionPolicy:

@@ -7,11 +7,11 @@ from gymnasium import spaces
 
 from distrl.algos.optim import ClippedAdam, linear
 from distrl.algos.ppo import PPOAlgo, ppo_loss
+from distrl.algos.protocols import LocalSync
 from distrl.config import ConfigError, PPOConfig
 from distrl.data.packed import PackedBatch
 from distrl.data.rollout import Rollout, RolloutBatch
 from distrl.nets import ActorCritic, ParamBuffer
-from distrl.protocols import LocalSync
 from reference import distribution, functional_params, values
 
 

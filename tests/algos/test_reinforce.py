@@ -3,11 +3,11 @@ import pytest
 import torch
 from gymnasium import spaces
 
+from distrl.algos.protocols import LocalSync
 from distrl.algos.reinforce import REINFORCEAlgo, episode_returns_to_go, reinforce_loss
 from distrl.config import REINFORCEConfig
 from distrl.data.episodes import EpisodeBatch, merge_episode_batches
 from distrl.nets import ActorCritic
-from distrl.protocols import LocalSync
 
 
 def test_returns_to_go_restart_at_each_episode():

@@ -4,11 +4,11 @@ import numpy as np
 import pytest
 import torch
 
+from distrl.algos.protocols import LocalSync
 from distrl.algos.sac import critic_target, polyak
 from distrl.config import ConfigError, SACConfig
 from distrl.data.replay import ReplayBuffer, Transitions
 from distrl.nets.sac import SquashedGaussianActor, squashed_log_prob
-from distrl.protocols import LocalSync
 from reference import mlp, sac_algo
 
 

@@ -10,17 +10,17 @@ import torch
 from gymnasium import spaces
 
 from distributed import run_ranks
-from distrl import checkpoint
 from distrl.algos.appo import APPOAlgo
 from distrl.algos.impala import IMPALAAlgo
 from distrl.algos.policy_stats import STATS
 from distrl.algos.ppo import PPOAlgo
+from distrl.algos.protocols import LocalSync
 from distrl.algos.value_norm import ValueNormalizer
 from distrl.config import APPOConfig, ConfigError, IMPALAConfig, PPOConfig, RunConfig, StrategyConfig
 from distrl.data.packed import PackedBatch
 from distrl.data.rollout import Rollout, RolloutBatch
 from distrl.nets import ActorCritic
-from distrl.protocols import LocalSync
+from distrl.run import checkpoint
 from distrl.training import OnPolicyTrainer
 from reference import distribution, functional_params, values
 

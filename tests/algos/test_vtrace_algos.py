@@ -18,11 +18,11 @@ from distrl.algos.autodiff import leaves, output_grads
 from distrl.algos.impala import IMPALAAlgo, impala_loss
 from distrl.algos.optim import ClippedRMSprop
 from distrl.algos.ppo import PPOAlgo
+from distrl.algos.protocols import LocalSync
 from distrl.config import APPOConfig, ConfigError, IMPALAConfig, PPOConfig, RunConfig
 from distrl.data.rollout import Rollout
 from distrl.data.vtrace import vtrace
 from distrl.nets import ActorCritic, ParamBuffer
-from distrl.protocols import LocalSync
 from distrl.training import OnPolicyTrainer
 from reference import distribution, functional_params, values
 

@@ -8,11 +8,11 @@ import pytest
 import torch
 from safetensors.numpy import load_file, save_file
 
-from distrl import checkpoint
 from distrl.cli import main
 from distrl.config import ConfigError, SACConfig
 from distrl.data import replay_memory
 from distrl.data.replay import CompactReplayBuffer, ReplayBuffer
+from distrl.run import checkpoint
 
 
 def stream(n_envs: int, steps: int, seed: int = 0, cut_every: int = 0):

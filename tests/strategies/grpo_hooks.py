@@ -2,9 +2,9 @@
 
 import dataclasses
 
-from distrl.presets import algo_configs
 from distrl.strategies.pipeline import PipelineGroups
 from distrl.training.group import train_grpo
+from distrl.training.presets import algo_configs
 
 
 class HookedGroups(PipelineGroups):

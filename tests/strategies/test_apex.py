@@ -11,7 +11,7 @@ from distrl.strategies.actors import RayActors
 from distrl.strategies.apex import ApexSource
 from distrl.strategies.replay_actors import ReplayHolderLost, actor_epsilon
 from distrl.training import DQNTrainer, OffPolicyTrainer
-from test_dqn_runs import FAST_CARTPOLE  # 32 gradient steps of 64 per 64 env steps: a replay ratio of 32
+from settings import FAST_CARTPOLE  # 32 gradient steps of 64 per 64 env steps: a replay ratio of 32
 
 pytestmark = pytest.mark.multiprocess
 
@@ -113,7 +113,7 @@ def test_sac_with_two_actors_reaches_minus_200_on_pendulum(ray_local):
 
 @pytest.mark.heavy
 def test_the_shared_replay_is_saved_with_checkpoints_and_comes_back_on_resume(ray_local, tmp_path):
-    from distrl import checkpoint
+    from distrl.run import checkpoint
 
     cfg = DQNConfig(learning_starts=256, batch_size=32, buffer_size=5000, net_arch=(16,), save_replay=True)
     strategy = StrategyConfig(strategy="actor-learner", workers=2)

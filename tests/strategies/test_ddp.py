@@ -9,11 +9,11 @@ from gymnasium import spaces
 
 from distributed import run_ranks
 from distrl.algos.ppo import PPOAlgo
+from distrl.algos.protocols import LocalSync
 from distrl.config import ConfigError, PPOConfig, REINFORCEConfig, RunConfig, StrategyConfig, scaled
 from distrl.data.packed import PackedBatch
 from distrl.data.rollout import RolloutBatch
 from distrl.nets import ActorCritic
-from distrl.protocols import LocalSync
 from distrl.training import OnPolicyTrainer
 from reference import sac_algo
 

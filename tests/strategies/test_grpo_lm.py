@@ -16,9 +16,9 @@ from safetensors.torch import load_file, save_file
 
 from distrl.cli import main
 from distrl.config import GRPOConfig, RunConfig, StrategyConfig
-from distrl.rewards import RewardError
 from distrl.strategies.actors import RayActors
 from distrl.strategies.pipeline import RewardFailed
+from distrl.tasks.rewards import RewardError
 from distrl.training.group import train_grpo
 
 transformers = pytest.importorskip("transformers")

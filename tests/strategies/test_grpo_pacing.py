@@ -20,11 +20,11 @@ from safetensors.torch import load_file
 from distributed import run_ranks
 from distrl.config import ConfigError, GRPOConfig, StrategyConfig
 from distrl.data.versioned import VersionedReplay
-from distrl.presets import algo_configs
 from distrl.strategies.actors import RayActors
 from distrl.strategies.pipeline import PipelineGroups, check_pipeline
 from distrl.training.group import GroupTrainer, train_grpo
 from distrl.training.group_sources import LocalGroups
+from distrl.training.presets import algo_configs
 
 pytestmark = pytest.mark.multiprocess
 

@@ -294,7 +294,7 @@ def test_sac_runs_under_ddp(tmp_path):
 @pytest.mark.parametrize("compact", [pytest.param(False, marks=pytest.mark.slow), True])
 @pytest.mark.heavy
 def test_a_ddp_sac_run_resumed_with_every_ranks_replay_buffer_equals_the_uninterrupted_run(tmp_path, compact):
-    from distrl import checkpoint
+    from distrl.run import checkpoint
 
     args = [
         "train",
@@ -408,7 +408,7 @@ def test_resume_auto_under_torchrun_restarts_continues_a_killed_rank_from_the_ne
         return [line.rsplit(",", 1)[0] for line in (run / "monitor.csv").read_text().splitlines()[2:]]  # r,l
 
     assert episodes(run_dir) == episodes(whole)  # each episode once, none lost, none twice
-    from distrl import checkpoint
+    from distrl.run import checkpoint
 
     assert (
         checkpoint.load(run_dir / checkpoint.MODEL_DIR)[0].keys()

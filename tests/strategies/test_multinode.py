@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from distrl import checkpoint
+from distrl.run import checkpoint
 from distrl.strategies.ray_engine import free_port
 
 pytestmark = pytest.mark.multiprocess

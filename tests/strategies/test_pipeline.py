@@ -11,9 +11,9 @@ import pytest
 from grpo_hooks import train_bandit
 
 from distrl.config import StrategyConfig
-from distrl.presets import algo_configs
 from distrl.strategies.actors import RayActors
 from distrl.training.group import train_grpo
+from distrl.training.presets import algo_configs
 
 pytestmark = pytest.mark.multiprocess
 

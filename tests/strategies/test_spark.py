@@ -93,7 +93,7 @@ def spark():
     pytest.importorskip("pyspark", reason="pyspark is not installed (pip install 'distrl[spark]')")
     if shutil.which("java") is None:
         pytest.skip("Spark needs a Java runtime on PATH")
-    from distrl.spark import session
+    from distrl.strategies.spark import session
 
     with session("local[2]") as spark:
         yield spark
@@ -115,7 +115,7 @@ def final_params_checksum(run_dir):
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("local_mode", [True, False], ids=["on-driver", "on-executors"])
 def test_two_ranks_train_ppo_and_end_with_identical_parameters(spark, tmp_path, local_mode):
-    from distrl.spark import train
+    from distrl.strategies.spark import train
 
     run_dir = tmp_path / "run"
     summary = train(
@@ -145,7 +145,7 @@ def test_two_ranks_train_ppo_and_end_with_identical_parameters(spark, tmp_path, 
 @pytest.mark.slow
 @pytest.mark.multiprocess
 def test_a_rank_that_raises_is_named_with_its_exception(spark, tmp_path):
-    from distrl.spark import train
+    from distrl.strategies.spark import train
 
     start = time.monotonic()
     with pytest.raises(WorkerFailed) as caught:
@@ -167,7 +167,7 @@ def test_a_rank_that_raises_is_named_with_its_exception(spark, tmp_path):
 @pytest.mark.slow
 @pytest.mark.multiprocess
 def test_too_many_ranks_for_the_master_fail_at_once_without_a_job(spark, tmp_path):
-    from distrl.spark import train
+    from distrl.strategies.spark import train
 
     start = time.monotonic()
     with pytest.raises(ConfigError, match=r"workers=3 is not allowed: must be <= 2"):

@@ -1,4 +1,7 @@
-"""Algorithm math: losses, advantages and one update from a batch.
+"""Algorithm math: one file per algorithm with its plain loss and its update from a batch, the return and
+advantage estimators as pure functions, optimizers, and the ``Sync`` protocol (``protocols``) through which
+a strategy makes an update agree with the other workers.
 
-Nothing here imports torch.distributed or ray; strategies pass in a ``Sync``.
+Imports: :mod:`distrl.data`, :mod:`distrl.nets`, :mod:`distrl.config`, torch. Never torch.distributed or ray
+(a test enforces it), never training, strategies or cli.
 """

@@ -22,11 +22,11 @@ import torch
 
 from distrl.algos.autodiff import leaves, output_grads
 from distrl.algos.optim import ClippedAdam
+from distrl.algos.protocols import Sync
 from distrl.algos.sac import polyak
 from distrl.config import DQNConfig
 from distrl.data.replay import Transitions
 from distrl.nets.q import QMLP, ModuleQ
-from distrl.protocols import Sync
 
 QNetwork = QMLP | ModuleQ
 """A Q network (``nets.make_q_network`` builds the closed-form MLPs or a module: one interface)."""

@@ -61,10 +61,10 @@ import torch
 
 from distrl.algos.importance import MISMATCH_STATS, mismatch_metrics, mismatch_sums, outside_band, sequence_log_ratio
 from distrl.algos.optim import ClippedAdam, linear
+from distrl.algos.protocols import Sync
 from distrl.config import GRPOConfig
 from distrl.data.groups import GroupSamples
 from distrl.nets.group_policy import GroupPolicy
-from distrl.protocols import Sync
 
 ADVANTAGE_EPS = 1e-4
 

@@ -19,6 +19,7 @@ import torch
 from distrl.algos.autodiff import leaves, output_grads
 from distrl.algos.optim import ClippedAdam, FlatOptimizer, linear
 from distrl.algos.policy_stats import STATS, AgentPolicies
+from distrl.algos.protocols import Sync
 from distrl.algos.value_norm import ValueNormalizer
 from distrl.config import PPOConfig
 from distrl.data.packed import Minibatch, PackedBatch
@@ -26,7 +27,6 @@ from distrl.data.rollout import Rollout, RolloutBatch, Sequences, gae
 from distrl.nets import Agent
 from distrl.nets.multiagent import AgentSetup
 from distrl.nets.recurrent import sequence_minibatch_rows, state_from_numpy
-from distrl.protocols import Sync
 
 
 class Targets(NamedTuple):

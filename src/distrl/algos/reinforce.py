@@ -13,11 +13,11 @@ import torch
 
 from distrl.algos.autodiff import leaves, output_grads
 from distrl.algos.optim import ClippedAdam
+from distrl.algos.protocols import Sync
 from distrl.config import REINFORCEConfig
 from distrl.data.episodes import EpisodeBatch
 from distrl.data.rollout import discounted_returns
 from distrl.nets import Agent
-from distrl.protocols import Sync
 
 
 def episode_returns_to_go(rewards: np.ndarray, starts: np.ndarray, gamma: float) -> np.ndarray:

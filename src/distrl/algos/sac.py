@@ -23,10 +23,10 @@ import torch
 
 from distrl.algos.autodiff import leaves, output_grads
 from distrl.algos.optim import ClippedAdam
+from distrl.algos.protocols import Sync
 from distrl.config import SACConfig
 from distrl.data.replay import Transitions
 from distrl.nets.factory import SACNetworks
-from distrl.protocols import Sync
 
 
 def critic_target(

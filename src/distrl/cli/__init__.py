@@ -3,7 +3,10 @@
 User mistakes (a ConfigError) print one line on stderr and exit with status 2; a run that cannot write
 its directory (a full disk), or an export whose graph does not act as the policy does, one line and status 1; a run stopped by a signal at its checkpoint one line and
 128 + the signal's number. ``--debug`` shows the traceback as well. Each command's flags and work live in a module of its own
-(``train``; ``runs`` for eval and plot; ``distrl.tune`` and ``distrl.bench``), imported when it is asked for.
+(``train``; ``runs`` for eval and plot; ``distrl.tune`` and ``distrl.cli.bench``), imported when it is asked for.
+
+Imports: anything below it (strategies, the API, tune, export, and their layers); nothing imports it but
+``python -m distrl``.
 """
 
 from __future__ import annotations
@@ -15,12 +18,12 @@ import traceback
 
 import tyro
 
-from distrl import __version__
+from distrl._version import __version__
 from distrl.config import ConfigError
-from distrl.env_names import SHORT_NAMES
+from distrl.envs.names import SHORT_NAMES
 from distrl.export import ExportFailed
-from distrl.preemption import Stopped
-from distrl.rundir import WriteFailed
+from distrl.run.preemption import Stopped
+from distrl.run.rundir import WriteFailed
 
 ALGOS = ("ppo", "appo", "impala", "sac", "dqn", "reinforce", "grpo")
 
@@ -152,7 +155,7 @@ def _dispatch(argv: list[str]) -> int:
                 f"bench={rest[0] if rest else ''!r} is not known: must be scaling "
                 "(distrl bench scaling ALGO ENV --workers 1,2)"
             )
-        from distrl.bench import scaling_command
+        from distrl.cli.bench import scaling_command
 
         return scaling_command(rest[1:])
     raise ConfigError(

@@ -10,9 +10,9 @@ from typing import Annotated, Any, Literal
 
 import tyro
 
-from distrl import checkpoint
-from distrl.argv import merge_repeated, parse_flags
 from distrl.config import ConfigError, Device, Tracker
+from distrl.config.argv import merge_repeated, parse_flags
+from distrl.run import checkpoint
 
 
 @dataclass(frozen=True)
@@ -138,7 +138,7 @@ def eval_command(argv: list[str]) -> int:
     if args.track and not args.record:
         raise ConfigError(f"track={args.track!r} is not allowed without --record: eval logs a recorded video")
     if args.track:
-        from distrl.tracking import check_trackers
+        from distrl.run.tracking import check_trackers
 
         check_trackers(args.track)  # before the recording, not after it
     model = args.load(args.device)
@@ -162,9 +162,9 @@ def play_against(model: Any, opponent: Any, games: int, deterministic: bool, see
     moving on by one seat each game: its wins, draws and losses, overall and per seat."""
     import numpy as np
 
-    from distrl.envs import make_run_env
-    from distrl.evaluation import evaluate
-    from distrl.selfplay import games_of, outcomes
+    from distrl.envs.evaluation import evaluate
+    from distrl.envs.selfplay import games_of, outcomes
+    from distrl.envs.vector import make_run_env
     from distrl.training import EVAL_SEED_OFFSET
 
     trainer = model._trainer
@@ -191,8 +191,8 @@ def play_against(model: Any, opponent: Any, games: int, deterministic: bool, see
 
 def _play(model: Any, args: EvalArgs) -> int:
     """``distrl eval RUN --opponent ...``: whole games in both seats, their wins, draws and losses."""
-    from distrl.search_players import SearchOpponent
-    from distrl.selfplay import ModelOpponent, RandomOpponent
+    from distrl.envs.search_players import SearchOpponent
+    from distrl.envs.selfplay import ModelOpponent, RandomOpponent
 
     other = None
     opponent: RandomOpponent | SearchOpponent | ModelOpponent
@@ -226,7 +226,7 @@ def _play(model: Any, args: EvalArgs) -> int:
 
 def _search_depth(opponent: str) -> int:
     """The connect four depth of ``--opponent search`` or ``search:DEPTH``."""
-    from distrl.search_players import DEFAULT_DEPTH
+    from distrl.envs.search_players import DEFAULT_DEPTH
 
     _, colon, depth = opponent.partition(":")
     if not colon:
@@ -265,8 +265,8 @@ def _record(model: Any, args: EvalArgs) -> int:
     import sys
 
     from distrl.config import parse_env_kwargs
-    from distrl.envs import make_single_env
-    from distrl.video import record
+    from distrl.envs.vector import make_single_env
+    from distrl.envs.video import record
 
     deterministic = not args.stochastic
     policies, labels = [model.player(deterministic)], ["trained"]
@@ -313,7 +313,7 @@ def _record(model: Any, args: EvalArgs) -> int:
 
 def _track_video(model: Any, args: EvalArgs) -> None:
     """Log the recorded video to the trackers of the run it came from (RUN/tracking.json)."""
-    from distrl.tracking import close_trackers, open_trackers
+    from distrl.run.tracking import close_trackers, open_trackers
 
     run_dir = checkpoint.run_dir_of(checkpoint.find_latest(Path(args.path)))
     if run_dir is None:
@@ -328,7 +328,7 @@ def _track_video(model: Any, args: EvalArgs) -> None:
 
 
 def plot_command(argv: list[str]) -> int:
-    from distrl.plots import mean_curves, reward_curves, seed_groups
+    from distrl.run.plots import mean_curves, reward_curves, seed_groups
 
     args = parse_flags(PlotArgs, argv, prog="distrl plot")
     if not args.runs:
@@ -343,9 +343,9 @@ def plot_command(argv: list[str]) -> int:
 
 
 def trust_command(argv: list[str]) -> int:
-    """``distrl trust RUN [RUN ...]``: let runs from elsewhere load the code their config names (see distrl.trust)."""
-    from distrl import trust
-    from distrl.env_names import named_code
+    """``distrl trust RUN [RUN ...]``: let runs from elsewhere load the code their config names (see distrl.run.trust)."""
+    from distrl.envs.names import named_code
+    from distrl.run import trust
     from distrl.training.recorded import configs_from_state
 
     if not argv or argv[0] in ("-h", "--help"):

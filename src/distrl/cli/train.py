@@ -12,8 +12,6 @@ from typing import Any
 
 import tyro
 
-from distrl import checkpoint, preemption, rundir, trust
-from distrl.argv import checkpoint_every_time, flag_value, merge_repeated, no_action_mask, parse_flags, set_flag
 from distrl.cli import ALGOS
 from distrl.config import (
     APPOConfig,
@@ -28,10 +26,12 @@ from distrl.config import (
     StrategyConfig,
     unknown_algo,
 )
-from distrl.env_names import portable_env_name, refuse_named_code, resolve_env_id
-from distrl.presets import algo_configs, preset_names
-from distrl.tasks import TEXT_TASK
+from distrl.config.argv import checkpoint_every_time, flag_value, merge_repeated, no_action_mask, parse_flags, set_flag
+from distrl.envs.names import portable_env_name, refuse_named_code, resolve_env_id
+from distrl.run import checkpoint, preemption, rundir, trust
+from distrl.tasks.group import TEXT_TASK
 from distrl.training import configs_from_checkpoint, default_run_dir, make_trainer
+from distrl.training.presets import algo_configs, preset_names
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -178,7 +178,7 @@ def _train_command(argv: list[str]) -> int:
     algo_cfg = getattr(args, algo)
     run = args.run
     if run.track:
-        from distrl.tracking import check_trackers
+        from distrl.run.tracking import check_trackers
 
         check_trackers(run.track)
     if args.strategy.strategy == "pipeline" and algo not in (*ASYNC_ALGOS, "grpo"):
@@ -237,8 +237,8 @@ def _train(
 def _train_grpo(
     run: RunConfig, strategy: StrategyConfig, cfg: GRPOConfig, resume_path: Path | None, argv: list[str]
 ) -> int:
-    from distrl.rewards import RewardError
     from distrl.strategies.pool import GeneratorFailed, PipelineStalled
+    from distrl.tasks.rewards import RewardError
     from distrl.training.group import GroupTrainer, train_grpo
 
     if strategy.strategy not in ("single", "ddp", "pipeline"):

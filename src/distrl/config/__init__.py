@@ -2,7 +2,10 @@
 
 Every field has a docstring; the command line turns them into ``--help``. A value out
 of range raises :class:`ConfigError` whose message names the field, the value and what
-is allowed, so the command line can print it as one line and exit with status 2.
+is allowed, so the command line can print it as one line and exit with status 2. ``argv`` is the command
+line's pre-pass before its parser.
+
+Imports: nothing of distrl's; every other layer imports it.
 """
 
 from distrl.config.algos import (

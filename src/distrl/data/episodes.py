@@ -9,9 +9,9 @@ from typing import Protocol
 import numpy as np
 
 from distrl.data.collector import Collector, LocalCollection
-from distrl.envs import VecEnv
+from distrl.envs.spaces import stored_layout
+from distrl.envs.vector import VecEnv
 from distrl.nets import Agent
-from distrl.spaces import stored_layout
 
 NOISE_BLOCK = 256  # steps of sampling noise drawn per environment at a time
 

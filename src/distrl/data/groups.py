@@ -8,7 +8,7 @@ Which prompts a step trains on, and the uniforms that sample each token, depend 
 *position* in the run's global order of prompts, never on which worker or generator drew it. That
 is what makes ``ddp``, ``pipeline`` and ``single`` draw identical completions from identical weights.
 
-On a text environment's task (:mod:`distrl.text_envs`) a completion is a multi-turn episode
+On a text environment's task (:mod:`distrl.tasks.text_envs`) a completion is a multi-turn episode
 (:mod:`distrl.nets.multi_turn`): the model's turns with the environment's answers between them, its return
 recorded with it (``env_return``) and scored as the task's first reward, ``env``.
 """
@@ -25,10 +25,10 @@ import torch
 from distrl.nets.causal_lm import CausalLMPolicy
 from distrl.nets.group_policy import GroupPolicy
 from distrl.nets.multi_turn import play_episodes
-from distrl.rewards import RewardFailure
-from distrl.streams import KeyedStreams
-from distrl.tasks import GroupTask
-from distrl.text_envs import TextEnvTask
+from distrl.tasks.group import GroupTask
+from distrl.tasks.rewards import RewardFailure
+from distrl.tasks.streams import KeyedStreams
+from distrl.tasks.text_envs import TextEnvTask
 
 
 @dataclass(frozen=True)

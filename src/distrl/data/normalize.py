@@ -12,8 +12,8 @@ import math
 import numpy as np
 from gymnasium import spaces
 
-from distrl.masks import MASK_KEY
-from distrl.spaces import DictLayout, is_vector, stored_layout
+from distrl.envs.masks import MASK_KEY
+from distrl.envs.spaces import DictLayout, is_vector, stored_layout
 
 
 def moments(batch: np.ndarray) -> np.ndarray:
@@ -59,7 +59,7 @@ class ObsNormalizer:
     """``(obs - mean) / sqrt(var + eps)``, clipped; when disabled, a pass-through that only casts to
     the stored dtype (float32 for vectors; images and Dict rows keep theirs).
 
-    For a Dict observation (packed rows, see :class:`~distrl.spaces.DictLayout`) only its float
+    For a Dict observation (packed rows, see :class:`~distrl.envs.spaces.DictLayout`) only its float
     Box parts are normalised, never images nor an action mask: the statistics cover those parts side by side.
     """
 

@@ -12,10 +12,10 @@ import torch
 
 from distrl.data.collector import Collector, LocalCollection
 from distrl.data.normalize import ObsNormalizer, RewardScaler
-from distrl.envs import VecEnv
+from distrl.envs.spaces import stored_layout
+from distrl.envs.vector import VecEnv
 from distrl.nets import Agent
 from distrl.nets.recurrent import state_to_numpy
-from distrl.spaces import stored_layout
 
 
 def gae(

@@ -6,6 +6,9 @@ and compared with the policy acting in distrl on the same observations (and the 
 export): identical actions for choices, within :data:`TOLERANCE` for continuous actions. Only a graph that passes
 takes its name, with a JSON file beside it (``FILE.json``) naming the spaces, the inputs and outputs, what the
 graph does to observations and actions, the check's figures and the distrl version.
+
+Imports: :mod:`distrl.nets`, :mod:`distrl.data` (normalisers), :mod:`distrl.envs`, :mod:`distrl.run`,
+:mod:`distrl.config`; the API and the command line import it.
 """
 
 from __future__ import annotations
@@ -24,11 +27,11 @@ import numpy as np
 import torch
 from gymnasium import spaces
 
-from distrl import __version__
+from distrl._version import __version__
 from distrl.config import ConfigError
-from distrl.envs import VecEnv
+from distrl.envs.vector import VecEnv
 from distrl.export.graph import ActingGraph, graph_observations, policy_graph, q_graph, sac_graph
-from distrl.logs import write_json_atomic
+from distrl.run.logs import write_json_atomic
 
 __all__ = [
     "ActingGraph",

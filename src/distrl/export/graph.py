@@ -34,7 +34,8 @@ from torch import nn
 
 from distrl.config import ConfigError
 from distrl.data.normalize import ObsNormalizer
-from distrl.masks import MASK_KEY, MaskReader, mask_logits
+from distrl.envs.masks import MASK_KEY, MaskReader, mask_logits
+from distrl.envs.spaces import ActionSpec, DictLayout, action_spec, stored_layout
 from distrl.nets.actor_critic import ActorCritic
 from distrl.nets.agent import Agent
 from distrl.nets.core import ParamBuffer
@@ -44,7 +45,6 @@ from distrl.nets.q import QMLP, ModuleQ, QHeadModule, dueling_q
 from distrl.nets.recurrent import RecurrentActorCritic, RecurrentAgent
 from distrl.nets.sac import LOG_STD_MAX, LOG_STD_MIN, SquashedGaussianActor
 from distrl.nets.sac_module import ModuleSquashedActor, SACActorModule
-from distrl.spaces import ActionSpec, DictLayout, action_spec, stored_layout
 
 BATCH = "batch"
 
@@ -239,7 +239,7 @@ def _choose(logits: torch.Tensor, uniform: torch.Tensor | None) -> torch.Tensor:
 
 class MaskedBody(nn.Module):
     """A body whose head outputs (logits, Q-values) are masked by the observation's ``action_mask`` input, as the
-    agent masks them in training (:mod:`distrl.masks`)."""
+    agent masks them in training (:mod:`distrl.envs.masks`)."""
 
     def __init__(self, body: nn.Module, index: int):
         super().__init__()

@@ -1,4 +1,10 @@
-"""Networks over flat parameter buffers: closed-form MLPs (core.py) and any module (module.py)."""
+"""Networks over flat parameter buffers: closed-form MLPs (``core``) and any ``torch.nn.Module``
+(``module``), encoders, recurrent cores, heads, Q and SAC networks, multi-agent and language-model policies,
+and the one agent factory (``factory``).
+
+Imports: :mod:`distrl.envs` (spaces, masks), :mod:`distrl.tasks` (text environments), :mod:`distrl.config`;
+never data, algos or above.
+"""
 
 from distrl.nets.actor_critic import ActorCritic, TrainForward
 from distrl.nets.core import MLP, NumpyMLP, ParamBuffer, mlp_shapes

@@ -9,6 +9,7 @@ import numpy as np
 import torch
 from gymnasium import spaces
 
+from distrl.envs.spaces import action_spec
 from distrl.nets.agent import ActStep, State
 from distrl.nets.core import MLP, ParamBuffer, mlp_shapes
 from distrl.nets.distributions import (
@@ -21,7 +22,6 @@ from distrl.nets.distributions import (
     inverse_cdf_sample,
     sample_actions,
 )
-from distrl.spaces import action_spec
 
 
 @dataclass

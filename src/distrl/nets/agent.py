@@ -13,9 +13,9 @@ from typing import Any, NamedTuple, Protocol
 import numpy as np
 import torch
 
+from distrl.envs.spaces import ActionSpec
 from distrl.nets.core import ParamBuffer
 from distrl.nets.distributions import CategoricalTerms, GaussianTerms
-from distrl.spaces import ActionSpec
 
 State = tuple[torch.Tensor, ...]
 """A recurrent core's state: tensors [layers, B, hidden] (one for a GRU, hidden and cell for an LSTM)."""

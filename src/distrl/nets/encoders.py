@@ -17,7 +17,7 @@ from gymnasium import spaces
 from torch import nn
 
 from distrl.config import ConfigError
-from distrl.spaces import DictLayout, channels_first, image_chw, is_image, unsupported_observation
+from distrl.envs.spaces import DictLayout, channels_first, image_chw, is_image, unsupported_observation
 
 EncoderName = Literal["auto", "mlp", "nature", "small", "impala"]
 
@@ -152,7 +152,7 @@ class ImpalaCNN(_Image):
 class DictEncoder(nn.Module):
     """One encoder per key of a Dict observation, features concatenated in key order.
 
-    Takes the packed uint8 rows of :class:`~distrl.spaces.DictLayout` and reads each part back
+    Takes the packed uint8 rows of :class:`~distrl.envs.spaces.DictLayout` and reads each part back
     in its own dtype and shape.
     """
 

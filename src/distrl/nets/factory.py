@@ -22,8 +22,9 @@ from gymnasium import spaces
 from torch import nn
 
 from distrl.config import ActorCriticNet, ConfigError, require_callable_as
-from distrl.env_names import MEMORY, remembered, shown_name
-from distrl.masks import reader_for
+from distrl.envs.masks import reader_for
+from distrl.envs.names import MEMORY, remembered, shown_name
+from distrl.envs.spaces import action_spec, check_observation_space, is_image, is_vector
 from distrl.nets.actor_critic import ActorCritic
 from distrl.nets.agent import Agent
 from distrl.nets.encoders import make_encoder
@@ -33,7 +34,6 @@ from distrl.nets.q import QMLP, ModuleQ, QHeadModule
 from distrl.nets.recurrent import RecurrentAgent, is_recurrent, with_heads
 from distrl.nets.sac import SquashedGaussianActor, TwinQ
 from distrl.nets.sac_module import ModuleSquashedActor, ModuleTwinQ, SACActorModule, TwinQModule
-from distrl.spaces import action_spec, check_observation_space, is_image, is_vector
 
 PolicySource = str | nn.Module | Callable[..., nn.Module] | None
 """What a user passes as the network: 'package.module:function', a module, a module class or a factory."""
@@ -243,7 +243,7 @@ def make_agent(
 
     ``precision='bf16'`` runs a module's forward and backward under bfloat16 autocast; the closed-form
     MLPs compute in float32 whatever it says. The run's ``action_mask`` (anything but "off") masks the
-    logits with the observation's ``action_mask`` part where it has one (see :mod:`distrl.masks`). ``agents``:
+    logits with the observation's ``action_mask`` part where it has one (see :mod:`distrl.envs.masks`). ``agents``:
     a multi-agent env's policies and critic (see :mod:`distrl.nets.multiagent`)."""
     check_observation_space(observation_space)
     action_spec(action_space)  # a one-line error for an action space no head fits

@@ -8,10 +8,10 @@ parameter, written into the buffer's gradient. Sync, Adam, start-up broadcast, c
 checkpoints and resume see only the flat buffers, so they need no change.
 
 The module's contract: ``forward(obs) -> (head, value)``, with ``head`` [B, head_size] (logits,
-or Gaussian means for a Box action; see :class:`~distrl.spaces.ActionSpec`) and ``value`` [B]
+or Gaussian means for a Box action; see :class:`~distrl.envs.spaces.ActionSpec`) and ``value`` [B]
 or [B, 1]. Observations arrive as tensors in their space's dtype and shape with a batch axis
 in front: uint8 images unscaled, Dict observations as packed rows (use
-:class:`~distrl.spaces.DictLayout` to read them, or build on the built-in encoders). A Box
+:class:`~distrl.envs.spaces.DictLayout` to read them, or build on the built-in encoders). A Box
 action's log-std is a parameter of the agent, not of the module.
 """
 
@@ -26,7 +26,8 @@ from torch import nn
 from torch.func import functional_call
 
 from distrl.config import ConfigError
-from distrl.masks import MaskReader, mask_logits
+from distrl.envs.masks import MaskReader, mask_logits
+from distrl.envs.spaces import action_spec
 from distrl.nets.agent import ActStep, State
 from distrl.nets.core import ParamBuffer, write_grad
 from distrl.nets.distributions import (
@@ -37,7 +38,6 @@ from distrl.nets.distributions import (
     multi_categorical_terms,
     sample_actions,
 )
-from distrl.spaces import action_spec
 
 LOG_STD = "log_std"
 EVAL_CHUNK = 256
@@ -73,7 +73,7 @@ class ModuleAgent:
     ):
         """``autocast``: run the module under autocast to this dtype (bfloat16); its outputs, the losses and
         every parameter and gradient stay float32. ``masked``: the observation's ``action_mask`` part masks
-        the head's logits (see :mod:`distrl.masks`), in acting and in training alike."""
+        the head's logits (see :mod:`distrl.envs.masks`), in acting and in training alike."""
         self.spec = action_spec(action_space)
         self.discrete = self.spec.discrete
         self.action_dim = self.spec.action_dim

@@ -35,14 +35,14 @@ import torch
 
 from distrl.config import ConfigError
 from distrl.nets.causal_lm import CausalLMPolicy, PromptEncoder, left_pad
-from distrl.text_envs import Observation, Transition
+from distrl.tasks.text_envs import Observation, Transition
 
 CONVERSATION = [{"role": "user", "content": "1"}, {"role": "assistant", "content": "2"}]
 """The fixed conversation an environment's chat messages are rendered after (see the module's docstring)."""
 
 
 class TurnEnv(Protocol):
-    """An environment as an episode plays it: checked answers (:class:`~distrl.text_envs.CheckedEnv`)."""
+    """An environment as an episode plays it: checked answers (:class:`~distrl.tasks.text_envs.CheckedEnv`)."""
 
     def step(self, model_turn: str) -> Transition: ...
 

@@ -1,7 +1,7 @@
 """Networks for multi-agent envs: which agents share a policy, and what each critic sees.
 
 A multi-agent env reaches the agent as rows of one vector env, one row per agent of each game copy
-(:mod:`distrl.multiagent`); every row's observation is a Dict holding the agent's own observation, the
+(:mod:`distrl.envs.multiagent`); every row's observation is a Dict holding the agent's own observation, the
 one-hot ``agent`` index, and with ``--critic centralised`` the game's global ``state``. The networks here
 are ordinary modules under the module path's contract (``forward(obs) -> (head, value)``, or the recurrent
 contract of :mod:`distrl.nets.recurrent` with a core), so sync, checkpoints, bf16 and every strategy treat
@@ -27,10 +27,10 @@ from gymnasium import spaces
 from torch import nn
 
 from distrl.config import ConfigError
+from distrl.envs.spaces import DictLayout
 from distrl.nets.agent import State
 from distrl.nets.encoders import DictEncoder, MLPHead, init_actor_critic
 from distrl.nets.recurrent import RecurrentCore, is_recurrent, with_heads
-from distrl.spaces import DictLayout
 
 AGENT_KEY = "agent"
 STATE_KEY = "state"

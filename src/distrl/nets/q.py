@@ -22,7 +22,7 @@ from torch import nn
 from torch.func import functional_call
 
 from distrl.config import ConfigError
-from distrl.masks import MaskReader, mask_logits
+from distrl.envs.masks import MaskReader, mask_logits
 from distrl.nets.core import MLP, ParamBuffer, mlp_shapes, write_grad
 from distrl.nets.encoders import MLPHead
 from distrl.nets.sac_module import _autocast, _buffer

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from distrl.config import ConfigError
-from distrl.masks import mask_logits
+from distrl.envs.masks import mask_logits
 from distrl.nets.agent import ActStep, State
 from distrl.nets.distributions import sample_actions
 from distrl.nets.encoders import ActorCriticModule

@@ -93,10 +93,10 @@ class RolloutWorker:
     def __init__(self, spec: WorkerSpec):
         import torch
 
-        from distrl.envs import make_run_env
+        from distrl.envs.selfplay import attach_pool
+        from distrl.envs.vector import make_run_env
         from distrl.nets import make_agent
         from distrl.nets.multiagent import agent_setup
-        from distrl.selfplay import attach_pool
         from distrl.training.state import set_cpu_options
 
         set_cpu_options(spec.run)  # as the learner and single do: threads, subnormal flushing
@@ -201,7 +201,7 @@ class RolloutWorker:
     def self_play_table(self) -> dict[str, Any] | None:
         """Self-play: this worker's training games record, its learner Elo and its pool's opponents (None without
         self-play)."""
-        from distrl.selfplay import self_play_summary
+        from distrl.envs.selfplay import self_play_summary
 
         return self_play_summary(self.opponents, self.env) if self.opponents is not None else None
 

@@ -27,14 +27,14 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from distrl import preemption
 from distrl.algos.ppo import UPDATE_METRICS, PPOAlgo
+from distrl.algos.protocols import Sync
 from distrl.config import ConfigError, PPOConfig, RunConfig, StrategyConfig
 from distrl.data.normalize import ObsNormalizer, RewardScaler
 from distrl.data.packed import PackedBatch
 from distrl.data.rollout import Rollout, RolloutBatch, Sequences
 from distrl.nets.recurrent import sequence_minibatch_rows
-from distrl.protocols import Sync
+from distrl.run import preemption
 from distrl.strategies.dist_sync import DistributedSync
 
 STOP, UPDATE, SEND_STATE = 0, 1, 2
@@ -220,11 +220,11 @@ def run_trainer(
 
     Returns a checksum of the weights after every update (tests compare them with the player's).
     """
-    from distrl.envs import make_run_env
+    from distrl.envs.spaces import stored_layout
+    from distrl.envs.vector import make_run_env
     from distrl.nets import make_agent
     from distrl.nets.core import checksum
     from distrl.nets.multiagent import agent_setup
-    from distrl.spaces import stored_layout
 
     world, rank = dist.get_world_size(), dist.get_rank()
     trainers = world - 1

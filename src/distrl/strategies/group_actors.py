@@ -2,7 +2,7 @@
 
 Each runs in a process of its own, started by an actor engine (Ray's, or Monarch's) from its class, and builds
 its task and policy from the run's configs: a generator its own copy of the policy, loaded with the weights a
-request carries; the scorer the task's reward functions (in reward workers: :mod:`distrl.rewards`).
+request carries; the scorer the task's reward functions (in reward workers: :mod:`distrl.tasks.rewards`).
 :class:`~distrl.strategies.pipeline.PipelineGroups` hands them their requests and takes their results.
 """
 
@@ -19,9 +19,9 @@ import torch
 from distrl.config import GRPOConfig, RunConfig
 from distrl.data.groups import GroupSamples, draw_groups, score_groups
 from distrl.nets.group_factory import make_group_policy
-from distrl.rewards import RewardError
 from distrl.strategies.actors import as_array, placement
-from distrl.tasks import make_group_task
+from distrl.tasks.group import make_group_task
+from distrl.tasks.rewards import RewardError
 from distrl.training.state import resolve_device
 
 

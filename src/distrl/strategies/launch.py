@@ -24,8 +24,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from distrl import preemption
-from distrl.rundir import HELD_BY_LAUNCHER
+from distrl.run import preemption
+from distrl.run.rundir import HELD_BY_LAUNCHER
 from distrl.strategies.ray_engine import RankStopped, free_port
 
 STOPPED_STATUSES = {128 + int(signum) for signum in preemption.STOP_SIGNALS}
@@ -44,8 +44,8 @@ class WorkerFailed(RuntimeError):
 
 def check_before_launch(run: Any, strategy: Any, cfg: Any, resume_path: Path | None) -> None:
     """Every check that can fail before any worker starts: run directory, layout or scaling, env."""
-    from distrl import checkpoint
     from distrl.config import ConfigError, scaled
+    from distrl.run import checkpoint
     from distrl.training import TRAINERS
 
     checkpoint.check_new_run_dir(Path(run.run_dir), resume_path)

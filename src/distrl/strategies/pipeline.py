@@ -6,7 +6,7 @@ trains on what has already arrived. Two workloads share the machinery:
 - GRPO (``grpo``): a generator draws the groups of ``slices_per_call`` slices of prompts per
   request (a language model's completions, or a numeric task's actions) and hands them to the
   scorer actor (both in :mod:`distrl.strategies.group_actors`), which runs the reward functions (in
-  reward workers: :mod:`distrl.rewards`), so that a reward that hangs or crashes is scored or ends the
+  reward workers: :mod:`distrl.tasks.rewards`), so that a reward that hangs or crashes is scored or ends the
   run with its name, never stalls the learner; the learner takes ``slices_per_step`` scored slices per
   step (:class:`PipelineGroups`, the GRPO trainer's source).
 - Gymnasium envs (``ppo``): a generator is a rollout worker that collects one fragment of
@@ -49,11 +49,11 @@ from typing import Any
 from distrl.config import ConfigError, GRPOConfig, RunConfig, StrategyConfig
 from distrl.data.groups import GroupSamples
 from distrl.data.versioned import VersionedReplay
-from distrl.reward_workers import longest_run_s
 from distrl.strategies.actors import ActorEngine, RayActors, resolve_placements
 from distrl.strategies.group_actors import Generation, Generator, Scorer, ScoringFailed
 from distrl.strategies.pipeline_stats import LengthTally, PipelineStats
 from distrl.strategies.pool import GeneratorPool
+from distrl.tasks.reward_workers import longest_run_s
 from distrl.training.group import train_grpo
 from distrl.training.group_sources import StepFill
 

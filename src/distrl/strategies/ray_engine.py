@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from distrl import preemption
 from distrl.config import ConfigError
+from distrl.run import preemption
 
 INLINE_RESULT_BYTES = 512 * 1024
 """The embedded instance returns results up to this size inside the reply instead of through its

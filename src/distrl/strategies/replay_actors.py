@@ -27,7 +27,7 @@ import numpy as np
 
 from distrl.config import RunConfig
 from distrl.data.wire import pack, unpack
-from distrl.masks import random_actions
+from distrl.envs.masks import random_actions
 from distrl.strategies.actor_learner import WorkerError
 from distrl.strategies.actors import as_array, placement
 
@@ -128,8 +128,8 @@ class ReplayActor:
     def __init__(self, spec: ActorSpec, holder: Any):
         import torch
 
-        from distrl.envs import make_run_env
-        from distrl.spaces import stored_layout
+        from distrl.envs.spaces import stored_layout
+        from distrl.envs.vector import make_run_env
         from distrl.training.state import set_cpu_options
 
         set_cpu_options(spec.run)

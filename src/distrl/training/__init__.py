@@ -1,5 +1,10 @@
 """Training loops on one run lifecycle (``RunState``): on-policy (PPO), off-policy (SAC), value-based (DQN) and episodic (REINFORCE)
-over environments (``TrainerBase``), and GRPO's over group tasks."""
+over environments (``TrainerBase``), and GRPO's over group tasks; and the tuned settings per environment
+(``presets``, ``preset_files``).
+
+Imports: :mod:`distrl.algos` and everything below it; never a strategy (a strategy builds a trainer and
+hands it its sources) nor the command line.
+"""
 
 from __future__ import annotations
 

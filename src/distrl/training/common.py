@@ -17,21 +17,21 @@ import numpy as np
 import torch
 from gymnasium import spaces
 
+from distrl.algos.protocols import Sync
 from distrl.config import ConfigError, RunConfig, StrategyConfig
 from distrl.data.collector import Collector
 from distrl.data.normalize import ObsNormalizer
-from distrl.env_names import portable_env_name, resolve_env_id
-from distrl.envs import VecEnv, make_run_env, resolve_action_mask
-from distrl.evaluation import Evaluation, run_episodes
-from distrl.logs import Console, RunLogger
+from distrl.envs.evaluation import Evaluation, run_episodes
+from distrl.envs.names import portable_env_name, resolve_env_id
+from distrl.envs.selfplay import games_of, outcomes
+from distrl.envs.spaces import DictLayout, stored_layout
+from distrl.envs.vector import VecEnv, make_run_env, resolve_action_mask
 from distrl.nets import make_agent
 from distrl.nets.agent import Agent
 from distrl.nets.factory import PolicySource
 from distrl.nets.multiagent import agent_setup
 from distrl.nets.recurrent import StatefulPolicy
-from distrl.protocols import Sync
-from distrl.selfplay import games_of, outcomes
-from distrl.spaces import DictLayout, stored_layout
+from distrl.run.logs import Console, RunLogger
 from distrl.training.recorded import space_to_json
 from distrl.training.state import RunState
 
@@ -353,7 +353,7 @@ class TrainerBase(RunState):
 
     def after_summary(self, summary: dict[str, Any]) -> None:
         if self.run.plot:
-            from distrl.plots import reward_curves
+            from distrl.run.plots import reward_curves
 
             if self.logger is not None:
                 self.logger.monitor.file.flush()

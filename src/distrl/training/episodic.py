@@ -10,11 +10,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from distrl.algos.protocols import Sync
 from distrl.algos.reinforce import REINFORCEAlgo
 from distrl.config import REINFORCEConfig, RunConfig, StrategyConfig
 from distrl.data.episodes import EpisodeCollector, EpisodeSource
 from distrl.nets.factory import PolicySource, check_agent_spaces
-from distrl.protocols import Sync
 from distrl.training.common import TrainerBase
 from distrl.training.state import section
 

@@ -28,18 +28,18 @@ import numpy as np
 import torch
 
 from distrl.algos.grpo import GRPOAlgo
+from distrl.algos.protocols import Sync
 from distrl.config import ConfigError, RunConfig, StrategyConfig
 from distrl.data.groups import GroupSamples, draw_groups, score_groups
-from distrl.logs import Console, RunLogger
 from distrl.nets.causal_lm import CausalLMPolicy, PromptEncoder
 from distrl.nets.core import checksum
 from distrl.nets.group_factory import lora_settings, make_group_policy
 from distrl.nets.lm_loading import load_tokenizer
 from distrl.nets.lora import check_lora_targets, require_peft
-from distrl.protocols import Sync
-from distrl.rewards import RewardLog
-from distrl.tasks import TEXT_TASK, GroupTask, StateTask, make_group_task
-from distrl.text_envs import TextEnvTask, is_text_env
+from distrl.run.logs import Console, RunLogger
+from distrl.tasks.group import TEXT_TASK, GroupTask, StateTask, make_group_task
+from distrl.tasks.rewards import RewardLog
+from distrl.tasks.text_envs import TextEnvTask, is_text_env
 from distrl.training.group_sources import DynamicSampling, GroupSource, LocalGroups
 from distrl.training.state import RunState, section
 

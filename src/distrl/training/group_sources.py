@@ -15,11 +15,11 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from distrl.algos.protocols import Sync
 from distrl.config import RunConfig
 from distrl.data.groups import GroupSamples, draw_groups, score_groups
 from distrl.nets.group_policy import GroupPolicy
-from distrl.protocols import Sync
-from distrl.tasks import GroupTask
+from distrl.tasks.group import GroupTask
 
 
 class GroupSource(Protocol):

@@ -12,14 +12,14 @@ import numpy as np
 import torch
 from gymnasium import spaces
 
+from distrl.algos.protocols import Sync
 from distrl.algos.sac import SACAlgo
 from distrl.config import ConfigError, RunConfig, SACConfig, StrategyConfig
 from distrl.data.replay import CompactReplayBuffer, ReplayBuffer, Transitions
 from distrl.data.replay_memory import check_replay_memory
-from distrl.env_names import shown_name
+from distrl.envs.names import shown_name
+from distrl.envs.spaces import check_observation_space, stored_layout
 from distrl.nets.factory import PolicySource, make_sac_networks
-from distrl.protocols import Sync
-from distrl.spaces import check_observation_space, stored_layout
 from distrl.training.common import TrainerBase
 from distrl.training.replay_learner import ReplaySource, learn_from_actors
 

@@ -16,15 +16,15 @@ from distrl.algos.appo import APPOAlgo
 from distrl.algos.impala import IMPALAAlgo
 from distrl.algos.optim import FlatOptimizer
 from distrl.algos.ppo import PPOAlgo
+from distrl.algos.protocols import Sync
 from distrl.algos.value_norm import ValueNormalizer
 from distrl.config import PPOConfig, RunConfig, StrategyConfig
 from distrl.data.normalize import ObsNormalizer, RewardScaler
 from distrl.data.rollout import Rollout, RolloutBatch, RolloutCollector, RolloutSource
+from distrl.envs.selfplay import attach_pool, self_play_summary
 from distrl.nets.agent import Agent
 from distrl.nets.factory import PolicySource, check_agent_spaces
 from distrl.nets.multiagent import agent_setup
-from distrl.protocols import Sync
-from distrl.selfplay import attach_pool, self_play_summary
 from distrl.training.common import TrainerBase
 from distrl.training.state import section
 

@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 from gymnasium import spaces
 
-from distrl import checkpoint
 from distrl.config import ALGO_CONFIGS, ConfigError, RunConfig, StrategyConfig, from_dict
+from distrl.run import checkpoint
 
 
 def space_to_json(space: spaces.Space) -> dict[str, Any]:

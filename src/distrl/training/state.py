@@ -15,13 +15,13 @@ from typing import Any
 import numpy as np
 import torch
 
-import distrl
-from distrl import checkpoint, preemption, trust
+from distrl._version import __version__
+from distrl.algos.protocols import LocalSync, Sync
 from distrl.config import ConfigError, RunConfig, StrategyConfig, to_dict
-from distrl.env_names import named_code
-from distrl.logs import MONITOR_FILE, Console, RunLogger, write_json_atomic
-from distrl.protocols import LocalSync, Sync
-from distrl.quiet import route_to_run_log
+from distrl.envs.names import named_code
+from distrl.run import checkpoint, preemption, trust
+from distrl.run.logs import MONITOR_FILE, Console, RunLogger, write_json_atomic
+from distrl.run.quiet import route_to_run_log
 from distrl.training.precision import bf16_emulated_note
 
 
@@ -107,7 +107,7 @@ class RunState:
         """Progress and events on the terminal: a run directory's main worker has one; the API's
         ``learn(progress_bar=True)`` lends one for its call."""
         self.stopped_by = 0
-        """The signal this run stopped on after its checkpoint (see :mod:`distrl.preemption`), or 0."""
+        """The signal this run stopped on after its checkpoint (see :mod:`distrl.run.preemption`), or 0."""
         self._last_checkpoint_at = time.monotonic()
         preemption.reinstall()  # after an engine's start (Ray's driver takes SIGTERM)
         preemption.listen()
@@ -188,7 +188,7 @@ class RunState:
             "update_s": self.update_s,
             "sync_s": self.sync.sync_s,
             "events": self.events,
-            "distrl_version": distrl.__version__,
+            "distrl_version": __version__,
         }
 
     def end_line(self, summary: dict[str, Any]) -> str:
@@ -202,7 +202,7 @@ class RunState:
         """Final evaluation, model and summary.json (main worker), then close; ``wall_s`` is this
         process's time up to here, to which the end's collection and final evaluation are added, and a
         resumed run adds its earlier processes' (``wall_before``). A run stopped by a signal has written its
-        checkpoint instead: it closes and raises :class:`~distrl.preemption.Stopped`."""
+        checkpoint instead: it closes and raises :class:`~distrl.run.preemption.Stopped`."""
         if self.stopped_by:
             self.stop()
         ending = time.perf_counter()
@@ -298,7 +298,7 @@ class RunState:
             "config": self.config_dict(),
             **self.counters(),
             **self.checkpoint_state(),
-            "distrl_version": distrl.__version__,
+            "distrl_version": __version__,
             "monitor_rows": self.logger.monitor_rows() if self.logger is not None else {},
         }
         return self.state_tensors(), state

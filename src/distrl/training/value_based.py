@@ -14,16 +14,16 @@ import torch
 from gymnasium import spaces
 
 from distrl.algos.dqn import DQNAlgo
+from distrl.algos.protocols import Sync
 from distrl.config import ConfigError, DQNConfig, RunConfig, StrategyConfig
 from distrl.data.nstep import NStepAccumulator, NStepBatch
 from distrl.data.prioritized import PrioritizedReplay
 from distrl.data.replay import CompactReplayBuffer, ReplayBuffer, Transitions
 from distrl.data.replay_memory import check_replay_memory
-from distrl.env_names import shown_name
-from distrl.masks import random_actions
+from distrl.envs.masks import random_actions
+from distrl.envs.names import shown_name
+from distrl.envs.spaces import check_observation_space, stored_layout
 from distrl.nets.factory import PolicySource, make_q_network
-from distrl.protocols import Sync
-from distrl.spaces import check_observation_space, stored_layout
 from distrl.training.common import TrainerBase
 from distrl.training.off_policy import ReplayOwner
 from distrl.training.replay_learner import ReplaySource, learn_from_actors

@@ -20,12 +20,12 @@ from typing import Any
 
 import torch
 
-from distrl import checkpoint
-from distrl.argv import parse_flags
 from distrl.config import ConfigError
-from distrl.logs import write_json_atomic
+from distrl.config.argv import parse_flags
 from distrl.nets.core import checksum
-from distrl.presets import algo_configs
+from distrl.run import checkpoint
+from distrl.run.logs import write_json_atomic
+from distrl.training.presets import algo_configs
 from distrl.tune.lineage import Segment
 from distrl.tune.space import Space
 

@@ -28,10 +28,10 @@ from typing import Any
 
 import numpy as np
 
-from distrl import checkpoint
 from distrl.config import ConfigError
-from distrl.env_names import resolve_env_id
-from distrl.presets import algo_configs, resolve_preset
+from distrl.envs.names import resolve_env_id
+from distrl.run import checkpoint
+from distrl.training.presets import algo_configs, resolve_preset
 from distrl.tune.args import TuneArgs
 from distrl.tune.budget import fit_interval, fit_space
 from distrl.tune.lineage import LINEAGE_FILE, append_event

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from distrl.argv import parse_flags
 from distrl.config import ConfigError
-from distrl.logs import write_json_atomic
+from distrl.config.argv import parse_flags
+from distrl.run.logs import write_json_atomic
 from distrl.tune.lineage import LINEAGE_FILE, Segment, counts, final_returns, members, read_lineage, schedule
 from distrl.tune.member import SCHEDULE_FILE, MemberState, PBTSpec
 

@@ -30,7 +30,7 @@ import ray
 from ray import tune
 from ray.tune.experiment import Trial
 
-from distrl import checkpoint
+from distrl.run import checkpoint
 from distrl.tune.lineage import Segment, append_event
 from distrl.tune.member import MemberState, PBTSpec, advance, build_trainer, state_checksum
 

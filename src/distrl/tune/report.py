@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from distrl.logs import write_json_atomic
+from distrl.run.logs import write_json_atomic
 from distrl.tune.trial import PRESET_FILE
 
 BEST_FILE = "best.json"

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from distrl.config import ALGO_CONFIGS, ConfigError, check_types
-from distrl.preset_files import read_mapping
+from distrl.training.preset_files import read_mapping
 
 NET_ARCHS: dict[str, tuple[int, ...]] = {"tiny": (64,), "small": (64, 64), "medium": (256, 256), "big": (400, 300)}
 ONE_MINUS = "one_minus_"

@@ -16,11 +16,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from distrl import checkpoint
-from distrl.argv import parse_flags
 from distrl.config import ConfigError
-from distrl.env_names import resolve_env_id
-from distrl.presets import algo_configs, resolve_preset
+from distrl.config.argv import parse_flags
+from distrl.envs.names import resolve_env_id
+from distrl.run import checkpoint
+from distrl.training.presets import algo_configs, resolve_preset
 from distrl.tune.args import TuneArgs
 from distrl.tune.budget import fit_space, trial_steps
 from distrl.tune.runners import ProcessTrials, RayTrials

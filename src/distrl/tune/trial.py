@@ -39,8 +39,8 @@ def run_trial(spec: dict[str, Any]) -> dict[str, Any]:
     """Train the trial's run in this process; returns (and writes to result.json) its outcome."""
     import optuna
 
-    from distrl.presets import algo_configs
     from distrl.training import make_trainer
+    from distrl.training.presets import algo_configs
 
     trial_dir = Path(spec["trial_dir"])
     run, cfg, _ = algo_configs(spec["algo"], spec["env"], str(trial_dir / PRESET_FILE), run=spec["run"])
