@@ -4,9 +4,9 @@ import torch
 from gymnasium import spaces
 
 from distrl.algos.dqn import DQNAlgo, td_loss, td_target
+from distrl.algos.nstep import NStepAccumulator
 from distrl.algos.protocols import LocalSync
 from distrl.config import ConfigError, DQNConfig
-from distrl.data.nstep import NStepAccumulator
 from distrl.data.replay import Transitions
 from distrl.nets import make_q_network
 

@@ -15,13 +15,13 @@ from gymnasium import spaces
 
 from distrl.algos.appo import APPOAlgo
 from distrl.algos.autodiff import leaves, output_grads
+from distrl.algos.estimators import vtrace
 from distrl.algos.impala import IMPALAAlgo, impala_loss
 from distrl.algos.optim import ClippedRMSprop
 from distrl.algos.ppo import PPOAlgo
 from distrl.algos.protocols import LocalSync
 from distrl.config import APPOConfig, ConfigError, IMPALAConfig, PPOConfig, RunConfig
 from distrl.data.rollout import Rollout
-from distrl.data.vtrace import vtrace
 from distrl.nets import ActorCritic, ParamBuffer
 from distrl.training import OnPolicyTrainer
 from reference import distribution, functional_params, values

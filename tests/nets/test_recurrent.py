@@ -8,12 +8,12 @@ import torch
 
 from distrl import PPO, REINFORCE
 from distrl.algos.appo import APPOAlgo
+from distrl.algos.estimators import vtrace
 from distrl.algos.ppo import PPOAlgo
 from distrl.algos.protocols import LocalSync
 from distrl.config import APPOConfig, ConfigError, PPOConfig
 from distrl.data.normalize import ObsNormalizer, RewardScaler
 from distrl.data.rollout import RolloutCollector, Sequences
-from distrl.data.vtrace import vtrace
 from distrl.envs.vector import make_env
 from distrl.nets import make_agent
 from distrl.nets.recurrent import RecurrentAgent, RecurrentCore, sequence_minibatch_rows

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import torch
 
+from distrl.algos.estimators import vtrace
 from distrl.algos.ppo import PPOAlgo, Targets, rollout_starts
 from distrl.config import APPOConfig, IMPALAConfig
 from distrl.data.rollout import Rollout, Sequences
-from distrl.data.vtrace import vtrace
 
 
 def vtrace_targets(

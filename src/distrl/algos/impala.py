@@ -1,7 +1,7 @@
 """IMPALA's V-trace actor-critic (Espeholt et al. 2018, arXiv:1802.01561, section 4.2).
 
 The learner's loss on a batch of actors' fragments, per valid step s, with V-trace's value targets
-``v_s`` and advantages ``A_s = rho_s (r_s + gamma v_{s+1} - V(x_s))`` (:mod:`distrl.data.vtrace`,
+``v_s`` and advantages ``A_s = rho_s (r_s + gamma v_{s+1} - V(x_s))`` (:func:`distrl.algos.estimators.vtrace`,
 computed for the learner's current network when the batch is prepared)::
 
     loss = -A_s log pi(a_s|x_s) + vf_coef * 0.5 (V(x_s) - v_s)^2 - ent_coef * H(pi(.|x_s))

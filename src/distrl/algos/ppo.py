@@ -17,13 +17,14 @@ import numpy as np
 import torch
 
 from distrl.algos.autodiff import leaves, output_grads
+from distrl.algos.estimators import gae
 from distrl.algos.optim import ClippedAdam, FlatOptimizer, linear
 from distrl.algos.policy_stats import STATS, AgentPolicies
 from distrl.algos.protocols import Sync
 from distrl.algos.value_norm import ValueNormalizer
 from distrl.config import PPOConfig
 from distrl.data.packed import Minibatch, PackedBatch
-from distrl.data.rollout import Rollout, RolloutBatch, Sequences, gae
+from distrl.data.rollout import Rollout, RolloutBatch, Sequences
 from distrl.nets import Agent
 from distrl.nets.multiagent import AgentSetup
 from distrl.nets.recurrent import sequence_minibatch_rows, state_from_numpy

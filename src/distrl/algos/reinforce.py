@@ -12,11 +12,11 @@ import numpy as np
 import torch
 
 from distrl.algos.autodiff import leaves, output_grads
+from distrl.algos.estimators import discounted_returns
 from distrl.algos.optim import ClippedAdam
 from distrl.algos.protocols import Sync
 from distrl.config import REINFORCEConfig
 from distrl.data.episodes import EpisodeBatch
-from distrl.data.rollout import discounted_returns
 from distrl.nets import Agent
 
 

@@ -1,4 +1,5 @@
-"""On-policy rollouts: collection from a vector env, GAE, and the flat training batch."""
+"""On-policy rollouts: collection from a vector env and the flat training batch (the advantages that the
+algorithm computes from it: :mod:`distrl.algos.estimators`)."""
 
 from __future__ import annotations
 
@@ -16,52 +17,6 @@ from distrl.envs.spaces import stored_layout
 from distrl.envs.vector import VecEnv
 from distrl.nets import Agent
 from distrl.nets.recurrent import state_to_numpy
-
-
-def gae(
-    rewards: np.ndarray,
-    values: np.ndarray,
-    terminated: np.ndarray,
-    truncated: np.ndarray,
-    valid: np.ndarray,
-    gamma: float,
-    lam: float,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Generalised advantage estimation (Schulman et al. 2015, arXiv:1506.02438).
-
-    Args:
-        rewards, terminated, truncated, valid: [T, N] per step.
-        values: [T + 1, N]; ``values[t + 1]`` is the value of the observation that step
-            ``t`` produced. Under next-step autoreset, when step ``t`` ends an episode that
-            observation is the episode's true final observation, so a truncated episode
-            bootstraps from it and a terminated one does not bootstrap at all.
-        gamma, lam: discount and GAE lambda.
-
-    Returns:
-        advantages and returns (advantages + values), [T, N]; 0 on invalid steps.
-    """
-    T = rewards.shape[0]
-    advantages = np.zeros_like(rewards, dtype=np.float32)
-    not_terminated = 1.0 - terminated.astype(np.float32)
-    continues = not_terminated * (1.0 - truncated.astype(np.float32))
-    valid_f = valid.astype(np.float32)
-    running = np.zeros(rewards.shape[1], dtype=np.float32)
-    for t in range(T - 1, -1, -1):
-        delta = rewards[t] + gamma * not_terminated[t] * values[t + 1] - values[t]
-        running = (delta + gamma * lam * continues[t] * running) * valid_f[t]
-        advantages[t] = running
-    returns = (advantages + values[:T]) * valid_f
-    return advantages, returns
-
-
-def discounted_returns(rewards: np.ndarray, gamma: float) -> np.ndarray:
-    """``G_t = r_t + gamma * G_{t+1}`` over one episode's rewards [T]."""
-    out = np.zeros(len(rewards), dtype=np.float64)
-    running = 0.0
-    for t in range(len(rewards) - 1, -1, -1):
-        running = rewards[t] + gamma * running
-        out[t] = running
-    return out
 
 
 @dataclass

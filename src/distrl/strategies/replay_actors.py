@@ -145,7 +145,7 @@ class ReplayActor:
         self.priorities = None
         if spec.algo == "dqn":
             from distrl.algos.dqn import DQNAlgo
-            from distrl.data.nstep import NStepAccumulator
+            from distrl.algos.nstep import NStepAccumulator
             from distrl.nets.factory import make_q_network
 
             self.q = make_q_network(*build, run.action_mask)

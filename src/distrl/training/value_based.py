@@ -14,9 +14,9 @@ import torch
 from gymnasium import spaces
 
 from distrl.algos.dqn import DQNAlgo
+from distrl.algos.nstep import NStepAccumulator, NStepBatch
 from distrl.algos.protocols import Sync
 from distrl.config import ConfigError, DQNConfig, RunConfig, StrategyConfig
-from distrl.data.nstep import NStepAccumulator, NStepBatch
 from distrl.data.prioritized import PrioritizedReplay
 from distrl.data.replay import CompactReplayBuffer, ReplayBuffer, Transitions
 from distrl.data.replay_memory import check_replay_memory

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from distrl.data.rollout import discounted_returns, gae
+from distrl.algos.estimators import discounted_returns, gae
 
 GAMMA, LAM = 0.9, 0.8
 VALUES = np.array([[0.5], [0.4], [0.3], [0.2], [0.1]], dtype=np.float32)  # [T + 1, N]

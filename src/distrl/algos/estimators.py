@@ -1,10 +1,71 @@
-"""V-trace off-policy targets (Espeholt et al. 2018, arXiv:1802.01561, section 4.1)."""
+"""Return and advantage estimators as pure functions: GAE, discounted returns, V-trace and n-step returns.
+
+Each takes arrays and hyperparameters and returns arrays; nothing here keeps state, reads a config or knows a
+network. Shapes are stated in each docstring: ``T`` steps of ``N`` environments, time first. They run in numpy in
+float32 (GAE) or float64 (V-trace, returns) as the algorithms' tests have always checked them by hand, and every
+one handles the episode ends of Gymnasium's next-step autoreset the same way: a terminated step does not
+bootstrap, a truncated one bootstraps from its true final observation, and a ``valid`` 0 step (the reset step
+after an episode's end, or padding) contributes nothing.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import numpy as np
+
+
+def gae(
+    rewards: np.ndarray,
+    values: np.ndarray,
+    terminated: np.ndarray,
+    truncated: np.ndarray,
+    valid: np.ndarray,
+    gamma: float,
+    lam: float,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Generalised advantage estimation (Schulman et al. 2015, arXiv:1506.02438).
+
+    Args:
+        rewards, terminated, truncated, valid: [T, N] per step.
+        values: [T + 1, N]; ``values[t + 1]`` is the value of the observation that step
+            ``t`` produced. Under next-step autoreset, when step ``t`` ends an episode that
+            observation is the episode's true final observation, so a truncated episode
+            bootstraps from it and a terminated one does not bootstrap at all.
+        gamma, lam: discount and GAE lambda.
+
+    Returns:
+        advantages and returns (advantages + values), [T, N]; 0 on invalid steps.
+    """
+    T = rewards.shape[0]
+    advantages = np.zeros_like(rewards, dtype=np.float32)
+    not_terminated = 1.0 - terminated.astype(np.float32)
+    continues = not_terminated * (1.0 - truncated.astype(np.float32))
+    valid_f = valid.astype(np.float32)
+    running = np.zeros(rewards.shape[1], dtype=np.float32)
+    for t in range(T - 1, -1, -1):
+        delta = rewards[t] + gamma * not_terminated[t] * values[t + 1] - values[t]
+        running = (delta + gamma * lam * continues[t] * running) * valid_f[t]
+        advantages[t] = running
+    returns = (advantages + values[:T]) * valid_f
+    return advantages, returns
+
+
+def discounted_returns(rewards: np.ndarray, gamma: float) -> np.ndarray:
+    """``G_t = r_t + gamma * G_{t+1}`` over one episode's rewards [T]."""
+    out = np.zeros(len(rewards), dtype=np.float64)
+    running = 0.0
+    for t in range(len(rewards) - 1, -1, -1):
+        running = rewards[t] + gamma * running
+        out[t] = running
+    return out
+
+
+def n_step_return(rewards: Sequence[float], gamma: float) -> float:
+    """``R = r_0 + gamma r_1 + ... + gamma^(k-1) r_(k-1)`` over the ``k`` rewards of one n-step transition (``k <= n``;
+    fewer where the episode ended), oldest first. The transition's bootstrap discount is ``gamma ** k``."""
+    return sum(gamma**k * reward for k, reward in enumerate(rewards))
 
 
 class VTrace(NamedTuple):
@@ -38,7 +99,7 @@ def vtrace(
     is computed backwards as ``v_s - V(x_s) = delta_s + gamma c_s (v_{s+1} - V(x_{s+1}))``. The sum stops
     where the episode ends: a terminated step does not bootstrap (``V(x_{t+1})`` is dropped), a
     truncated one bootstraps from its true final observation's value and carries no trace past it, as
-    :func:`distrl.data.rollout.gae` does. With ``pi = mu`` and ``rho_bar, c_bar >= 1``, ``v_s - V(x_s)``
+    :func:`gae` does. With ``pi = mu`` and ``rho_bar, c_bar >= 1``, ``v_s - V(x_s)``
     is GAE(lam)'s advantage (and with ``lam = 1`` ``v_s`` is the n-step return bootstrapped at the
     fragment's end); ``pg_advantages`` bootstrap from ``v_{s+1}``, so they equal it only at ``lam = 1``.
 

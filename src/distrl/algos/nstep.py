@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from distrl.algos.estimators import n_step_return
 from distrl.config import require
 
 
@@ -85,7 +86,7 @@ class NStepAccumulator:
 
     def _oldest(self, pending: deque, next_obs: np.ndarray, terminated: bool) -> tuple:
         obs, action, _ = pending[0]
-        total = sum(self.gamma**k * reward for k, (_, _, reward) in enumerate(pending))
+        total = n_step_return([reward for _, _, reward in pending], self.gamma)
         return obs, action, total, next_obs, terminated, len(pending)
 
     def _flush(self, pending: deque, next_obs: np.ndarray, terminated: bool) -> list[tuple]:

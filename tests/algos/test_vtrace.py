@@ -6,8 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from distrl.data.rollout import gae
-from distrl.data.vtrace import vtrace
+from distrl.algos.estimators import gae, vtrace
 
 INF = float("inf")
 

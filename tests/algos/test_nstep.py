@@ -4,8 +4,8 @@ reset steps, several environments, a segment's cut, and n = 1 as distrl's one-st
 import numpy as np
 import pytest
 
+from distrl.algos.nstep import NStepAccumulator
 from distrl.config import ConfigError
-from distrl.data.nstep import NStepAccumulator
 
 
 def step(acc, t, reward, terminated=False, truncated=False, valid=True, envs=1):
