@@ -327,3 +327,14 @@ def test_bf16_on_a_cpu_that_emulates_it_is_noted_once(tmp_path, capsys, monkeypa
     assert main(["train", "ppo", "cartpole", *loud, "--precision", "bf16", "--run-dir", str(tmp_path / "b")]) == 0
     assert "bfloat16" not in capsys.readouterr().err
     assert not any("bfloat16" in event for event in json.loads((tmp_path / "b" / "summary.json").read_text())["events"])
+
+
+def test_a_flags_help_text_flows_as_one_paragraph(capsys, monkeypatch):
+    # The --trust-code docstring spans three source lines; --help joins them (see cli._flowing_help and its pin
+    # of tyro), so its text runs on past the source's line end instead of breaking there.
+    monkeypatch.setenv("COLUMNS", "120")
+    with pytest.raises(SystemExit) as stop:
+        main(["train", "ppo", "CartPole-v1", "--help"])
+    assert stop.value.code == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert any("factory) to be imported and run" in line for line in lines)

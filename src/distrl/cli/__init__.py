@@ -17,6 +17,7 @@ import sys
 import traceback
 
 import tyro
+import tyro._strings
 
 from distrl._version import __version__
 from distrl.config import ConfigError
@@ -35,17 +36,20 @@ def _flowing_help() -> None:
     continuation lines of an attribute docstring start with the source's indentation: every help text
     broke at the source's line ends. Removing the common indentation first (``inspect.cleandoc``) lets
     them join; a blank line still starts a new paragraph.
+
+    tyro has no public hook for this, so its joining function is wrapped in place; pyproject.toml pins tyro
+    to the minor version this was written against, and ``tests/cli/test_cli.py`` checks the wording of
+    ``--help`` so that an upgrade that moves the function is caught there, not by users.
     """
-    strings = getattr(tyro, "_strings", None)
-    join = getattr(strings, "remove_single_line_breaks", None)
-    if join is None or getattr(join, "flows", False):
+    join = tyro._strings.remove_single_line_breaks
+    if getattr(join, "flows", False):  # already wrapped: main() imported twice in one process
         return
 
     def flowing(text: str) -> str:
         return join(inspect.cleandoc(text))
 
     flowing.flows = True  # type: ignore[attr-defined]
-    strings.remove_single_line_breaks = flowing  # type: ignore[union-attr]
+    tyro._strings.remove_single_line_breaks = flowing
 
 
 _flowing_help()
