@@ -1,14 +1,18 @@
-"""Networks over one flat parameter buffer, with hand-written backward passes.
+"""Networks over one flat parameter buffer, with closed-form backward passes below their outputs.
 
 Small RL networks spend most of their update time in per-operation overhead, not
 in arithmetic (docs/architecture.md, "Why a flat buffer and closed-form gradients").
 distrl keeps every parameter of a model in one contiguous tensor and every gradient
 in another, so that averaging gradients over workers is one all-reduce, clipping is
-one norm and Adam is a handful of element-wise operations. Algorithms state the
-gradient of their loss with respect to each sample's log-probability, entropy and
-value; the functions here carry it through the distribution heads and the MLP
-trunks. ``tests/test_nets.py`` and ``tests/algos/`` check every gradient against
-autograd.
+one norm and Adam is a handful of element-wise operations.
+
+The contract: an algorithm writes its loss plainly in ``algos/`` (``ppo_loss``, ``sac``'s, ``dqn``'s) as a
+function of the network's outputs; autograd over that small graph gives d(loss)/d(outputs)
+(:func:`distrl.algos.autodiff.output_grads`: per sample, d(loss)/d(log_prob), d(loss)/d(entropy),
+d(loss)/d(value) or d(loss)/d(Q)). The backward passes here take those and carry them, in closed form,
+through the distribution heads (:mod:`distrl.nets.distributions`) and the MLP trunks into the gradient
+buffer. Nothing here knows a loss. ``tests/nets/test_nets.py`` and ``tests/algos/`` check every gradient
+against autograd through the whole network.
 """
 
 from __future__ import annotations

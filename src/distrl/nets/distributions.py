@@ -1,8 +1,10 @@
 """Log-probabilities and entropies of policy heads, and their gradients in closed form.
 
-Algorithms give the gradient of their loss with respect to each sample's log-prob
-and entropy; these functions turn it into gradients of the head outputs. Each is
-checked against torch.distributions and autograd in tests/test_nets.py.
+The gradients a head receives are d(loss)/d(log_prob) and d(loss)/d(entropy) per sample, which autograd
+computes over the algorithm's plain loss (:func:`distrl.algos.autodiff.output_grads`; the loss itself is in
+``algos/``); the ``*_grad`` functions turn them into d(loss)/d(head outputs) (logits, or mean and log-std)
+for the closed-form MLPs below. Each is checked against torch.distributions and autograd in
+``tests/nets/test_nets.py``.
 """
 
 from __future__ import annotations

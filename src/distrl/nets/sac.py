@@ -1,7 +1,9 @@
 """Soft Actor-Critic networks: a tanh-squashed Gaussian actor and twin Q critics.
 
-Both live in flat parameter buffers with hand-written backward passes, like the PPO
-actor-critic; ``tests/algos/test_sac.py`` checks every gradient against autograd.
+Both live in flat parameter buffers with closed-form backward passes below their outputs, like the PPO
+actor-critic: SAC's losses are written plainly in ``algos/sac.py``, autograd over them gives
+d(loss)/d(action), d(loss)/d(log_prob) and d(loss)/d(q), and the ``backward`` methods here carry those to
+the parameters. ``tests/algos/test_sac.py`` checks every gradient against autograd through the whole network.
 Actions are in [-1, 1]; the trainer rescales them to the env's bounds.
 """
 
