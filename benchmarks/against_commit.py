@@ -34,6 +34,12 @@ def tasks(quick: bool) -> list[tuple[str, str, str, str]]:
         ("PPO, CartPole-v1, rl-zoo settings", "ppo_vs_sb3.py", "sps-cartpole", "20000" if quick else "50000"),
         ("PPO, Hopper-v5, SB3 defaults", "ppo_vs_sb3.py", "sps-hopper", "6144" if quick else "20480"),
         ("SAC, Pendulum-v1, 1 thread", "sac_vs_sb3.py", "sps", "1:1000" if quick else "1:3000"),
+        (
+            "APPO, CartPole-v1, preset, single (no SB3 APPO)",
+            "ppo_vs_sb3.py",
+            "sps-appo-cartpole",
+            "20000" if quick else "50000",
+        ),
         ("PPO, ALE/Breakout-v5, Atari settings", "atari_vs_sb3.py", "sps", "2" if quick else "3"),
         (
             "recurrent PPO (LSTM), CartPole without velocities",
@@ -81,25 +87,18 @@ def main() -> None:
             if args.only not in label:
                 continue
             print(f"{label} ...", flush=True)
-            sps: dict[str, list[float]] = {name: [] for name in [*sources, "sb3"]}
+            names = [*sources] if "no SB3" in label else [*sources, "sb3"]
+            sps: dict[str, list[float]] = {name: [] for name in names}
             for i, name in enumerate(alternating(list(sps), repeats)):
                 seed = i // len(sps)
                 lib, src = ("sb3", sources["this tree"]) if name == "sb3" else ("distrl", sources[name])
                 result = measure(script, lib, task, seed, arg, src)
                 sps[name].append(result["sps"])
                 print(f"  {name:10s} seed {seed}: {result['sps']:,.1f} SPS, {result['max_rss_mb']:.0f} MB", flush=True)
-            head, base, sb3 = (median(sps[name]) for name in [*sources, "sb3"])
-            rows.append(
-                [
-                    label,
-                    f"{head:,.0f}",
-                    f"{base:,.0f}",
-                    f"{sb3:,.0f}",
-                    f"{head / base:.2f}x",
-                    f"{head / sb3:.2f}x",
-                    f"{base / sb3:.2f}x",
-                ]
-            )
+            head, base = (median(sps[name]) for name in sources)
+            sb3 = median(sps["sb3"]) if "sb3" in sps else None
+            versus_sb3 = ("—", "—", "—") if sb3 is None else (f"{sb3:,.0f}", f"{head / sb3:.2f}x", f"{base / sb3:.2f}x")
+            rows.append([label, f"{head:,.0f}", f"{base:,.0f}", versus_sb3[0], f"{head / base:.2f}x", *versus_sb3[1:]])
     header = [
         "SPS, median",
         "this tree",

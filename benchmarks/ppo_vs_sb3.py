@@ -55,7 +55,31 @@ def child(lib: str, task: str, seed: int, steps: int) -> dict:
         return _sps(lib, "Hopper-v5", SB3_DEFAULTS, linear=False, seed=seed, steps=steps)
     if task == "solve-cartpole":
         return _solve(lib, seed)
+    if task == "sps-appo-cartpole":
+        return _appo_sps(seed, steps)
     raise ValueError(task)
+
+
+def _preset(algo: str, env_id: str, overrides: dict):
+    """distrl's configs for ``algo`` on ``env_id`` with its preset, from this tree or an earlier commit's layout."""
+    try:
+        from distrl.training.presets import algo_configs
+    except ImportError:  # a commit from before the package had its folders (against_commit.py measures both)
+        from distrl.presets import algo_configs
+    return algo_configs(algo, env_id, "auto", overrides)
+
+
+def _appo_sps(seed: int, steps: int) -> dict:
+    """APPO on CartPole-v1 with distrl's preset, ``--strategy single`` (stable-baselines3 has no APPO)."""
+    from distrl.training import OnPolicyTrainer
+
+    run, cfg, _ = _preset("appo", "CartPole-v1", {"seed": seed, "quiet": True, "total_steps": 10**9})
+    warmup = cfg.n_envs * cfg.n_steps
+    trainer = OnPolicyTrainer(run.replace(total_steps=steps + warmup), cfg)
+    trainer.train(stop_at=warmup)
+    start_steps, start_s = trainer.steps, trainer.train_s
+    trainer.train()
+    return {"sps": (trainer.steps - start_steps) / (trainer.train_s - start_s)}
 
 
 def _sps(lib: str, env_id: str, hp: dict, linear: bool, seed: int, steps: int) -> dict:
@@ -97,12 +121,10 @@ def _solve(lib: str, seed: int) -> dict:
     """Training seconds (evaluation excluded) until a 10-episode deterministic eval >= 475."""
     if lib == "distrl":
         from distrl.training import OnPolicyTrainer
-        from distrl.training.presets import algo_configs
 
-        run, cfg, _ = algo_configs(
+        run, cfg, _ = _preset(
             "ppo",
             "CartPole-v1",
-            "auto",
             {"seed": seed, "quiet": True, "eval_every": EVAL_EVERY, "target_return": TARGET, "total_steps": 200_000},
         )
         trainer = OnPolicyTrainer(run, cfg)
