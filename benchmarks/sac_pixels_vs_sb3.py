@@ -110,7 +110,7 @@ def main() -> None:
         "discards; distrl stops that gradient at the action.",
         "- bf16 runs the CNNs and heads under bfloat16 autocast (float32 weights, gradients, Adam and losses); this "
         "CPU has AVX-512 BF16. SB3 has no such option; the float32 row is the like-for-like one. "
-        "`tests/test_sac_module.py` checks that the bfloat16 gradient matches the float32 one (cosine > 0.99) and "
+        "`tests/nets/test_sac_module.py` checks that the bfloat16 gradient matches the float32 one (cosine > 0.99) and "
         "that SAC learns a Dict-observation task in both precisions.",
         raw_values(rows, 2),
     ]

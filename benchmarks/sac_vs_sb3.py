@@ -184,7 +184,7 @@ def main() -> None:
         f"distrl reaches {rows[0][1] / ceiling_sps[1]:.0%} and {rows[1][1] / ceiling_sps[2]:.0%} of that.",
         "- bf16 multiplies the networks' matrices in bfloat16 (operands rounded, float32 results, weights, "
         "Adam and losses); the float32 products above bound float32 only. Pendulum's learning test passes "
-        "in both precisions (tests/test_learning.py).",
+        "in both precisions (tests/training/test_learning.py).",
         raw_values(rows, 1),
     ]
     write_section("SAC: distrl vs stable-baselines3", "\n".join(lines))

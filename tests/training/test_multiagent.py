@@ -137,7 +137,7 @@ def test_bad_multiagent_input_is_one_line_exit_2(tmp_path, capsys, args, message
 
 
 def test_the_centralised_critic_refuses_a_policy_that_returns_head_and_value_itself():
-    # an encoder becomes the actor's (tests/test_multiagent_nets.py); a whole network would read the state in its actor
+    # an encoder becomes the actor's (tests/nets/test_multiagent_nets.py); a whole network would read the state in its actor
     run = RunConfig(env="distrl_macoop:unlike", quiet=True, critic="centralised", policy="distrl_manets:CueNet")
     with pytest.raises(ConfigError, match="critic=centralised is not allowed with policy='distrl_manets:CueNet'"):
         OnPolicyTrainer(run, PPOConfig(n_envs=1, n_steps=8, batch_size=8))
