@@ -26,7 +26,7 @@ import torch
 from gymnasium import spaces
 from torch import nn
 
-from distrl.config import ConfigError
+from distrl.config import ConfigError, RunConfig
 from distrl.envs.spaces import DictLayout
 from distrl.nets.agent import State
 from distrl.nets.encoders import DictEncoder, MLPHead, init_actor_critic
@@ -94,6 +94,13 @@ def agent_setup(names: tuple[str, ...], policies: str, groups: tuple[str, ...], 
     if policies == "per-agent":
         return AgentSetup(names, tuple((a, (a,)) for a in names), critic == "centralised")
     return AgentSetup(names, (("shared", names),), critic == "centralised")
+
+
+def agent_setup_for(run: RunConfig, names: tuple[str, ...]) -> AgentSetup | None:
+    """:func:`agent_setup` of ``run``'s settings for an env with agents ``names``: what a trainer computes once
+    (``TrainerBase.agent_setup``) and what processes without a trainer (rollout workers, decoupled's trainer ranks)
+    compute from their own env."""
+    return agent_setup(names, run.agent_policies, run.agent_groups, run.critic)
 
 
 def actor_space(space: spaces.Dict) -> spaces.Dict:

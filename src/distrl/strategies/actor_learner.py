@@ -96,7 +96,7 @@ class RolloutWorker:
         from distrl.envs.selfplay import attach_pool
         from distrl.envs.vector import make_run_env
         from distrl.nets import make_agent
-        from distrl.nets.multiagent import agent_setup
+        from distrl.nets.multiagent import agent_setup_for
         from distrl.training.state import set_cpu_options
 
         set_cpu_options(spec.run)  # as the learner and single do: threads, subnormal flushing
@@ -104,6 +104,7 @@ class RolloutWorker:
         cfg, run = spec.cfg, spec.run
         self.env = make_run_env(run, cfg.n_envs)
         obs_space = self.env.single_observation_space
+        setup = agent_setup_for(run, self.env.agents)  # no trainer here: the worker's own env gives the agents
 
         def build_agent() -> Any:
             return make_agent(
@@ -115,7 +116,7 @@ class RolloutWorker:
                 run.policy,
                 run.precision,
                 run.action_mask,
-                agent_setup(self.env.agents, run.agent_policies, run.agent_groups, run.critic),
+                setup,
             )
 
         self.agent = build_agent()

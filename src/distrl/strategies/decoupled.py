@@ -224,7 +224,7 @@ def run_trainer(
     from distrl.envs.vector import make_run_env
     from distrl.nets import make_agent
     from distrl.nets.core import checksum
-    from distrl.nets.multiagent import agent_setup
+    from distrl.nets.multiagent import agent_setup_for
 
     world, rank = dist.get_world_size(), dist.get_rank()
     trainers = world - 1
@@ -233,7 +233,7 @@ def run_trainer(
     obs_space, action_space, agents = probe.single_observation_space, probe.single_action_space, probe.agents
     probe.close()
     obs_shape, obs_dtype = stored_layout(obs_space)
-    setup = agent_setup(agents, run.agent_policies, run.agent_groups, run.critic)
+    setup = agent_setup_for(run, agents)  # a trainer rank has no OnPolicyTrainer: its probe env gives the agents
     agent = make_agent(
         obs_space, action_space, cfg, device, run.seed, run.policy, run.precision, run.action_mask, setup
     )

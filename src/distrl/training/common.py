@@ -29,7 +29,7 @@ from distrl.envs.vector import VecEnv, make_run_env, resolve_action_mask
 from distrl.nets import make_agent
 from distrl.nets.agent import Agent
 from distrl.nets.factory import PolicySource
-from distrl.nets.multiagent import agent_setup
+from distrl.nets.multiagent import AgentSetup, agent_setup_for
 from distrl.nets.recurrent import StatefulPolicy
 from distrl.run.logs import Console, RunLogger
 from distrl.training.recorded import space_to_json
@@ -105,6 +105,9 @@ class TrainerBase(RunState):
                     f"env={self.env_id!r} is a multi-agent env, which {self.algo_name} does not train yet: "
                     f"use {', '.join(MULTIAGENT_ALGOS)}"
                 )
+            self.agent_setup: AgentSetup | None = agent_setup_for(run, self.env.agents)
+            """How the env's agents map to policies and what the critic sees (None: a single-agent env); the
+            networks and the learning rule are built from it."""
             self.check_spaces(self.env_id, self.env.single_observation_space, self.env.single_action_space, cfg)
         except ConfigError:
             self.env.close()
@@ -150,7 +153,7 @@ class TrainerBase(RunState):
             policy if policy is not None else run.policy,
             run.precision,
             run.action_mask,
-            agent_setup(self.env.agents, run.agent_policies, run.agent_groups, run.critic),
+            self.agent_setup,
         )
 
     @classmethod
