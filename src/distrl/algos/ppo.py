@@ -256,6 +256,12 @@ class PPOAlgo:
             [float(batch.valid.sum()), float((adv * batch.valid).sum()), float((adv.square() * batch.valid).sum())]
         )
 
+    def batch_statistics(self, batch: RolloutBatch) -> np.ndarray:
+        """This worker's part of what :meth:`update` needs summed over every worker's batch: the
+        :meth:`advantage_moments`. A loop that sums statistics over workers once per iteration sums these in the
+        same collective and hands the sums to ``update`` as ``batch_totals``."""
+        return self.advantage_moments(batch)
+
     def normalized_advantages(self, batch: RolloutBatch, sync: Sync, moments: np.ndarray | None = None) -> torch.Tensor:
         """Advantages standardised with the mean and std over every worker's valid steps.
 
@@ -274,14 +280,16 @@ class PPOAlgo:
         batch: RolloutBatch,
         sync: Sync,
         progress_remaining: float = 1.0,
-        advantage_moments: np.ndarray | None = None,
+        batch_totals: np.ndarray | None = None,
     ) -> dict[str, float]:
         """``n_epochs`` x minibatches of: loss gradient → ``sync.gradients`` → clip → Adam step.
 
-        With ``recompute_advantage`` every epoch after the first starts from :meth:`recomputed`
+        ``batch_totals``: every worker's :meth:`batch_statistics` of its batch, summed already (the on-policy
+        loop's one all-reduce per iteration carries them); None: ``update`` sums them through ``sync`` (one more
+        collective). With ``recompute_advantage`` every epoch after the first starts from :meth:`recomputed`
         (every worker recomputes its own part, then the advantages are normalised over all of them).
         """
-        packed = PackedBatch.pack(batch, self.normalized_advantages(batch, sync, advantage_moments))
+        packed = PackedBatch.pack(batch, self.normalized_advantages(batch, sync, batch_totals))
 
         def repack() -> PackedBatch:
             fresh = self.recomputed(batch)

@@ -162,8 +162,8 @@ class PlayerAlgo:
     def prepare(self, rollout: Rollout) -> RolloutBatch:
         return self.algo.prepare(rollout)
 
-    def advantage_moments(self, batch: RolloutBatch) -> np.ndarray:
-        return self.algo.advantage_moments(batch)
+    def batch_statistics(self, batch: RolloutBatch) -> np.ndarray:
+        return self.algo.batch_statistics(batch)
 
     def load_state_dict(self, tensors: dict[str, torch.Tensor]) -> None:
         self.algo.load_state_dict(tensors)
@@ -180,9 +180,9 @@ class PlayerAlgo:
         batch: RolloutBatch,
         sync: Sync,
         progress_remaining: float = 1.0,
-        advantage_moments: np.ndarray | None = None,
+        batch_totals: np.ndarray | None = None,
     ) -> dict[str, float]:
-        packed = PackedBatch.pack(batch, self.algo.normalized_advantages(batch, sync, advantage_moments))
+        packed = PackedBatch.pack(batch, self.algo.normalized_advantages(batch, sync, batch_totals))
         self._header(UPDATE, progress_remaining)
         _send_batch(packed, self.share, self.trainers)
         start = time.perf_counter()

@@ -24,14 +24,19 @@ from distrl.data.rollout import Rollout, RolloutBatch, RolloutCollector, Rollout
 from distrl.envs.selfplay import attach_pool, self_play_summary
 from distrl.nets.agent import Agent
 from distrl.nets.factory import PolicySource, check_agent_spaces
-from distrl.nets.multiagent import agent_setup
 from distrl.training.common import TrainerBase
 from distrl.training.state import section
 
 
 class OnPolicyUpdate(Protocol):
     """What the on-policy loop asks of its learning rule: :class:`~distrl.algos.ppo.PPOAlgo`, or a stand-in
-    that prepares batches here and updates elsewhere (decoupled's player)."""
+    that prepares batches here and updates elsewhere (decoupled's player).
+
+    What the rule needs summed over every worker's batch (PPO: the advantages' moments, for their global mean
+    and std) is its own: ``batch_statistics`` gives this worker's part, which the loop sums unread in its one
+    all-reduce per iteration (with its own counts, whose summed steps set ``progress_remaining``), and hands
+    back to ``update`` as ``batch_totals``.
+    """
 
     optimizer: FlatOptimizer
     """Its Adam (or RMSProp) state is broadcast at start-up and kept in checkpoints."""
@@ -40,14 +45,14 @@ class OnPolicyUpdate(Protocol):
 
     def prepare(self, rollout: Rollout) -> RolloutBatch: ...
 
-    def advantage_moments(self, batch: RolloutBatch) -> np.ndarray: ...
+    def batch_statistics(self, batch: RolloutBatch) -> np.ndarray: ...
 
     def update(
         self,
         batch: RolloutBatch,
         sync: Sync,
         progress_remaining: float = 1.0,
-        advantage_moments: np.ndarray | None = None,
+        batch_totals: np.ndarray | None = None,
     ) -> dict[str, float]: ...
 
     def state_dict(self) -> dict[str, torch.Tensor]: ...
@@ -118,7 +123,7 @@ class OnPolicyTrainer(TrainerBase):
             # the end (actor_learner.workers_self_play); this process's pool served to check the env above
             self.opponents = None
         algo = ON_POLICY_ALGOS[self.algo_name](cfg, self.agent, run.seed)
-        algo.set_agents(agent_setup(self.env.agents, run.agent_policies, run.agent_groups, run.critic))
+        algo.set_agents(self.agent_setup)
         self.value_norm = algo.value_norm
         """With ``normalize_value``: the value statistics, which the start-up broadcast carries."""
         self.algo: OnPolicyUpdate = update_factory(algo) if update_factory is not None else algo
@@ -152,7 +157,7 @@ class OnPolicyTrainer(TrainerBase):
                 batch,
                 self.sync,
                 progress_remaining=max(0.0, 1.0 - self.steps / total),
-                advantage_moments=totals["advantages"],
+                batch_totals=totals["algo"],
             )
             now = self._end_iteration(start, update_start)
             if self.opponents is not None:
@@ -184,7 +189,7 @@ class OnPolicyTrainer(TrainerBase):
     def _sum_over_workers(self, rollout: Rollout, batch: RolloutBatch) -> dict[str, np.ndarray]:
         """One all-reduce per iteration for every count and statistic the workers must share.
 
-        Steps, valid samples, per-worker episode counts, advantage moments, the
+        Steps, valid samples, per-worker episode counts, the learning rule's ``batch_statistics``, the
         normalisers' moments and the stop votes travel together: a collective costs about a millisecond on
         small machines, so they are batched. Updates the normalisers.
         """
@@ -194,7 +199,7 @@ class OnPolicyTrainer(TrainerBase):
             "steps": np.array([rollout.steps]),
             "samples": np.array([rollout.valid.sum()]),
             "episodes": episodes,
-            "advantages": self.algo.advantage_moments(batch),
+            "algo": self.algo.batch_statistics(batch),
             "votes": self.stop_votes(),
         }
         if self.cfg.normalize_obs:
