@@ -6,6 +6,7 @@ import os
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,7 @@ from distrl.config.argv import checkpoint_every_time, flag_value, merge_repeated
 from distrl.envs.names import portable_env_name, refuse_named_code, resolve_env_id
 from distrl.run import checkpoint, preemption, rundir, trust
 from distrl.tasks.group import TEXT_TASK
-from distrl.training import configs_from_checkpoint, default_run_dir, make_trainer
+from distrl.training import TRAINERS, configs_from_checkpoint, default_run_dir, make_trainer
 from distrl.training.presets import algo_configs, preset_names
 
 
@@ -104,6 +105,17 @@ TRAIN_ARGS = {
 ASYNC_ALGOS = ("ppo", "appo", "impala")
 """The algorithms ``--strategy pipeline`` trains on Gymnasium envs: asynchronous actors, a learner that never waits."""
 
+TASK_ALGOS = ("grpo",)
+"""The algorithms that train on group tasks (:mod:`distrl.tasks`), not on Gymnasium envs: ENV is the task's name as
+it stands, not an id to resolve, and a language model's run (``--model``) or a resumed run needs none."""
+
+TASK_STRATEGIES = ("single", "ddp", "pipeline")
+"""The strategies that train :data:`TASK_ALGOS` (``pipeline``: generators and a scorer feed the learner groups)."""
+
+Runner = Callable[[RunConfig, StrategyConfig, Any, Path, Path | None], Any]
+"""A strategy that runs the learner in this process: (run, strategy, algorithm config, run directory, checkpoint to
+resume from) -> the run's summary."""
+
 
 def default_strategy(algo: str, argv: list[str]) -> StrategyConfig:
     """What a run spreads over unless its flags (``argv``) name a strategy: APPO and IMPALA are asynchronous by
@@ -126,15 +138,16 @@ def _train_command(argv: list[str]) -> int:
     if flag_value(argv, "--resume") == "auto":
         argv = set_flag(argv, "--resume", checkpoint.auto_resume(flag_value(argv, "--run-dir")))
     recorded_env = False  # ENV read from the resumed run is not the user's say-so to import what it names
+    on_task = algo in TASK_ALGOS
     if len(argv) < 2 or argv[1].startswith("-"):
         resume = flag_value(argv, "--resume")
-        if algo == "grpo" and any(a == "--model" or a.startswith("--model=") for a in argv):
+        if on_task and any(a == "--model" or a.startswith("--model=") for a in argv):
             argv = [algo, TEXT_TASK, *argv[1:]]  # a language model's run needs no ENV
-        elif algo == "grpo" and resume:
+        elif on_task and resume:
             argv = [algo, configs_from_checkpoint(checkpoint.find_latest(Path(resume)))[0].env, *argv[1:]]
             recorded_env = True
         elif any(a in ("-h", "--help") for a in argv):
-            argv = [algo, TEXT_TASK if algo == "grpo" else "CartPole-v1", *argv[1:]]
+            argv = [algo, TEXT_TASK if on_task else "CartPole-v1", *argv[1:]]
         else:
             raise ConfigError(f"ENV is missing: distrl train {algo} ENV [flags], e.g. distrl train {algo} CartPole-v1")
     env, rest = argv[1], merge_repeated(argv[2:], "--wrapper", "--wrappers")
@@ -149,7 +162,7 @@ def _train_command(argv: list[str]) -> int:
         trusted = "--trust-code" in rest or trust.is_trusted(resume_path, state)
         own = rest if recorded_env else [env, *rest]
         refuse_named_code(run_cfg, f"checkpoint={str(resume_path)!r}", trusted, own=own, cfg=cfg)
-        if algo == "grpo" or run_cfg.algo == "grpo":  # group tasks are names, not Gymnasium ids
+        if on_task or run_cfg.algo in TASK_ALGOS:  # group tasks are names, not Gymnasium ids
             if env != run_cfg.env:
                 raise ConfigError(f"env={env!r} differs from the resumed run's env {run_cfg.env!r}")
         else:
@@ -181,20 +194,14 @@ def _train_command(argv: list[str]) -> int:
         from distrl.run.tracking import check_trackers
 
         check_trackers(run.track)
-    if args.strategy.strategy == "pipeline" and algo not in (*ASYNC_ALGOS, "grpo"):
-        raise ConfigError(
-            f"strategy='pipeline' is not available for {algo}: it runs {', '.join(ASYNC_ALGOS)} on Gymnasium "
-            "envs and grpo on group tasks (distrl train grpo bandit --strategy pipeline)"
-        )
+    check_strategy(algo, args.strategy.strategy)
     if not run.run_dir:  # every worker must agree on the run directory: fix it before launching
-        run = run.replace(run_dir=str(default_run_dir(run, run.env if algo == "grpo" else resolve_env_id(run.env))))
+        run = run.replace(run_dir=str(default_run_dir(run, run.env if on_task else resolve_env_id(run.env))))
     run_dir = Path(run.run_dir)
     command = ["train", algo, env, *rest]
     with checkpoint.removed_after_a_mistake(run_dir), rundir.held_here(run_dir, command):
         try:
-            if algo == "grpo":
-                return _train_grpo(run, args.strategy, algo_cfg, resume_path, command)
-            return _train(algo, env, rest, run, args.strategy, algo_cfg, resume_path)
+            return _train(algo, run, args.strategy, algo_cfg, resume_path, command)
         except OSError as exc:
             failure = rundir.write_failure(exc, run_dir)
             if failure is None:
@@ -202,73 +209,72 @@ def _train_command(argv: list[str]) -> int:
             raise failure from None
 
 
+def check_strategy(algo: str, strategy: str) -> None:
+    """Refuse a strategy that does not run ``algo``, before the run directory is made."""
+    if algo in TASK_ALGOS and strategy not in TASK_STRATEGIES:
+        raise ConfigError(
+            f"strategy={strategy!r} is not available for {algo}: must be {', '.join(TASK_STRATEGIES[:-1])} or "
+            f"{TASK_STRATEGIES[-1]}"
+        )
+    if strategy == "pipeline" and algo not in (*ASYNC_ALGOS, *TASK_ALGOS):
+        raise ConfigError(
+            f"strategy='pipeline' is not available for {algo}: it runs {', '.join(ASYNC_ALGOS)} on Gymnasium "
+            "envs and grpo on group tasks (distrl train grpo bandit --strategy pipeline)"
+        )
+
+
 def _train(
-    algo: str,
-    env: str,
-    rest: list[str],
-    run: RunConfig,
-    strategy: StrategyConfig,
-    algo_cfg: Any,
-    resume_path: Path | None,
+    algo: str, run: RunConfig, strategy: StrategyConfig, cfg: Any, resume_path: Path | None, command: list[str]
 ) -> int:
-    """Train a Gymnasium env's agent under ``strategy`` in ``run.run_dir``."""
-    if strategy.strategy == "single":
-        run_training(run, algo_cfg, resume_path)
-    elif strategy.strategy in ("actor-learner", "pipeline"):
-        from distrl.strategies.actor_learner import WorkerError, run_actor_learner
-        from distrl.strategies.apex import run_apex
-        from distrl.strategies.pipeline_ppo import run_async_ppo
-        from distrl.strategies.pool import GeneratorFailed, PipelineStalled
-
-        checkpoint.check_new_run_dir(Path(run.run_dir), resume_path)
-        runner = run_actor_learner if strategy.strategy == "actor-learner" else run_async_ppo
-        if strategy.strategy == "actor-learner" and algo in ("dqn", "sac"):
-            runner = run_apex  # distributed prioritised replay (Ape-X)
-        try:
-            runner(run, strategy, algo_cfg, Path(run.run_dir), resume_path)
-        except (WorkerError, GeneratorFailed, PipelineStalled) as exc:
-            print(f"distrl: error: {exc}", file=sys.stderr)
-            raise SystemExit(1) from None
-    else:
-        run_ddp(run, strategy, algo_cfg, resume_path, ["train", algo, env, *rest, "--run-dir", run.run_dir])
-    return 0
-
-
-def _train_grpo(
-    run: RunConfig, strategy: StrategyConfig, cfg: GRPOConfig, resume_path: Path | None, argv: list[str]
-) -> int:
+    """Train ``algo`` under ``strategy`` in ``run.run_dir``: launch its ranks (``ddp``, ``decoupled``; ``command``
+    is what each runs), or run its learner here, fed by this process (``single``) or by workers (``actor-learner``,
+    ``pipeline``). A worker that failed or a reward function that did is told on one line, with exit status 1."""
+    if strategy.strategy in ("ddp", "decoupled"):
+        run_ddp(run, strategy, cfg, resume_path, [*command, "--run-dir", run.run_dir])
+        return 0
+    from distrl.strategies.actor_learner import WorkerError
+    from distrl.strategies.pipeline import RewardFailed
     from distrl.strategies.pool import GeneratorFailed, PipelineStalled
     from distrl.tasks.rewards import RewardError
-    from distrl.training.group import GroupTrainer, train_grpo
 
-    if strategy.strategy not in ("single", "ddp", "pipeline"):
-        raise ConfigError(f"strategy={strategy.strategy!r} is not available for grpo: must be single, ddp or pipeline")
     run_dir = Path(run.run_dir)
-    if strategy.strategy == "ddp":
-        run_ddp(run, strategy, cfg, resume_path, [*argv, "--run-dir", run.run_dir])
-        return 0
     checkpoint.check_new_run_dir(run_dir, resume_path)
-    GroupTrainer.check_env(run, cfg)  # the dataset, rewards and prompts, before any process starts
+    if algo in TASK_ALGOS:  # the task's dataset, rewards and prompts, and flags it ignores, before any process starts
+        TRAINERS[algo].check_env(run, cfg)
     try:
-        if strategy.strategy == "pipeline":
-            from distrl.strategies.pipeline import RewardFailed, run_pipeline
-
-            try:
-                run_pipeline(run, strategy, cfg, run_dir, resume_path)
-            except RewardFailed as exc:
-                raise RewardError(str(exc)) from None
-        else:
-            train_grpo(run, cfg, run_dir, resume_path)
-    except (RewardError, GeneratorFailed, PipelineStalled) as exc:
+        learner_here(algo, strategy.strategy)(run, strategy, cfg, run_dir, resume_path)
+    except (WorkerError, GeneratorFailed, PipelineStalled, RewardError, RewardFailed) as exc:
         print(f"distrl: error: {exc}", file=sys.stderr)
         raise SystemExit(1) from None
     return 0
 
 
-def run_training(run: RunConfig, cfg: Any, resume_path: Path | None = None) -> dict:
-    """Train in this process (``--strategy single``) and write the run directory."""
-    run_dir = Path(run.run_dir)
-    checkpoint.check_new_run_dir(run_dir, resume_path)
+def learner_here(algo: str, strategy: str) -> Runner:
+    """What runs ``algo``'s learner in this process under ``strategy`` (``single``, ``actor-learner``, ``pipeline``)."""
+    if strategy == "single":
+        return run_training
+    if strategy == "pipeline" and algo in TASK_ALGOS:
+        from distrl.strategies.pipeline import run_pipeline
+
+        return run_pipeline
+    if strategy == "pipeline":
+        from distrl.strategies.pipeline_ppo import run_async_ppo
+
+        return run_async_ppo
+    if algo in ("dqn", "sac"):  # distributed prioritised replay (Ape-X)
+        from distrl.strategies.apex import run_apex
+
+        return run_apex
+    from distrl.strategies.actor_learner import run_actor_learner
+
+    return run_actor_learner
+
+
+def run_training(
+    run: RunConfig, strategy: StrategyConfig, cfg: Any, run_dir: Path, resume_path: Path | None = None
+) -> dict:
+    """``--strategy single``: train in this process and write ``run_dir``. Nothing is spread, so the trainer runs
+    with the default strategy settings, whatever other strategy flags were given."""
     start = time.perf_counter()
     return make_trainer(run.algo, run, cfg, run_dir=run_dir).run_to_end(resume_path, start)
 

@@ -434,13 +434,8 @@ def train_grpo(
     source_factory: Callable[[GroupTrainer], GroupSource] | None = None,
     strategy: StrategyConfig | None = None,
 ) -> dict[str, Any]:
-    """GRPO in this process (``single``, or the pipeline's learner with its ``source_factory``)."""
+    """GRPO in this process (``single``, or the pipeline's learner with its ``source_factory``), through the
+    lifecycle every trainer shares (:meth:`~distrl.training.state.RunState.run_to_end`)."""
     start = time.perf_counter()
     trainer = GroupTrainer(run, cfg, run_dir=run_dir, strategy=strategy, source_factory=source_factory)
-    try:
-        trainer.begin(resume_path)
-        trainer.train()
-    except BaseException:
-        trainer.close()
-        raise
-    return trainer.finish(time.perf_counter() - start)
+    return trainer.run_to_end(resume_path, start)
