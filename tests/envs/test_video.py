@@ -3,6 +3,7 @@
 import io
 import subprocess
 import sys
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -73,7 +74,11 @@ def test_recording_many_frames_keeps_resident_memory_flat(tmp_path, suffix):
     # (the recorder before issue 44 kept every frame, then Pillow's GIF writer kept each once more). Streamed,
     # the peak resident memory of the recording process grows by at most MEMORY_BOUND_MB (measured: a few MiB).
     result = subprocess.run(
-        [sys.executable, "-c", MEASURE, str(tmp_path), suffix], capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", MEASURE, str(tmp_path), suffix],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).parent,  # where `from test_video import Sweep` finds this module
     )
     assert result.returncode == 0, result.stderr
     frames, growth_mib = result.stdout.split()
