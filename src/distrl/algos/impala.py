@@ -72,6 +72,12 @@ class IMPALAAlgo(PPOAlgo):
     ) -> Targets:
         return vtrace_targets(self, self.cfg, rollout, obs, actions, sequences)
 
+    def loss_and_output_grads(
+        self, outputs: tuple[torch.Tensor, ...], mb: Minibatch, clip_range: float
+    ) -> tuple[PPOLoss, tuple[torch.Tensor | None, ...]]:
+        """IMPALA's loss has no fused form: autograd over :meth:`loss`, whatever ``fused_loss`` says."""
+        return self.autograd_loss_and_output_grads(outputs, mb, clip_range)
+
     def loss(self, outputs: tuple[torch.Tensor, ...], mb: Minibatch, clip_range: float) -> PPOLoss:
         """:func:`impala_loss`, with the ratio to the behaviour policy for the statistics (it takes no part)."""
         log_prob, entropy, values = outputs

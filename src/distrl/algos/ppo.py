@@ -18,6 +18,7 @@ import torch
 
 from distrl.algos.autodiff import leaves, output_grads
 from distrl.algos.estimators import gae
+from distrl.algos.fused import fused_ppo_loss
 from distrl.algos.optim import ClippedAdam, FlatOptimizer, linear
 from distrl.algos.policy_stats import STATS, AgentPolicies
 from distrl.algos.protocols import Sync
@@ -407,12 +408,11 @@ class PPOAlgo:
         else:
             fwd = agent.forward_sequences(mb.obs, sequences.initial_state, sequences.starts)
         terms = agent.dist_terms(fwd, mb.actions)
-        outputs = leaves(terms.log_prob, terms.entropy, fwd.values)
-        loss = self.loss(outputs, mb, clip_range)
-        agent.backward(fwd, terms, mb.actions, *output_grads(loss.loss, outputs))  # d loss / d outputs, onwards
+        loss, output_grads = self.loss_and_output_grads((terms.log_prob, terms.entropy, fwd.values), mb, clip_range)
+        agent.backward(fwd, terms, mb.actions, *output_grads)  # d loss / d outputs, onwards
         with torch.no_grad():
             ratio_minus_one = loss.ratio - 1.0
-            approx_kl = ratio_minus_one - (outputs[0] - mb.old_log_prob)  # (http://joschu.net/blog/kl-approx.html)
+            approx_kl = ratio_minus_one - (terms.log_prob - mb.old_log_prob)  # (http://joschu.net/blog/kl-approx.html)
             was_clipped = (ratio_minus_one.abs() > clip_range).float()
             per_sample = torch.stack(
                 [mb.valid, approx_kl, was_clipped, loss.policy_loss, loss.value_loss, terms.entropy.detach()]
@@ -421,6 +421,41 @@ class PPOAlgo:
             if self.policies is not None:
                 stats = torch.cat([stats, self.policies.sums(per_sample, mb.valid, mb.rows)])
             return stats.double().flatten()
+
+    def loss_and_output_grads(
+        self, outputs: tuple[torch.Tensor, ...], mb: Minibatch, clip_range: float
+    ) -> tuple[PPOLoss, tuple[torch.Tensor | None, ...]]:
+        """The minibatch's loss and its gradient with respect to the network's (log_prob, entropy, values), for the
+        network's backward pass: :func:`~distrl.algos.fused.fused_ppo_loss` in one closed-form pass (the default),
+        or autograd over :meth:`loss` with ``fused_loss=False``."""
+        if not self.cfg.fused_loss:
+            return self.autograd_loss_and_output_grads(outputs, mb, clip_range)
+        cfg = self.cfg
+        log_prob, entropy, values = (output.detach() for output in outputs)
+        fused = fused_ppo_loss(
+            log_prob,
+            entropy,
+            values,
+            mb.old_log_prob,
+            mb.old_values,
+            mb.advantages,
+            self.value_targets(mb.returns),
+            mb.valid,
+            clip_range,
+            cfg.clip_range_vf,
+            cfg.vf_coef,
+            cfg.ent_coef,
+        )
+        loss = PPOLoss(fused.loss, fused.policy_loss, fused.value_loss, fused.ratio)
+        return loss, (fused.d_log_prob, fused.d_entropy, fused.d_values)
+
+    def autograd_loss_and_output_grads(
+        self, outputs: tuple[torch.Tensor, ...], mb: Minibatch, clip_range: float
+    ) -> tuple[PPOLoss, tuple[torch.Tensor | None, ...]]:
+        """:meth:`loss` written plainly, and autograd over its graph for d(loss)/d(outputs)."""
+        inputs = leaves(*outputs)
+        loss = self.loss(inputs, mb, clip_range)
+        return loss, output_grads(loss.loss, inputs)
 
     def loss(self, outputs: tuple[torch.Tensor, ...], mb: Minibatch, clip_range: float) -> PPOLoss:
         """The minibatch's :func:`ppo_loss` on the network's (log_prob, entropy, values)."""
