@@ -4,9 +4,9 @@
     python benchmarks/loss_autograd_cost.py --compile    # also torch.compile (inductor; needs a C++ compiler)
 
 Times, in microseconds per minibatch: ``ppo_loss`` and its output gradients through autograd (as
-``PPOAlgo`` takes them), the same with ``torch.where`` for the max (the cheapest equivalent form found),
-the hand-derived derivative the loss replaced (written here for the measurement only), and the whole
-minibatch gradient step; plus one 256x64 @ 64x64 product, the unit the rest of the step is made of.
+``PPOAlgo`` takes them with ``fused_loss=False``), the same with ``torch.where`` for the max (the cheapest
+equivalent form found), the fused closed form (``algos/fused.py``, the default), and the whole minibatch
+gradient step both ways; plus one 256x64 @ 64x64 product, the unit the rest of the step is made of.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from distrl.algos.autodiff import leaves, output_grads
+from distrl.algos.fused import fused_ppo_loss
 from distrl.algos.ppo import PackedBatch, PPOAlgo, ppo_loss
 from distrl.config import PPOConfig
 from distrl.nets import make_agent
@@ -60,16 +61,13 @@ def main() -> None:
         loss = torch.where(a > b, a, b) + 0.5 * (error * error)
         return torch.autograd.grad(loss @ valid, outputs, allow_unused=True)
 
-    def hand_derived():
-        ratio = (lp - olp).exp()
-        unclipped, clipped = ratio * adv, ratio.clamp(0.8, 1.2) * adv
-        takes_unclipped = unclipped <= clipped
-        d_log_prob = (-unclipped).masked_fill_(~takes_unclipped, 0.0)
-        return d_log_prob * valid, (v - ret) * valid
+    def fused():
+        return fused_ppo_loss(lp, ent, v, olp, ov, adv, ret, valid, 0.2, None, 0.5, 0.0)
 
     env = gym.make("CartPole-v1")
     agent = make_agent(env.observation_space, env.action_space, PPOConfig(), "cpu", 0)
     algo = PPOAlgo(PPOConfig(), agent, 0)
+    plain_algo = PPOAlgo(PPOConfig(fused_loss=False), agent, 0)
     obs = torch.randn(B, 4, generator=g)
     data = torch.cat(
         [torch.randint(0, 2, (B, 1), generator=g).float(), torch.randn(B, 4, generator=g), valid[:, None]], 1
@@ -80,9 +78,12 @@ def main() -> None:
     rows_out = {
         "ppo_loss + output gradients (autograd)": per_call_us(autograd_loss),
         "the same, torch.where for the max (autograd)": per_call_us(autograd_where),
-        "hand-derived derivative (the form the loss replaced)": per_call_us(hand_derived),
-        "whole minibatch gradient step (forward, loss, backward, statistics)": per_call_us(
+        "fused_ppo_loss: the loss and its output gradients in closed form": per_call_us(fused),
+        "whole minibatch gradient step, fused loss (forward, loss, backward, statistics)": per_call_us(
             lambda: algo._minibatch_gradient(rows, 0.2)
+        ),
+        "whole minibatch gradient step, plain loss through autograd": per_call_us(
+            lambda: plain_algo._minibatch_gradient(rows, 0.2)
         ),
         f"one {B}x64 @ 64x64 product (addmm)": per_call_us(lambda: torch.addmm(bias, x, w)),
     }

@@ -78,37 +78,36 @@ def fused_ppo_loss(
     ent_coef: float,
 ) -> FusedPPOLoss:
     """:func:`~distrl.algos.ppo.ppo_loss` and d(loss)/d(log_prob, entropy, values), all arguments [B], without
-    autograd (see the module's docstring for the derivation)."""
-    with torch.no_grad():
-        ratio = (log_prob - old_log_prob).exp()
-        clipped_ratio = ratio.clamp(1.0 - clip_range, 1.0 + clip_range)
-        unclipped, clipped = -advantages * ratio, -advantages * clipped_ratio
-        policy_loss = torch.max(unclipped, clipped)
-        to_unclipped, to_clipped = _max_weights(unclipped, clipped)
-        in_range = ((ratio >= 1.0 - clip_range) & (ratio <= 1.0 + clip_range)).to(ratio.dtype)
-        d_log_prob = valid * unclipped * (to_unclipped + to_clipped * in_range)
+    autograd (see the module's docstring for the derivation). The arguments carry no graph: detach the network's
+    outputs first (or go through :class:`PPOLossFunction`)."""
+    ratio = (log_prob - old_log_prob).exp()
+    gain = ratio * advantages  # A r: the policy term is -min(A r, A clip(r)) = max(u, c)
+    clipped_gain = ratio.clamp(1.0 - clip_range, 1.0 + clip_range).mul_(advantages)
+    # -A r where the unclipped branch is the larger or ties: a tie is r within the clip range (bounds included),
+    # where the two branches are one function and autograd's halves add up to -A r, or A = 0, where -A r is 0
+    takes_unclipped = gain <= clipped_gain
+    policy_loss = torch.where(takes_unclipped, gain, clipped_gain).neg_()
+    d_log_prob = torch.where(takes_unclipped, gain, 0.0).mul_(valid).neg_()
 
-        error = values - returns
-        value_loss = error.square()
-        if clip_range_vf is None:
-            d_value = 2.0 * error
-        else:
-            step = values - old_values
-            clipped_error = old_values + step.clamp(-clip_range_vf, clip_range_vf) - returns
-            clipped_loss = clipped_error.square()
-            to_plain, to_clipped_value = _max_weights(value_loss, clipped_loss)
-            step_in_range = ((step >= -clip_range_vf) & (step <= clip_range_vf)).to(step.dtype)
-            value_loss = torch.max(value_loss, clipped_loss)
-            d_value = 2.0 * (to_plain * error + to_clipped_value * step_in_range * clipped_error)
+    error = values - returns
+    value_loss = error.square()
+    if clip_range_vf is None:
+        d_value = error * valid
+    else:
+        step = values - old_values
+        clipped_error = old_values + step.clamp(-clip_range_vf, clip_range_vf) - returns
+        clipped_loss = clipped_error.square()
+        to_plain, to_clipped_value = _max_weights(value_loss, clipped_loss)
+        step_in_range = ((step >= -clip_range_vf) & (step <= clip_range_vf)).to(step.dtype)
+        value_loss = torch.max(value_loss, clipped_loss)
+        d_value = (to_plain * error + to_clipped_value * step_in_range * clipped_error).mul_(valid)
 
-        loss = policy_loss + vf_coef * value_loss
-        d_entropy = None
-        if ent_coef:
-            loss = loss - ent_coef * entropy
-            d_entropy = -ent_coef * valid
-        return FusedPPOLoss(
-            loss @ valid, policy_loss, value_loss, ratio, d_log_prob, d_entropy, vf_coef * valid * d_value
-        )
+    loss = policy_loss @ valid + vf_coef * (value_loss @ valid)
+    d_entropy = None
+    if ent_coef:
+        loss = loss - ent_coef * (entropy @ valid)
+        d_entropy = valid * -ent_coef
+    return FusedPPOLoss(loss, policy_loss, value_loss, ratio, d_log_prob, d_entropy, d_value.mul_(2.0 * vf_coef))
 
 
 class PPOLossFunction(torch.autograd.Function):

@@ -337,10 +337,11 @@ class PPOAlgo:
                 stats = self._minibatch_gradient(mb, clip_range, sequences)
                 sync.gradients(grad, stats)
                 summed = stats.view(groups, len(STATS))
-                count = float(summed[0, _COUNT])
+                overall = summed[0].tolist()
+                count = overall[_COUNT]
                 if count == 0:
                     continue
-                approx_kl = float(summed[0, _APPROX_KL]) / count
+                approx_kl = overall[_APPROX_KL] / count
                 if cfg.target_kl is not None and approx_kl > 1.5 * cfg.target_kl:
                     stopped_early = True  # every worker sees the same summed KL: they stop together
                     break
@@ -431,11 +432,11 @@ class PPOAlgo:
         if not self.cfg.fused_loss:
             return self.autograd_loss_and_output_grads(outputs, mb, clip_range)
         cfg = self.cfg
-        log_prob, entropy, values = (output.detach() for output in outputs)
+        log_prob, entropy, values = outputs
         fused = fused_ppo_loss(
-            log_prob,
-            entropy,
-            values,
+            log_prob.detach(),
+            entropy.detach(),
+            values.detach(),
             mb.old_log_prob,
             mb.old_values,
             mb.advantages,
