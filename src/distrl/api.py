@@ -15,14 +15,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from distrl import export
 from distrl.config import ConfigError, RunConfig, split_by_config
 from distrl.envs.evaluation import evaluate
 from distrl.envs.masks import with_mask
 from distrl.envs.names import env_kwargs_items, env_source, policy_name, refuse_named_code, wrapper_names
 from distrl.envs.spaces import check_observation, start_flags
 from distrl.envs.vector import make_run_env
-from distrl.export import Export, Format
+from distrl.export import graph, writer
+from distrl.export.writer import Export, Format
 from distrl.run import checkpoint, trust
 from distrl.run.logs import Console
 from distrl.training import (
@@ -220,7 +220,7 @@ class Model:
         env = make_run_env(trainer.run, n_envs, trainer.env_id, evaluation=True)
         about = {"algo": self.algo, "env": trainer.env_id, "steps": self.num_steps}
         try:
-            return export.write(
+            return writer.write(
                 self._graph(stochastic),
                 Path(path),
                 format,
@@ -234,7 +234,7 @@ class Model:
         finally:
             env.close()
 
-    def _graph(self, stochastic: bool) -> export.ActingGraph:
+    def _graph(self, stochastic: bool) -> graph.ActingGraph:
         """The acting policy as a module for tracing (see :mod:`distrl.export.graph`)."""
         raise NotImplementedError
 
@@ -331,10 +331,10 @@ class PPO(Model):
     def _noise(self, rng: np.random.Generator, n: int) -> np.ndarray:
         return self._trainer.agent.spec.draw_noise(rng, (n,))
 
-    def _graph(self, stochastic: bool) -> export.ActingGraph:
+    def _graph(self, stochastic: bool) -> graph.ActingGraph:
         trainer = self._trainer
         space = trainer.env.single_observation_space
-        return export.policy_graph(trainer.agent, space, trainer.obs_normalizer, stochastic)
+        return graph.policy_graph(trainer.agent, space, trainer.obs_normalizer, stochastic)
 
     def _actions(
         self, obs: np.ndarray, noise: np.ndarray | None, state: Any = None, starts: np.ndarray | None = None
@@ -369,10 +369,10 @@ class SAC(Model):
     def _noise(self, rng: np.random.Generator, n: int) -> np.ndarray:
         return rng.standard_normal((n, self._trainer.action_dim), dtype=np.float32)
 
-    def _graph(self, stochastic: bool) -> export.ActingGraph:
+    def _graph(self, stochastic: bool) -> graph.ActingGraph:
         trainer = self._trainer
         env = trainer.env
-        return export.sac_graph(trainer.algo.actor, env.single_observation_space, env.single_action_space, stochastic)
+        return graph.sac_graph(trainer.algo.actor, env.single_observation_space, env.single_action_space, stochastic)
 
     def _actions(
         self, obs: np.ndarray, noise: np.ndarray | None, state: Any = None, starts: np.ndarray | None = None
@@ -391,12 +391,12 @@ class DQN(Model):
     def _noise(self, rng: np.random.Generator, n: int) -> np.ndarray:
         return rng.random((n, 2))  # per observation: the coin, then the random action's uniform draw
 
-    def _graph(self, stochastic: bool) -> export.ActingGraph:
+    def _graph(self, stochastic: bool) -> graph.ActingGraph:
         if stochastic:
             raise ConfigError("stochastic=True is not available for dqn: its policy is the greedy one (argmax Q)")
         trainer = self._trainer
         env = trainer.env
-        return export.q_graph(trainer.algo.q, env.single_observation_space, env.single_action_space)
+        return graph.q_graph(trainer.algo.q, env.single_observation_space, env.single_action_space)
 
     def _actions(
         self, obs: np.ndarray, noise: np.ndarray | None, state: Any = None, starts: np.ndarray | None = None

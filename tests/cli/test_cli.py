@@ -338,3 +338,41 @@ def test_a_flags_help_text_flows_as_one_paragraph(capsys, monkeypatch):
     assert stop.value.code == 0
     lines = capsys.readouterr().out.splitlines()
     assert any("factory) to be imported and run" in line for line in lines)
+
+
+PARSE_ONLY = """
+import json, sys
+from distrl.cli import main
+codes = []
+for argv in json.loads(sys.argv[1]):
+    try:
+        codes.append(main(argv))
+    except SystemExit as stop:
+        codes.append(stop.code)
+print(json.dumps([codes, [m for m in ("torch", "gymnasium", "ray", "transformers") if m in sys.modules]]))
+"""
+
+
+def test_parsing_and_config_validation_import_no_torch_gymnasium_ray_or_transformers():
+    # help, the version and every one-line refusal of a command, flag or value answer before any framework loads
+    # (a fresh process: this one imported torch long ago)
+    cases = [
+        ["--help"],
+        ["--version"],
+        ["train", "--help"],
+        ["train", "ppo", "--help"],
+        ["train", "sac", "Pendulum-v1", "--help"],
+        ["train", "ppo", "CartPole-v1", "--n-stepz", "64"],
+        ["train", "ppo", "cartpole", "--n-steps", "0"],
+        ["train", "ppo", "CartPole-v1", "--strategy", "pipelin"],
+        ["train", "xyz", "CartPole-v1"],
+        ["train", "grpo", "bandid"],
+        ["trian"],
+    ]
+    out = subprocess.run(
+        [sys.executable, "-c", PARSE_ONLY, json.dumps(cases)], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    codes, loaded = json.loads(out.stdout.strip().splitlines()[-1])
+    assert codes == [0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2]
+    assert loaded == []

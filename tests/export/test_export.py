@@ -17,8 +17,9 @@ from distrl import PPO, REINFORCE, SAC
 from distrl.cli import main
 from distrl.config import ConfigError
 from distrl.envs.spaces import DictLayout
-from distrl.export import TOLERANCE, ExportFailed
-from distrl.export import write as write_export
+from distrl.export import ExportFailed
+from distrl.export.writer import TOLERANCE
+from distrl.export.writer import write as write_export
 
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.load` is deprecated:DeprecationWarning")
 

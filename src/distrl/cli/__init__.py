@@ -21,7 +21,7 @@ import tyro._strings
 
 from distrl._version import __version__
 from distrl.config import ConfigError
-from distrl.envs.names import SHORT_NAMES
+from distrl.envs.short_names import SHORT_NAMES
 from distrl.export import ExportFailed
 from distrl.run.preemption import Stopped
 from distrl.run.rundir import WriteFailed

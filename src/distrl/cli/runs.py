@@ -239,7 +239,7 @@ def _search_depth(opponent: str) -> int:
 
 
 def export_command(argv: list[str]) -> int:
-    from distrl.export import default_path
+    from distrl.export.writer import default_path
 
     args = parse_flags(ExportArgs, merge_repeated(argv, "--wrapper", "--wrappers"), prog="distrl export")
     if args.observations <= 0:

@@ -28,10 +28,9 @@ from distrl.config import (
     unknown_algo,
 )
 from distrl.config.argv import checkpoint_every_time, flag_value, merge_repeated, no_action_mask, parse_flags, set_flag
-from distrl.envs.names import portable_env_name, refuse_named_code, resolve_env_id
 from distrl.run import checkpoint, preemption, rundir, trust
-from distrl.tasks.group import TEXT_TASK
-from distrl.training import TRAINERS, configs_from_checkpoint, default_run_dir, make_trainer
+from distrl.run.rundir import default_run_dir
+from distrl.tasks.names import TEXT_TASK
 from distrl.training.presets import algo_configs, preset_names
 
 
@@ -144,6 +143,8 @@ def _train_command(argv: list[str]) -> int:
         if on_task and any(a == "--model" or a.startswith("--model=") for a in argv):
             argv = [algo, TEXT_TASK, *argv[1:]]  # a language model's run needs no ENV
         elif on_task and resume:
+            from distrl.training.recorded import configs_from_checkpoint
+
             argv = [algo, configs_from_checkpoint(checkpoint.find_latest(Path(resume)))[0].env, *argv[1:]]
             recorded_env = True
         elif any(a in ("-h", "--help") for a in argv):
@@ -157,6 +158,10 @@ def _train_command(argv: list[str]) -> int:
     resume_path = None
     strategy = default_strategy(algo, rest)
     if resume_arg:
+        # reading a run back (its spaces, the code it names) loads Gymnasium; parsing a new run's flags does not
+        from distrl.envs.names import portable_env_name, refuse_named_code, resolve_env_id
+        from distrl.training.recorded import configs_from_checkpoint
+
         resume_path = checkpoint.newest_intact(Path(resume_arg))
         run_cfg, strategy, cfg, state = configs_from_checkpoint(resume_path)
         trusted = "--trust-code" in rest or trust.is_trusted(resume_path, state)
@@ -196,6 +201,8 @@ def _train_command(argv: list[str]) -> int:
         check_trackers(run.track)
     check_strategy(algo, args.strategy.strategy)
     if not run.run_dir:  # every worker must agree on the run directory: fix it before launching
+        from distrl.envs.names import resolve_env_id
+
         run = run.replace(run_dir=str(default_run_dir(run, run.env if on_task else resolve_env_id(run.env))))
     run_dir = Path(run.run_dir)
     command = ["train", algo, env, *rest]
@@ -240,6 +247,8 @@ def _train(
     run_dir = Path(run.run_dir)
     checkpoint.check_new_run_dir(run_dir, resume_path)
     if algo in TASK_ALGOS:  # the task's dataset, rewards and prompts, and flags it ignores, before any process starts
+        from distrl.training import TRAINERS  # torch and the trainers load once the flags are known to be good
+
         TRAINERS[algo].check_env(run, cfg)
     try:
         learner_here(algo, strategy.strategy)(run, strategy, cfg, run_dir, resume_path)
@@ -276,6 +285,8 @@ def run_training(
     """``--strategy single``: train in this process and write ``run_dir``. Nothing is spread, so the trainer runs
     with the default strategy settings, whatever other strategy flags were given."""
     start = time.perf_counter()
+    from distrl.training import make_trainer
+
     return make_trainer(run.algo, run, cfg, run_dir=run_dir).run_to_end(resume_path, start)
 
 

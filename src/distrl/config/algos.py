@@ -105,10 +105,10 @@ class PPOConfig(ActorCriticNet):
     value loss compares with, and denormalise the critic's outputs wherever values bootstrap, as in GAE,
     V-trace and truncated episodes; value clipping acts in normalised units. Saved with the model."""
     fused_loss: bool = True
-    """Compute the loss and its gradient with respect to the network's outputs in one closed-form pass
-    (algos/fused.py, held to the plain loss by tests); False runs the plain loss in algos/ppo.py through autograd,
-    about 130 µs slower a minibatch. The same numbers either way, to float rounding. IMPALA's own loss always runs
-    through autograd."""
+    """Compute the loss and its gradient with respect to the network's outputs in one closed-form pass, as
+    algos/fused.py does it, held to the plain loss by tests; False runs the plain loss in algos/ppo.py through
+    autograd, about 70 µs slower a minibatch. The same numbers either way, to float rounding. IMPALA's own loss
+    always runs through autograd."""
 
     def __post_init__(self) -> None:
         super().__post_init__()

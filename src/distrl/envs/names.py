@@ -21,23 +21,7 @@ import gymnasium as gym
 from distrl.config import ConfigError, RunConfig, parse_env_kwargs, require_callable_as
 from distrl.envs.pettingzoo import is_multiagent
 from distrl.envs.selfplay import is_turn_based_game
-
-SHORT_NAMES = {
-    "cartpole": "CartPole-v1",
-    "pendulum": "Pendulum-v1",
-    "acrobot": "Acrobot-v1",
-    "mountaincar": "MountainCar-v0",
-    "mountaincarcontinuous": "MountainCarContinuous-v0",
-    "hopper": "Hopper-v5",
-    "halfcheetah": "HalfCheetah-v5",
-    "walker2d": "Walker2d-v5",
-    "ant": "Ant-v5",
-    "humanoid": "Humanoid-v5",
-    "lunarlander": "LunarLander-v3",
-    "bipedalwalker": "BipedalWalker-v3",
-    "breakout": "ALE/Breakout-v5",
-    "pong": "ALE/Pong-v5",
-}
+from distrl.envs.short_names import SHORT_NAMES
 
 # Entry-point packages whose simulators come from an optional extra.
 _EXTRAS = {"gymnasium.envs.mujoco": "mujoco", "gymnasium.envs.box2d": "box2d"}

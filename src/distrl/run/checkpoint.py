@@ -18,13 +18,14 @@ import shutil
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import load_file, save_file
 
 from distrl.config import ConfigError
+
+if TYPE_CHECKING:
+    import torch
 
 FORMAT = "distrl-checkpoint"
 FORMAT_VERSION = 1
@@ -34,6 +35,21 @@ CHECKPOINTS_DIR = "checkpoints"
 MODEL_DIR = "model"
 DIGEST = "tensors_sha256"
 CHUNK = 1 << 20
+
+
+def save_file(tensors: dict[str, torch.Tensor], filename: str, metadata: dict[str, str] | None = None) -> None:
+    """safetensors' ``save_file``, importing torch's half of safetensors only here: finding, verifying and reading the
+    state of checkpoints (what the command line does before a run starts) needs no torch."""
+    from safetensors.torch import save_file as write
+
+    write(tensors, filename, metadata=metadata)
+
+
+def load_file(filename: str) -> dict[str, torch.Tensor]:
+    """safetensors' ``load_file``, importing torch only here (see :func:`save_file`)."""
+    from safetensors.torch import load_file as read
+
+    return read(filename)
 
 
 def save(path: Path, tensors: dict[str, torch.Tensor], state: dict[str, Any]) -> Path:
@@ -122,7 +138,7 @@ def _intact_state(path: Path) -> dict[str, Any]:
     state = read_state(path)
     file = path / TENSORS
     try:
-        with safe_open(str(file), framework="pt"):  # reads the header alone: a truncated file fails here
+        with safe_open(str(file), framework="numpy"):  # reads the header alone: a truncated file fails here
             pass
     except (SafetensorError, OSError, ValueError) as exc:
         raise ConfigError(f"checkpoint={str(path)!r}: {TENSORS} is truncated or corrupt ({exc})") from None

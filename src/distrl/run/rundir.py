@@ -17,15 +17,22 @@ import socket
 import sys
 import time
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import IO, Any
 
-from distrl.config import ConfigError
+from distrl.config import ConfigError, RunConfig
 from distrl.run.checkpoint import check_writable_dir, find_latest
 
 LOCK_FILE = ".lock"
 HELD_BY_LAUNCHER = "DISTRL_RUN_DIR_LOCKED"
 """Set by distrl's local launcher for the ranks it starts: the launcher holds their run directory's lock."""
+
+
+def default_run_dir(run: RunConfig, env_id: str) -> Path:
+    """Where a run writes when ``--run-dir`` is not given: ``runs/ALGO-ENV-sSEED-TIMESTAMP``."""
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    return Path("runs") / f"{run.algo}-{env_id.replace('/', '_')}-s{run.seed}-{stamp}"
 
 
 class WriteFailed(Exception):

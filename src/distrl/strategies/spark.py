@@ -17,10 +17,10 @@ from typing import Any
 
 from distrl.config import ConfigError, RunConfig, StrategyConfig, split_by_config
 from distrl.envs.names import resolve_env_id
+from distrl.run.rundir import default_run_dir
 from distrl.strategies.launch import WorkerFailed, check_before_launch
 from distrl.strategies.spark_engine import launch_spark
 from distrl.strategies.spark_engine import spark_session as session
-from distrl.training import default_run_dir
 from distrl.training.presets import algo_configs
 
 __all__ = ["WorkerFailed", "session", "train"]

@@ -33,9 +33,10 @@ import torch
 from torch import nn
 
 from distrl.config import ConfigError, parse_env_kwargs
+from distrl.tasks.names import STATE_TASK_NAMES, TEXT_TASK, check_state_task, is_text_env
 from distrl.tasks.rewards import RewardScores, RewardSet
 from distrl.tasks.streams import KeyedStreams
-from distrl.tasks.text_envs import TextEnvTask, is_text_env
+from distrl.tasks.text_envs import TextEnvTask
 
 
 class GroupTask(Protocol):
@@ -147,18 +148,11 @@ class BanditTask(StateTask):
         return 1.0
 
 
-STATE_TASKS = {"toy": ToyTask, "bandit": BanditTask}
-TEXT_TASK = "lm"
-"""The task name of a language-model run (``distrl train grpo lm --model PATH --dataset FILE ...``)."""
+STATE_TASKS = dict(zip(STATE_TASK_NAMES, (ToyTask, BanditTask)))
 
 
 def make_state_task(name: str, seed: int = 0) -> StateTask:
-    if name not in STATE_TASKS:
-        raise ConfigError(
-            f"env={name!r} is not a group task: must be one of {', '.join(STATE_TASKS)}, "
-            f"{TEXT_TASK} with --model and --dataset, or a text environment ('package.module:factory', "
-            "reasoning_gym/<task>, textarena/<EnvId>) with --model"
-        )
+    check_state_task(name)
     return STATE_TASKS[name](seed)
 
 

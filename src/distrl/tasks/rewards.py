@@ -33,7 +33,6 @@ from typing import Any
 import numpy as np
 
 from distrl.config import ConfigError
-from distrl.envs.names import import_attr
 from distrl.tasks.builtin_rewards import BUILTINS
 from distrl.tasks.reward_workers import Outcome, WorkerPool, WorkersFailed
 
@@ -66,6 +65,8 @@ def load_reward(name: str, weight: float) -> RewardFunction:
             )
         fn = BUILTINS[name]
     else:
+        from distrl.envs.names import import_attr  # only a user's own reward needs importing
+
         fn = import_attr("rewards", name)
     if not callable(fn):
         raise ConfigError(

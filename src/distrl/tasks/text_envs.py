@@ -82,14 +82,6 @@ class Transition(NamedTuple):
     info: dict[str, Any]
 
 
-ADAPTERS = ("reasoning_gym", "textarena")
-
-
-def is_text_env(name: str) -> bool:
-    """Whether ENV ``name`` is a text environment: 'package.module:factory' or a built-in adapter's name."""
-    return ":" in name or name.partition("/")[0] in ADAPTERS
-
-
 class CheckedEnv:
     """A user's environment whose answers are checked: a wrong one is a one-line ConfigError naming ``name``."""
 

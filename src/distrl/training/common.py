@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -58,11 +57,6 @@ def _evaluation_summary(result: Evaluation | None) -> dict[str, Any]:
         "final_eval_max_steps": result.max_steps,
         "final_eval_s": result.seconds,
     }
-
-
-def default_run_dir(run: RunConfig, env_id: str) -> Path:
-    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    return Path("runs") / f"{run.algo}-{env_id.replace('/', '_')}-s{run.seed}-{stamp}"
 
 
 MULTIAGENT_ALGOS = ("ppo", "appo", "impala")

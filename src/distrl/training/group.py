@@ -37,9 +37,10 @@ from distrl.nets.group_factory import lora_settings, make_group_policy
 from distrl.nets.lm_loading import load_tokenizer
 from distrl.nets.lora import check_lora_targets, require_peft
 from distrl.run.logs import Console, RunLogger
-from distrl.tasks.group import TEXT_TASK, GroupTask, StateTask, make_group_task
+from distrl.tasks.group import GroupTask, StateTask, make_group_task
+from distrl.tasks.names import TEXT_TASK, is_text_env
 from distrl.tasks.rewards import RewardLog
-from distrl.tasks.text_envs import TextEnvTask, is_text_env
+from distrl.tasks.text_envs import TextEnvTask
 from distrl.training.group_sources import DynamicSampling, GroupSource, LocalGroups
 from distrl.training.state import RunState, section
 

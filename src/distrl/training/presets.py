@@ -16,7 +16,7 @@ import dataclasses
 from typing import Any
 
 from distrl.config import ALGO_CONFIGS, ConfigError, RunConfig, unknown_algo
-from distrl.envs.names import is_atari
+from distrl.envs.short_names import known_id
 from distrl.training.preset_files import is_preset_file, read_preset_file
 
 # The network and normalisation of rl-baselines3-zoo's tuned MuJoCo v3 PPO entries (1M steps).
@@ -377,7 +377,7 @@ def resolve_preset(algo: str, env_id: str, preset: str) -> tuple[str, dict[str, 
     if preset == "none":
         return "none", {}
     if preset == "auto":
-        if env_id not in table and "atari" in table and is_atari(env_id):
+        if env_id not in table and "atari" in table and _is_atari(env_id):
             return "atari", dict(table["atari"])
         return (env_id, dict(table[env_id])) if env_id in table else ("none", {})
     if preset not in table:
@@ -389,30 +389,34 @@ def resolve_preset(algo: str, env_id: str, preset: str) -> tuple[str, dict[str, 
 def algo_configs(
     algo: str, env: str, preset: str = "auto", run: dict[str, Any] | None = None, params: dict[str, Any] | None = None
 ) -> tuple[RunConfig, Any, str]:
-    """Run and algorithm configs for ``env``: library defaults, then the preset, then ``run``/``params`` overrides."""
-    from distrl.envs.names import portable_env_name, resolve_env_id
+    """Run and algorithm configs for ``env``: library defaults, then the preset, then ``run``/``params`` overrides.
 
+    The ids distrl's short names stand for are known without asking Gymnasium (``known_id``), so that parsing
+    flags for them loads no simulator library; every other name is resolved by Gymnasium's registry."""
     if algo not in ALGO_CONFIGS:
         raise unknown_algo(algo)
     cls = ALGO_CONFIGS[algo]
     if algo == "grpo":  # GRPO trains on group tasks and language models, not Gymnasium envs
-        from distrl.tasks.group import TEXT_TASK, make_state_task
-        from distrl.tasks.text_envs import is_text_env
+        from distrl.tasks.names import TEXT_TASK, check_state_task, is_text_env
 
         if env != TEXT_TASK and not is_text_env(env):
-            make_state_task(env)
+            check_state_task(env)
         name, values = resolve_preset(algo, env, preset)
         values.pop("total_steps", None)
         _check_names(cls, {**values, **(params or {})})
         _check_names(RunConfig, run or {})
         return RunConfig(algo=algo, env=env, preset=preset, **(run or {})), cls(**{**values, **(params or {})}), name
-    env_id = resolve_env_id(env)
+    env_id = portable = known_id(env)
+    if env_id is None:
+        from distrl.envs.names import portable_env_name, resolve_env_id
+
+        env_id, portable = resolve_env_id(env), portable_env_name(env)
     name, values = resolve_preset(algo, env_id, preset)
     run_values = {"total_steps": values.pop("total_steps")} if "total_steps" in values else {}
     run_values.update(run or {})
     _check_names(cls, {**values, **(params or {})})
     _check_names(RunConfig, run_values)
-    run_cfg = RunConfig(algo=algo, env=portable_env_name(env), preset=preset, **run_values)
+    run_cfg = RunConfig(algo=algo, env=portable, preset=preset, **run_values)
     return run_cfg, cls(**{**values, **(params or {})}), name
 
 
@@ -423,3 +427,12 @@ def _check_names(cls: type, values: dict[str, Any]) -> None:
             raise ConfigError(
                 f"{key}={values[key]!r} is not a {cls.__name__} field: must be one of {', '.join(sorted(names))}"
             )
+
+
+def _is_atari(env_id: str) -> bool:
+    """Whether ``env_id`` (resolved) is one of ale-py's games; asks Gymnasium only for ids distrl does not know."""
+    if known_id(env_id) is not None:
+        return False
+    from distrl.envs.names import is_atari
+
+    return is_atari(env_id)
