@@ -237,12 +237,12 @@ def test_a_killed_rank_ends_the_job_within_60s_and_leaves_no_process(tmp_path):
     deadline = time.monotonic() + 60
     victim = None
     while victim is None and time.monotonic() < deadline:
-        for child in parent.children():
-            try:
-                if child.environ().get("RANK") == "1" and (tmp_path / "run" / "monitor.csv").exists():
-                    victim = child
-            except psutil.Error:
-                pass
+        try:  # the ranks are the launcher's children, started in rank order (forked: their environ is the launcher's)
+            ranks = sorted(parent.children(), key=lambda child: (child.create_time(), child.pid))
+        except psutil.Error:
+            ranks = []
+        if len(ranks) == 2 and (tmp_path / "run" / "monitor.csv").exists():
+            victim = ranks[1]
         time.sleep(0.2)
     assert victim is not None, "rank 1 never started"
     time.sleep(1.0)

@@ -317,7 +317,7 @@ def run_ddp(
                 strategy.timeout_s,
                 debug=run.debug,
             )
-        launch.launch_local(argv, strategy.workers, strategy.timeout_s)
+        launch.launch_local(argv, strategy.workers, strategy.timeout_s, fork=launch.fork_ranks(run.device))
     except launch.WorkerFailed as exc:
         print(f"distrl: error: {exc}", file=sys.stderr)
         raise SystemExit(1) from None

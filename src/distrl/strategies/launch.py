@@ -20,9 +20,10 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from distrl.run import preemption
 from distrl.run.rundir import HELD_BY_LAUNCHER
@@ -92,8 +93,86 @@ def _start_worker() -> None:  # pragma: no cover - runs in the child between for
         pass
 
 
+class ForkedRank:
+    """A rank forked from the launcher (see :func:`launch_local`), with the part of ``subprocess.Popen``'s interface
+    the launcher uses: ``stderr``, ``poll``, ``wait``, ``send_signal``, ``kill`` and ``returncode``."""
+
+    def __init__(self, pid: int, stderr: IO[str]):
+        self.pid, self.stderr = pid, stderr
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self) -> int:
+        if self.returncode is None:
+            _, status = os.waitpid(self.pid, 0)
+            self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def send_signal(self, signum: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, signum)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+def fork_rank(argv: list[str], env: dict[str, str]) -> ForkedRank:
+    """Start a rank as a fork of this process, which has imported torch and distrl already: the rank runs
+    ``distrl.cli.main(argv)`` with ``env`` as its environment and its stderr on a pipe, as ``python -m distrl``
+    would, without a second interpreter's start-up (about a second of imports a rank). Fork before any thread
+    starts (the launcher's readers start after every rank is forked)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid:
+        os.close(write_end)
+        return ForkedRank(pid, os.fdopen(read_end, "r", encoding="utf-8", errors="replace"))
+    code = 1  # pragma: no cover - the rank's side, in the forked child
+    try:
+        os.close(read_end)
+        os.dup2(write_end, 2)
+        os.close(write_end)
+        _start_worker() if sys.platform.startswith("linux") else os.setpgrp()
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # as a fresh interpreter starts; the rank installs its own
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        os.environ.clear()
+        os.environ.update(env)
+        from distrl.cli import main
+
+        code = main(argv)
+    except SystemExit as stop:
+        if isinstance(stop.code, str):
+            print(stop.code, file=sys.stderr)
+        code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def fork_ranks(device: str) -> bool:
+    """Whether the ranks of a run on ``device`` may be forked from the launcher: not where CUDA may be used (a CUDA
+    runtime does not survive a fork, and NCCL ranks each need their own), nor where ``os.fork`` does not exist."""
+    if not hasattr(os, "fork") or device.startswith("cuda"):
+        return False
+    if device == "auto":
+        import torch
+
+        return not torch.cuda.is_available()
+    return True
+
+
 class _Worker:
-    def __init__(self, rank: int, process: subprocess.Popen):
+    def __init__(self, rank: int, process: subprocess.Popen | ForkedRank):
         self.rank = rank
         self.process = process
         self.tail: collections.deque[str] = collections.deque(maxlen=30)
@@ -130,9 +209,10 @@ def error_line(tail: Iterable[str]) -> str:
     return lines[-1].strip() if lines else "no output"
 
 
-def launch_local(argv: list[str], workers: int, timeout_s: float) -> None:
+def launch_local(argv: list[str], workers: int, timeout_s: float, fork: bool = False) -> None:
     """Run ``python -m distrl *argv`` as ``workers`` ranks on this machine; raise WorkerFailed on failure.
 
+    ``fork``: start the ranks as forks of this process (:func:`fork_rank`), warm, instead of new interpreters.
     The launcher holds the run directory's lock for its ranks. A stop signal it receives goes to rank 0, which
     makes every rank stop at the same checkpoint; then the launcher raises Stopped. A second one kills them."""
     port = free_port()
@@ -149,12 +229,22 @@ def launch_local(argv: list[str], workers: int, timeout_s: float) -> None:
     preexec = _start_worker if sys.platform.startswith("linux") else os.setpgrp
     preemption.listen()
     try:
+        started: list[subprocess.Popen | ForkedRank] = []
         for rank in range(workers):
             env = dict(base, RANK=str(rank), LOCAL_RANK=str(rank))
-            process = subprocess.Popen(
-                [sys.executable, "-m", "distrl", *argv], env=env, stderr=subprocess.PIPE, text=True, preexec_fn=preexec
-            )
-            procs.append(_Worker(rank, process))
+            if fork:
+                started.append(fork_rank(argv, env))
+            else:
+                started.append(
+                    subprocess.Popen(
+                        [sys.executable, "-m", "distrl", *argv],
+                        env=env,
+                        stderr=subprocess.PIPE,
+                        text=True,
+                        preexec_fn=preexec,
+                    )
+                )
+        procs.extend(_Worker(rank, process) for rank, process in enumerate(started))
         _wait_all(procs)
     finally:
         _stop_all(procs)
