@@ -317,7 +317,10 @@ def run_ddp(
                 strategy.timeout_s,
                 debug=run.debug,
             )
-        launch.launch_local(argv, strategy.workers, strategy.timeout_s, fork=launch.fork_ranks(run.device))
+        from distrl.cli import main
+
+        entry = main if launch.fork_ranks(run.device) else None  # ranks forked from here, warm, on CPU
+        launch.launch_local(argv, strategy.workers, strategy.timeout_s, entry)
     except launch.WorkerFailed as exc:
         print(f"distrl: error: {exc}", file=sys.stderr)
         raise SystemExit(1) from None

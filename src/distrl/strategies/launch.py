@@ -21,7 +21,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import IO, Any
 
@@ -122,11 +122,11 @@ class ForkedRank:
         self.send_signal(signal.SIGKILL)
 
 
-def fork_rank(argv: list[str], env: dict[str, str]) -> ForkedRank:
+def fork_rank(entry: Callable[[list[str]], int], argv: list[str], env: dict[str, str]) -> ForkedRank:
     """Start a rank as a fork of this process, which has imported torch and distrl already: the rank runs
-    ``distrl.cli.main(argv)`` with ``env`` as its environment and its stderr on a pipe, as ``python -m distrl``
-    would, without a second interpreter's start-up (about a second of imports a rank). Fork before any thread
-    starts (the launcher's readers start after every rank is forked)."""
+    ``entry(argv)`` (the command's own entry point, ``distrl.cli.main``) with ``env`` as its environment and its
+    stderr on a pipe, as ``python -m distrl`` would, without a second interpreter's start-up (about a second of
+    imports a rank). Fork before any thread starts (the launcher's readers start after every rank is forked)."""
     sys.stdout.flush()
     sys.stderr.flush()
     read_end, write_end = os.pipe()
@@ -144,9 +144,7 @@ def fork_rank(argv: list[str], env: dict[str, str]) -> ForkedRank:
         signal.signal(signal.SIGINT, signal.default_int_handler)
         os.environ.clear()
         os.environ.update(env)
-        from distrl.cli import main
-
-        code = main(argv)
+        code = entry(argv)
     except SystemExit as stop:
         if isinstance(stop.code, str):
             print(stop.code, file=sys.stderr)
@@ -209,10 +207,13 @@ def error_line(tail: Iterable[str]) -> str:
     return lines[-1].strip() if lines else "no output"
 
 
-def launch_local(argv: list[str], workers: int, timeout_s: float, fork: bool = False) -> None:
+def launch_local(
+    argv: list[str], workers: int, timeout_s: float, entry: Callable[[list[str]], int] | None = None
+) -> None:
     """Run ``python -m distrl *argv`` as ``workers`` ranks on this machine; raise WorkerFailed on failure.
 
-    ``fork``: start the ranks as forks of this process (:func:`fork_rank`), warm, instead of new interpreters.
+    ``entry``: the command's entry point (``distrl.cli.main``) to run in ranks forked from this process, warm
+    (:func:`fork_rank`); None starts each rank as a new interpreter.
     The launcher holds the run directory's lock for its ranks. A stop signal it receives goes to rank 0, which
     makes every rank stop at the same checkpoint; then the launcher raises Stopped. A second one kills them."""
     port = free_port()
@@ -232,8 +233,8 @@ def launch_local(argv: list[str], workers: int, timeout_s: float, fork: bool = F
         started: list[subprocess.Popen | ForkedRank] = []
         for rank in range(workers):
             env = dict(base, RANK=str(rank), LOCAL_RANK=str(rank))
-            if fork:
-                started.append(fork_rank(argv, env))
+            if entry is not None:
+                started.append(fork_rank(entry, argv, env))
             else:
                 started.append(
                     subprocess.Popen(
