@@ -139,7 +139,10 @@ def fork_rank(entry: Callable[[list[str]], int], argv: list[str], env: dict[str,
         os.close(read_end)
         os.dup2(write_end, 2)
         os.close(write_end)
-        _start_worker() if sys.platform.startswith("linux") else os.setpgrp()
+        if sys.platform.startswith("linux"):
+            _start_worker()
+        else:
+            os.setpgrp()
         signal.signal(signal.SIGTERM, signal.SIG_DFL)  # as a fresh interpreter starts; the rank installs its own
         signal.signal(signal.SIGINT, signal.default_int_handler)
         os.environ.clear()
@@ -152,8 +155,11 @@ def fork_rank(entry: Callable[[list[str]], int], argv: list[str], env: dict[str,
     except BaseException:
         traceback.print_exc()
     finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except BaseException:  # noqa: BLE001 - the child must end here, never return into the launcher's code
+                pass
         os._exit(code)
 
 
