@@ -56,6 +56,11 @@ class FusedPPOLoss(NamedTuple):
     d_values: torch.Tensor
     """[B] d(loss)/d(value)."""
 
+    @property
+    def output_grads(self) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """d(loss)/d(log_prob, entropy, value), as a network's backward pass takes them."""
+        return self.d_log_prob, self.d_entropy, self.d_values
+
 
 def _max_weights(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """How ``max(a, b)`` passes its derivative to ``a`` and to ``b``: 1 to the larger, half to each at a tie."""

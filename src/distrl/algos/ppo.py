@@ -28,7 +28,7 @@ from distrl.data.packed import Minibatch, PackedBatch
 from distrl.data.rollout import Rollout, RolloutBatch, Sequences
 from distrl.nets import Agent
 from distrl.nets.multiagent import AgentSetup
-from distrl.nets.recurrent import sequence_minibatch_rows, state_from_numpy
+from distrl.nets.recurrent import state_from_numpy
 
 
 class Targets(NamedTuple):
@@ -250,28 +250,24 @@ class PPOAlgo:
         )
 
     @staticmethod
-    def advantage_moments(batch: RolloutBatch) -> np.ndarray:
-        """[count, sum, sum of squares] of the advantages over valid steps (summable over workers)."""
+    def batch_statistics(batch: RolloutBatch) -> np.ndarray:
+        """This worker's part of what :meth:`update` needs summed over every worker's batch: [count, sum, sum of
+        squares] of the advantages over valid steps. A loop that sums statistics over workers once per iteration sums
+        these in the same collective and hands the sums to ``update`` as ``batch_totals``."""
         adv = batch.advantages.double()
         return np.array(
             [float(batch.valid.sum()), float((adv * batch.valid).sum()), float((adv.square() * batch.valid).sum())]
         )
 
-    def batch_statistics(self, batch: RolloutBatch) -> np.ndarray:
-        """This worker's part of what :meth:`update` needs summed over every worker's batch: the
-        :meth:`advantage_moments`. A loop that sums statistics over workers once per iteration sums these in the
-        same collective and hands the sums to ``update`` as ``batch_totals``."""
-        return self.advantage_moments(batch)
-
     def normalized_advantages(self, batch: RolloutBatch, sync: Sync, moments: np.ndarray | None = None) -> torch.Tensor:
         """Advantages standardised with the mean and std over every worker's valid steps.
 
-        ``moments`` are the already summed :meth:`advantage_moments` of all workers; without
+        ``moments`` are the already summed :meth:`batch_statistics` of all workers; without
         them this sums them itself (one more collective).
         """
         if not self.cfg.normalize_advantage:
             return batch.advantages
-        count, total, total_sq = moments if moments is not None else sync.all_sum(self.advantage_moments(batch))
+        count, total, total_sq = moments if moments is not None else sync.all_sum(self.batch_statistics(batch))
         mean = total / max(count, 1.0)
         std = np.sqrt(max(total_sq / max(count, 1.0) - mean * mean, 0.0))
         return ((batch.advantages - mean) / (std + 1e-8)) * batch.valid
@@ -333,7 +329,7 @@ class PPOAlgo:
             if epoch and repack is not None:
                 packed = repack()
                 explained_variance = self.explained_variance(packed)
-            for mb, sequences in self._minibatches(packed, part):
+            for mb, sequences in packed.minibatches(cfg.batch_size, self.shuffle_rng, part, self.agents_per_env):
                 stats = self._minibatch_gradient(mb, clip_range, sequences)
                 sync.gradients(grad, stats)
                 summed = stats.view(groups, len(STATS))
@@ -376,27 +372,6 @@ class PPOAlgo:
             metrics.update(self.policies.metrics(totals[1:]))
         return metrics
 
-    def _minibatches(self, packed: PackedBatch, part: tuple[int, int] | None) -> Any:
-        """One epoch's minibatches in a fresh shuffle, each with its ``Sequences`` (recurrent) or None.
-
-        Feed-forward: ``batch_size`` rows at a time. Recurrent: ``batch_size / T`` whole environment
-        sequences at a time, never shuffled within, each replayed from its recorded initial state.
-        """
-        sequences = packed.sequences
-        units = packed.size if sequences is None else sequences.count
-        per = self.cfg.batch_size if sequences is None else max(1, self.cfg.batch_size // sequences.length)
-        per *= self.agents_per_env
-        if per >= units and part is None:  # one minibatch: the whole rollout, order irrelevant
-            return [(packed.all_rows(), sequences)]
-        order = torch.from_numpy(self.shuffle_rng.permutation(units)).to(packed.device)
-        chunks = (order[i : i + per] for i in range(0, units, per))
-        if part is not None:
-            chunks = (torch.tensor_split(idx, part[1])[part[0]] for idx in chunks)
-        if sequences is None:
-            return ((packed.rows(idx), None) for idx in chunks)
-        T, N = sequences.length, sequences.count
-        return ((packed.rows(sequence_minibatch_rows(T, N, envs)), sequences.select(envs)) for envs in chunks)
-
     def _minibatch_gradient(self, mb: Minibatch, clip_range: float, sequences: Sequences | None = None) -> torch.Tensor:
         """Put the gradient of the minibatch's :func:`ppo_loss` (summed over valid samples) in the buffer.
 
@@ -431,24 +406,8 @@ class PPOAlgo:
         or autograd over :meth:`loss` with ``fused_loss=False``."""
         if not self.cfg.fused_loss:
             return self.autograd_loss_and_output_grads(outputs, mb, clip_range)
-        cfg = self.cfg
-        log_prob, entropy, values = outputs
-        fused = fused_ppo_loss(
-            log_prob.detach(),
-            entropy.detach(),
-            values.detach(),
-            mb.old_log_prob,
-            mb.old_values,
-            mb.advantages,
-            self.value_targets(mb.returns),
-            mb.valid,
-            clip_range,
-            cfg.clip_range_vf,
-            cfg.vf_coef,
-            cfg.ent_coef,
-        )
-        loss = PPOLoss(fused.loss, fused.policy_loss, fused.value_loss, fused.ratio)
-        return loss, (fused.d_log_prob, fused.d_entropy, fused.d_values)
+        fused = fused_ppo_loss(*[output.detach() for output in outputs], *self._loss_arguments(mb, clip_range))
+        return PPOLoss(fused.loss, fused.policy_loss, fused.value_loss, fused.ratio), fused.output_grads
 
     def autograd_loss_and_output_grads(
         self, outputs: tuple[torch.Tensor, ...], mb: Minibatch, clip_range: float
@@ -460,13 +419,17 @@ class PPOAlgo:
 
     def loss(self, outputs: tuple[torch.Tensor, ...], mb: Minibatch, clip_range: float) -> PPOLoss:
         """The minibatch's :func:`ppo_loss` on the network's (log_prob, entropy, values)."""
+        return ppo_loss(*outputs, *self._loss_arguments(mb, clip_range))
+
+    def _loss_arguments(self, mb: Minibatch, clip_range: float) -> tuple[Any, ...]:
+        """What :func:`ppo_loss` (and its fused form) takes beside the network's outputs."""
         cfg = self.cfg
-        return ppo_loss(
-            *outputs,
+        targets = self.value_targets(mb.returns)
+        return (
             mb.old_log_prob,
             mb.old_values,
             mb.advantages,
-            self.value_targets(mb.returns),
+            targets,
             mb.valid,
             clip_range,
             cfg.clip_range_vf,

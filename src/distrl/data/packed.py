@@ -4,11 +4,14 @@ player sends its trainers."""
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from typing import NamedTuple
 
+import numpy as np
 import torch
 
 from distrl.data.rollout import RolloutBatch, Sequences
+from distrl.nets.recurrent import sequence_minibatch_rows
 
 
 class Minibatch(NamedTuple):
@@ -69,6 +72,32 @@ class PackedBatch:
     def rows(self, idx: torch.Tensor) -> Minibatch:
         """The rows ``idx`` [B] (int64, on the batch's device)."""
         return self._split(self.obs.index_select(0, idx), self.data.index_select(0, idx), idx)
+
+    def minibatches(
+        self, batch_size: int, rng: np.random.Generator, part: tuple[int, int] | None = None, agents_per_env: int = 1
+    ) -> Iterable[tuple[Minibatch, Sequences | None]]:
+        """One epoch's minibatches in a fresh shuffle drawn from ``rng``, each with its ``Sequences`` (recurrent) or
+        None.
+
+        Feed-forward: ``batch_size`` rows at a time. Recurrent: ``batch_size / T`` whole environment sequences at a
+        time, never shuffled within, each replayed from its recorded initial state. Either way times
+        ``agents_per_env``, the rows a multi-agent env's step holds. ``part=(j, k)``: the j-th of k chunks of every
+        minibatch (every worker that holds the whole batch must then draw the same shuffles).
+        """
+        sequences = self.sequences
+        units = self.size if sequences is None else sequences.count
+        per = batch_size if sequences is None else max(1, batch_size // sequences.length)
+        per *= agents_per_env
+        if per >= units and part is None:  # one minibatch: the whole batch, order irrelevant
+            return [(self.all_rows(), sequences)]
+        order = torch.from_numpy(rng.permutation(units)).to(self.device)
+        chunks = (order[i : i + per] for i in range(0, units, per))
+        if part is not None:
+            chunks = (torch.tensor_split(idx, part[1])[part[0]] for idx in chunks)
+        if sequences is None:
+            return ((self.rows(idx), None) for idx in chunks)
+        T, N = sequences.length, sequences.count
+        return ((self.rows(sequence_minibatch_rows(T, N, envs)), sequences.select(envs)) for envs in chunks)
 
     def all_rows(self) -> Minibatch:
         if self._all is None:
