@@ -2,6 +2,7 @@
 
     python benchmarks/dqn_ceiling.py              # 5 runs each, alternating, medians
     python benchmarks/dqn_ceiling.py --runs 3
+    python benchmarks/dqn_ceiling.py --profile    # where distrl's step goes: cProfile over 1,000 steps
 
 At distrl's CartPole-v1 preset (the zoo's settings on a 256x256 network, batch 64) a gradient step multiplies a
 64x256 batch by a 256x256 weight four times: the online network's forward, the target network's forward on the next
@@ -61,12 +62,38 @@ def child(lib: str, task: str, seed: int, arg: str) -> dict:
     return {"us": (time.perf_counter() - start) / steps * 1e6}
 
 
+def profile(steps: int = 1_000) -> None:
+    """cProfile's table of distrl's learner step (one batch, sampled once: sampling is timed apart)."""
+    import cProfile
+    import pstats
+
+    import torch
+
+    torch.set_num_threads(1)
+    trainer = _distrl(CARTPOLE, 0, WARMUP[CARTPOLE])
+    trainer.train()
+    batch = trainer.replay.sample(trainer.cfg.batch_size, trainer.sample_rng, trainer.device, 1.0)
+    for _ in range(100):
+        trainer.learner_step(batch, 0.5)
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(steps):
+        trainer.learner_step(batch, 0.5)
+    profiler.disable()
+    print(f"{steps:,} learner steps, times in seconds (per step: divide by {steps:,}):")
+    pstats.Stats(profiler).sort_stats("tottime").print_stats(15)
+
+
 def main() -> None:
     if child_main(child):
         return
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--profile", action="store_true", help="profile distrl's learner step instead")
     args = parser.parse_args()
+    if args.profile:
+        profile()
+        return
     us: dict[str, list[float]] = {lib: [] for lib in ("distrl", "sb3", "products")}
     for i, lib in enumerate(alternating(list(us), args.runs)):
         us[lib].append(measure(__file__, lib, "step", i // len(us), STEPS)["us"])

@@ -18,6 +18,9 @@ SHORT_NAMES = {
     "pong": "ALE/Pong-v5",
 }
 
+_GYMNASIUM_IDS = frozenset(env_id for env_id in SHORT_NAMES.values() if not env_id.startswith("ALE/"))
+"""The ids the short names stand for that are in Gymnasium's own registry (ale-py registers the ``ALE/`` ones)."""
+
 
 def known_id(name: str) -> str | None:
     """The Gymnasium id of a short name, or of an id a short name stands for, when Gymnasium itself need not be
@@ -27,6 +30,3 @@ def known_id(name: str) -> str | None:
     if env_id in _GYMNASIUM_IDS:
         return env_id
     return None
-
-
-_GYMNASIUM_IDS = frozenset(env_id for env_id in SHORT_NAMES.values() if not env_id.startswith("ALE/"))
