@@ -54,7 +54,8 @@ def plain_and_fused(mb: dict, clip_vf: bool, ent: bool):
     outputs = leaves(mb["log_prob"], mb["entropy"], mb["values"])
     rest = [mb[k] for k in ("old_log_prob", "old_values", "advantages", "returns", "valid")]
     plain = ppo_loss(*outputs, *rest, *settings(clip_vf, ent))
-    return plain, output_grads(plain.loss, outputs), fused_ppo_loss(*outputs, *rest, *settings(clip_vf, ent))
+    fused = fused_ppo_loss(*[output.detach() for output in outputs], *rest, *settings(clip_vf, ent))
+    return plain, output_grads(plain.loss, outputs), fused
 
 
 @pytest.mark.parametrize("clip_vf", [False, True], ids=["no-vf-clip", "vf-clip"])
