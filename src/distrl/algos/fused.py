@@ -41,8 +41,9 @@ import torch
 class FusedPPOLoss(NamedTuple):
     """PPO's loss of a minibatch (as :class:`~distrl.algos.ppo.PPOLoss` holds it) and its gradients."""
 
-    loss: torch.Tensor
-    """Scalar: the per-sample loss summed over valid samples."""
+    loss: torch.Tensor | None
+    """Scalar: the per-sample loss summed over valid samples (None when not asked for: a training step needs only
+    the gradients and the per-sample parts)."""
     policy_loss: torch.Tensor
     """[B] clipped surrogate."""
     value_loss: torch.Tensor
@@ -81,10 +82,11 @@ def fused_ppo_loss(
     clip_range_vf: float | None,
     vf_coef: float,
     ent_coef: float,
+    total: bool = True,
 ) -> FusedPPOLoss:
     """:func:`~distrl.algos.ppo.ppo_loss` and d(loss)/d(log_prob, entropy, values), all arguments [B], without
     autograd (see the module's docstring for the derivation). The arguments carry no graph: detach the network's
-    outputs first (or go through :class:`PPOLossFunction`)."""
+    outputs first (or go through :class:`PPOLossFunction`). ``total=False`` leaves the scalar loss out."""
     ratio = (log_prob - old_log_prob).exp()
     gain = ratio * advantages  # A r: the policy term is -min(A r, A clip(r)) = max(u, c)
     clipped_gain = ratio.clamp(1.0 - clip_range, 1.0 + clip_range).mul_(advantages)
@@ -107,10 +109,11 @@ def fused_ppo_loss(
         value_loss = torch.max(value_loss, clipped_loss)
         d_value = (to_plain * error + to_clipped_value * step_in_range * clipped_error).mul_(valid)
 
-    loss = policy_loss @ valid + vf_coef * (value_loss @ valid)
+    loss = policy_loss @ valid + vf_coef * (value_loss @ valid) if total else None
     d_entropy = None
     if ent_coef:
-        loss = loss - ent_coef * (entropy @ valid)
+        if loss is not None:
+            loss = loss - ent_coef * (entropy @ valid)
         d_entropy = valid * -ent_coef
     return FusedPPOLoss(loss, policy_loss, value_loss, ratio, d_log_prob, d_entropy, d_value.mul_(2.0 * vf_coef))
 

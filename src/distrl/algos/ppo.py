@@ -54,8 +54,9 @@ def rollout_starts(rollout: Rollout, obs: torch.Tensor) -> torch.Tensor:
 class PPOLoss(NamedTuple):
     """The PPO loss of a minibatch and the per-sample parts it is made of (for the statistics)."""
 
-    loss: torch.Tensor
-    """Scalar: the per-sample loss summed over valid samples (the algorithm divides by the global count)."""
+    loss: torch.Tensor | None
+    """Scalar: the per-sample loss summed over valid samples (the algorithm divides by the global count); None
+    from the fused path, whose training step needs only the gradients."""
     policy_loss: torch.Tensor
     """[B] clipped surrogate."""
     value_loss: torch.Tensor
@@ -393,10 +394,10 @@ class PPOAlgo:
             per_sample = torch.stack(
                 [mb.valid, approx_kl, was_clipped, loss.policy_loss, loss.value_loss, terms.entropy.detach()]
             )
-            stats = (per_sample @ mb.valid)[None]
+            stats = per_sample @ mb.valid
             if self.policies is not None:
-                stats = torch.cat([stats, self.policies.sums(per_sample, mb.valid, mb.rows)])
-            return stats.double().flatten()
+                stats = torch.cat([stats[None], self.policies.sums(per_sample, mb.valid, mb.rows)]).flatten()
+            return stats.double()
 
     def loss_and_output_grads(
         self, outputs: tuple[torch.Tensor, ...], mb: Minibatch, clip_range: float
@@ -406,7 +407,10 @@ class PPOAlgo:
         or autograd over :meth:`loss` with ``fused_loss=False``."""
         if not self.cfg.fused_loss:
             return self.autograd_loss_and_output_grads(outputs, mb, clip_range)
-        fused = fused_ppo_loss(*[output.detach() for output in outputs], *self._loss_arguments(mb, clip_range))
+        log_prob, entropy, values = outputs
+        fused = fused_ppo_loss(
+            log_prob.detach(), entropy.detach(), values.detach(), *self._loss_arguments(mb, clip_range), total=False
+        )
         return PPOLoss(fused.loss, fused.policy_loss, fused.value_loss, fused.ratio), fused.output_grads
 
     def autograd_loss_and_output_grads(
