@@ -68,6 +68,12 @@ def run_cli(*args, cwd=None):
             "Unrecognized options: --n-step, 5; did you mean --n-steps INT?",
         ),
         (["train", "ppo", "CartPole-v1", "--strategy", "foo"], "invalid choice 'foo' for argument '--strategy'"),
+        # the real reason first: decoupled does not train SAC, whatever --workers says
+        (
+            ["train", "sac", "Pendulum-v1", "--strategy", "decoupled"],
+            "algo='sac' is not available with --strategy decoupled",
+        ),
+        (["train", "--resume", "/no/such/run"], "does not exist"),
         (["tune", "ppo", "CartPole-v1", "--trials", "x"], "'x'; the flag takes --trials INT (flags: distrl tune ppo"),
     ],
 )
@@ -367,6 +373,7 @@ def test_parsing_and_config_validation_import_no_torch_gymnasium_ray_or_transfor
         ["train", "ppo", "CartPole-v1", "--strategy", "pipelin"],
         ["train", "xyz", "CartPole-v1"],
         ["train", "grpo", "bandid"],
+        ["train", "sac", "Pendulum-v1", "--strategy", "decoupled"],
         ["trian"],
     ]
     out = subprocess.run(
@@ -374,5 +381,5 @@ def test_parsing_and_config_validation_import_no_torch_gymnasium_ray_or_transfor
     )
     assert out.returncode == 0, out.stderr
     codes, loaded = json.loads(out.stdout.strip().splitlines()[-1])
-    assert codes == [0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2]
+    assert codes == [0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2]
     assert loaded == []

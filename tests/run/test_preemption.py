@@ -222,3 +222,35 @@ def test_every_training_loop_stops_at_a_checkpoint_when_asked(tmp_path, monkeypa
     assert trainer.steps > 0 and trainer.iteration == 5
     assert f"stopped by SIGTERM at {trainer.progress_unit()} {trainer.steps:,}" in (tmp_path / "events.log").read_text()
     assert not (tmp_path / "model").exists()
+
+
+def test_the_stop_hint_is_printed_once_and_works_as_printed(tmp_path, monkeypatch, capsys):
+    """The line a stopped run ends with names the command that continues it, and that command, run as printed
+    (no algorithm, env or flags: they are the run's), finishes the run with the run's own settings."""
+    from distrl.cli import main
+
+    run = tmp_path / "run"
+    asked = iter(range(10_000))
+    monkeypatch.setattr(preemption, "requested", lambda: signal.SIGTERM if next(asked) >= 2 else 0)
+    args = ["train", "ppo", "CartPole-v1", "--n-envs", "2", "--n-steps", "16", "--batch-size", "32", "--n-epochs", "1",
+            "--total-steps", "256", "--eval-episodes", "1", "--run-dir", str(run)]  # fmt: skip
+    assert main(args) == 128 + signal.SIGTERM
+    err = capsys.readouterr().err
+    assert err.count("stopped by SIGTERM") == 1, err
+    hint = err.split("continue with: ")[1].strip()
+    assert hint == f"distrl train --resume {run}"
+
+    monkeypatch.setattr(preemption, "requested", lambda: 0)
+    assert main(hint.split()[1:]) == 0
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["total_steps"] == 256 and sum("resumed at step" in event for event in summary["events"]) == 1
+    config = json.loads((run / "config.json").read_text())
+    assert (config["ppo"]["n_steps"], config["ppo"]["n_envs"]) == (16, 2)  # the run's flags, not PPO's defaults
+
+
+def test_resume_auto_without_algo_and_nothing_to_continue_says_what_is_missing(tmp_path):
+    from distrl.cli.train import train_command
+
+    with pytest.raises(ConfigError, match="holds no checkpoint to continue: name the algorithm and env to start it"):
+        train_command(["--resume", "auto", "--run-dir", str(tmp_path / "empty")])
+    assert not (tmp_path / "empty").exists()

@@ -119,7 +119,7 @@ def test_a_failed_checkpoint_write_is_one_line_and_the_run_resumes_from_the_last
     assert lines[0] == (
         f"distrl: error: could not write {run / 'checkpoints' / f'step-{192:012d}' / 'tensors.safetensors'}: "
         f"No space left on device (ENOSPC); free some space on that disk, then continue from the last complete "
-        f"checkpoint ({second}) with --resume {run}"
+        f"checkpoint ({second}) with: distrl train --resume {run}"
     )
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == [f"step-{64:012d}", f"step-{128:012d}"]
     assert checkpoint.verify(second) is None

@@ -25,6 +25,7 @@ from distrl.config import (
     RunConfig,
     SACConfig,
     StrategyConfig,
+    check_decoupled,
     unknown_algo,
 )
 from distrl.config.argv import checkpoint_every_time, flag_value, merge_repeated, no_action_mask, parse_flags, set_flag
@@ -131,21 +132,39 @@ def train_command(argv: list[str]) -> int:
 
 
 def _train_command(argv: list[str]) -> int:
+    fresh_auto = False  # --resume auto found nothing to continue: the run starts fresh
+    if flag_value(argv, "--resume") == "auto":
+        found = checkpoint.auto_resume(flag_value(argv, "--run-dir"))
+        argv, fresh_auto = set_flag(argv, "--resume", found), not found
+    resume_arg = flag_value(argv, "--resume")
+    resume_path = None
+    recorded = None  # the resumed run's own configs, read once from its newest intact checkpoint
+    if resume_arg:
+        # reading a run back (its spaces, the code it names) loads Gymnasium; parsing a new run's flags does not
+        from distrl.training.recorded import configs_from_checkpoint
+
+        resume_path = checkpoint.newest_intact(Path(resume_arg))
+        recorded = configs_from_checkpoint(resume_path)
+    recorded_env = False  # ENV read from the resumed run is not the user's say-so to import what it names
+    if argv[0].startswith("-"):  # `distrl train --resume RUN [flags]`: the algorithm and env are the run's
+        if recorded is None:
+            if fresh_auto:
+                raise ConfigError(
+                    f"run_dir={flag_value(argv, '--run-dir')!r} holds no checkpoint to continue: name the algorithm "
+                    "and env to start it (distrl train ALGO ENV --resume auto --run-dir DIR)"
+                )
+            raise unknown_algo(argv[0])
+        argv = [recorded[0].algo, recorded[0].env, *argv]
+        recorded_env = True
     algo = argv[0]
     if algo not in ALGOS:
         raise unknown_algo(algo)
-    if flag_value(argv, "--resume") == "auto":
-        argv = set_flag(argv, "--resume", checkpoint.auto_resume(flag_value(argv, "--run-dir")))
-    recorded_env = False  # ENV read from the resumed run is not the user's say-so to import what it names
     on_task = algo in TASK_ALGOS
     if len(argv) < 2 or argv[1].startswith("-"):
-        resume = flag_value(argv, "--resume")
         if on_task and any(a == "--model" or a.startswith("--model=") for a in argv):
             argv = [algo, TEXT_TASK, *argv[1:]]  # a language model's run needs no ENV
-        elif on_task and resume:
-            from distrl.training.recorded import configs_from_checkpoint
-
-            argv = [algo, configs_from_checkpoint(checkpoint.find_latest(Path(resume)))[0].env, *argv[1:]]
+        elif recorded is not None:
+            argv = [algo, recorded[0].env, *argv[1:]]
             recorded_env = True
         elif any(a in ("-h", "--help") for a in argv):
             argv = [algo, TEXT_TASK if on_task else "CartPole-v1", *argv[1:]]
@@ -154,16 +173,12 @@ def _train_command(argv: list[str]) -> int:
     env, rest = argv[1], merge_repeated(argv[2:], "--wrapper", "--wrappers")
     rest = merge_repeated(merge_repeated(rest, "--reward", "--rewards"), "--track", "--track")
     rest = no_action_mask(checkpoint_every_time(rest))
-    resume_arg = flag_value(rest, "--resume")
-    resume_path = None
     strategy = default_strategy(algo, rest)
-    if resume_arg:
-        # reading a run back (its spaces, the code it names) loads Gymnasium; parsing a new run's flags does not
+    if recorded is not None:
         from distrl.envs.names import portable_env_name, refuse_named_code, resolve_env_id
-        from distrl.training.recorded import configs_from_checkpoint
 
-        resume_path = checkpoint.newest_intact(Path(resume_arg))
-        run_cfg, strategy, cfg, state = configs_from_checkpoint(resume_path)
+        assert resume_path is not None and resume_arg
+        run_cfg, strategy, cfg, state = recorded
         trusted = "--trust-code" in rest or trust.is_trusted(resume_path, state)
         own = rest if recorded_env else [env, *rest]
         refuse_named_code(run_cfg, f"checkpoint={str(resume_path)!r}", trusted, own=own, cfg=cfg)
@@ -185,6 +200,7 @@ def _train_command(argv: list[str]) -> int:
         f"Train {algo.upper()} on {run_cfg.env}. Defaults shown include the preset "
         f"(available: auto, none, {', '.join(preset_names(algo))}); flags override them."
     )
+    check_strategy(algo, flag_value(rest, "--strategy") or strategy.strategy)  # before the flags' own checks
     args_cls = TRAIN_ARGS[algo]
     args = parse_flags(
         tyro.conf.OmitArgPrefixes[args_cls],
@@ -199,7 +215,6 @@ def _train_command(argv: list[str]) -> int:
         from distrl.run.tracking import check_trackers
 
         check_trackers(run.track)
-    check_strategy(algo, args.strategy.strategy)
     if not run.run_dir:  # every worker must agree on the run directory: fix it before launching
         from distrl.envs.names import resolve_env_id
 
@@ -223,6 +238,8 @@ def check_strategy(algo: str, strategy: str) -> None:
             f"strategy={strategy!r} is not available for {algo}: must be {', '.join(TASK_STRATEGIES[:-1])} or "
             f"{TASK_STRATEGIES[-1]}"
         )
+    if strategy == "decoupled":
+        check_decoupled(algo)
     if strategy == "pipeline" and algo not in (*ASYNC_ALGOS, *TASK_ALGOS):
         raise ConfigError(
             f"strategy='pipeline' is not available for {algo}: it runs {', '.join(ASYNC_ALGOS)} on Gymnasium "

@@ -41,12 +41,14 @@ from distrl.config.base import (
 )
 from distrl.config.dqn import DQNConfig
 from distrl.config.grpo import GRPOConfig
-from distrl.config.run import RunConfig, StrategyConfig, parse_env_kwargs, scaled
+from distrl.config.run import DECOUPLED_ALGOS, RunConfig, StrategyConfig, check_decoupled, parse_env_kwargs, scaled
 from distrl.config.vtrace import APPOConfig, IMPALAConfig
 
 ALGO_CONFIGS.update({"appo": APPOConfig, "impala": IMPALAConfig})
 
 __all__ = [
+    "DECOUPLED_ALGOS",
+    "check_decoupled",
     "ALGO_CONFIGS",
     "APPOConfig",
     "IMPALAConfig",

@@ -12,6 +12,7 @@ from distrl.config.algos import REINFORCEConfig, SACConfig
 from distrl.config.base import (
     ActionMask,
     AgentPolicies,
+    ConfigError,
     Critic,
     Device,
     Engine,
@@ -224,6 +225,19 @@ class RunConfig:
 
     def replace(self, **changes: Any) -> RunConfig:
         return dataclasses.replace(self, **changes)
+
+
+DECOUPLED_ALGOS = ("ppo",)
+"""The algorithms ``--strategy decoupled`` trains: its player runs PPO's rollouts for trainers that update together."""
+
+
+def check_decoupled(algo: str) -> None:
+    """Refuse ``--strategy decoupled`` for an algorithm it does not train (before its other settings are checked:
+    this is the reason a user needs first)."""
+    if algo not in DECOUPLED_ALGOS:
+        raise ConfigError(
+            f"algo={algo!r} is not available with --strategy decoupled: use {' or '.join(DECOUPLED_ALGOS)}"
+        )
 
 
 @dataclass(frozen=True)

@@ -163,4 +163,4 @@ def _how_to_go_on(run_dir: Path | None) -> str:
         latest = find_latest(run_dir)
     except ConfigError:
         return f"start again: no checkpoint of {run_dir} was complete yet"
-    return f"continue from the last complete checkpoint ({latest}) with --resume {run_dir}"
+    return f"continue from the last complete checkpoint ({latest}) with: distrl train --resume {run_dir}"

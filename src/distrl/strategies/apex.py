@@ -100,7 +100,7 @@ class ApexSource:
     def _lost(self, reason: str) -> ReplayHolderLost:
         return ReplayHolderLost(
             f"the replay holder{self._where()} failed: {reason.strip().splitlines()[0] if reason.strip() else reason}; "
-            f"the run stops at {self.trainer.steps:,} steps: --resume continues from its last checkpoint "
+            f"the run stops at {self.trainer.steps:,} steps: distrl train --resume RUN continues from its last checkpoint "
             "(with --save-replay, the replay saved in it comes back too)"
         )
 

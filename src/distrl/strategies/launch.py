@@ -45,7 +45,7 @@ class WorkerFailed(RuntimeError):
 
 def check_before_launch(run: Any, strategy: Any, cfg: Any, resume_path: Path | None) -> None:
     """Every check that can fail before any worker starts: run directory, layout or scaling, env."""
-    from distrl.config import ConfigError, scaled
+    from distrl.config import ConfigError, check_decoupled, scaled
     from distrl.run import checkpoint
     from distrl.training import TRAINERS
 
@@ -54,8 +54,7 @@ def check_before_launch(run: Any, strategy: Any, cfg: Any, resume_path: Path | N
     if strategy.strategy == "decoupled":
         from distrl.strategies.decoupled import check_layout
 
-        if run.algo != "ppo":
-            raise ConfigError(f"algo={run.algo!r} is not available with --strategy decoupled: use ppo")
+        check_decoupled(run.algo)
         check_layout(cfg, strategy, strategy.workers)
     else:
         scaled(cfg, strategy, strategy.workers)

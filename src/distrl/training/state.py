@@ -156,11 +156,12 @@ class RunState:
         """What ``steps`` counts: environment steps, or a learner's steps."""
         return "step"
 
-    def report(self, message: str) -> None:
-        """An event worth a line: on the console, in ``events.log`` and in summary.json."""
+    def report(self, message: str, on_console: bool = True) -> None:
+        """An event worth a line: on the console (unless ``on_console`` is off: the caller prints it itself), in
+        ``events.log`` and in summary.json."""
         stamped = f"{time.strftime('%Y-%m-%d %H:%M:%S')} {message}"
         self.events.append(stamped)
-        if self.console is not None:
+        if self.console is not None and on_console:
             self.console.line(message)
         if self.logger is not None:
             with (self.logger.run_dir / "events.log").open("a") as f:
@@ -232,9 +233,9 @@ class RunState:
             written = self.run_dir / checkpoint.CHECKPOINTS_DIR / f"step-{self.steps:012d}"
             message = (
                 f"stopped by {preemption.name(self.stopped_by)} at {at}: checkpoint {written}; "
-                f"continue with --resume {self.run_dir}"
+                f"continue with: distrl train --resume {self.run_dir}"
             )
-            self.report(message)
+            self.report(message, on_console=False)  # the command prints it once, as it exits
             if self.console is not None:
                 self.console.close(self.progress_done())
         self.close()
