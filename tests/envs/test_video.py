@@ -12,7 +12,7 @@ import pytest
 from distrl.cli import main
 from distrl.cli.runs import EvalArgs
 from distrl.config import ConfigError
-from distrl.envs.video import GifStream, record
+from distrl.envs.video import LABEL_HEIGHT, GifStream, record
 
 WIDTH, HEIGHT = 320, 240
 
@@ -124,8 +124,55 @@ def test_panes_step_together_and_an_ended_pane_holds_its_last_frame(tmp_path):
     for t in range(9):
         np.testing.assert_array_equal(left[t], left[9 + t])  # episode 2 replays episode 1 (same seeds)
         np.testing.assert_array_equal(left[min(t, 3)], right[min(t, 3)])  # the panes step together
-    assert all(np.array_equal(left[t], left[3]) for t in range(4, 9))  # ended after 3 steps: its last frame stays
+    # ended after 3 steps: its last frame stays, marked as ended from the next frame on
+    assert all(np.array_equal(left[t], left[4]) for t in range(5, 9)) and not np.array_equal(left[3], left[4])
     assert not np.array_equal(right[3], right[8])  # while the other pane goes on
+
+
+class KeptFrames:
+    """A FrameWriter that keeps the frames it is given, exactly."""
+
+    def __init__(self):
+        self.frames: list[np.ndarray] = []
+
+    def append_data(self, im: np.ndarray) -> None:
+        self.frames.append(np.array(im))
+
+    def close(self) -> None:
+        pass
+
+
+def sweep_at(t: int) -> np.ndarray:
+    """Sweep's picture after ``t`` steps."""
+    env = Sweep()
+    env.t = t
+    return env.render()
+
+
+def test_a_pane_whose_episode_has_ended_says_so_while_the_other_plays_on(tmp_path, monkeypatch):
+    from distrl.envs import video
+
+    kept = KeptFrames()
+    monkeypatch.setattr(video, "open_writer", lambda path, fps: kept)
+    record(Sweep, [stop_after(3), stop_after(6)], tmp_path / "v.gif", labels=["short", "long"])
+    assert len(kept.frames) == 7  # the reset frame and one per step of the longer episode
+    strips = [f[:LABEL_HEIGHT] for f in kept.frames]
+    left, right = [f[LABEL_HEIGHT:, :WIDTH] for f in kept.frames], [f[LABEL_HEIGHT:, WIDTH:] for f in kept.frames]
+    for t in range(7):
+        np.testing.assert_array_equal(right[t], sweep_at(t), err_msg=f"frame {t}")  # the other pane: untouched
+    for t in range(4):
+        np.testing.assert_array_equal(left[t], sweep_at(t), err_msg=f"frame {t}")  # its last frame once as it was
+    held = left[4]
+    assert np.array_equal(held, left[5]) and np.array_equal(held, left[6])  # then a still
+    assert all(np.array_equal(strip[:, :WIDTH], strips[3][:, :WIDTH]) for strip in strips[4:])  # "short return 3.0"
+    faded = (sweep_at(3).astype(np.int64) + 128) // 2  # halfway to grey
+    caption = (held != faded).any(axis=-1)
+    rows, cols = np.flatnonzero(caption.any(axis=1)), np.flatnonzero(caption.any(axis=0))
+    box = held[rows[0] : rows[-1] + 1, cols[0] : cols[-1] + 1]
+    assert caption.sum() == pytest.approx(box.shape[0] * box.shape[1], rel=0.1)  # one box; elsewhere only faded
+    assert abs((rows[0] + rows[-1]) / 2 - HEIGHT / 2) <= 1 and abs((cols[0] + cols[-1]) / 2 - WIDTH / 2) <= 1
+    assert 20 <= box.shape[0] < HEIGHT / 4 and WIDTH / 4 < box.shape[1] <= WIDTH / 2  # a caption, in the middle
+    assert (box < 40).all(axis=-1).mean() > 0.5 and (box > 200).all(axis=-1).sum() > 100  # light letters on dark
 
 
 def test_progress_says_where_the_recording_is_and_which_episodes_were_cut(tmp_path):

@@ -124,6 +124,45 @@ def test_the_mean_of_seeds_goes_on_dotted_to_the_shortest_runs_last_step(tmp_pat
     np.testing.assert_allclose(np.c_[dotted.get_data()], [[20, 20], [40, 20]])  # (10 + 30) / 2, held to b's end
 
 
+def _logged_run(path, strategy, episodes_of_ranks, total_steps):
+    """A run directory as a run of ``strategy`` writes it: config.json, monitor.csv (with the ranks' own files
+    where several ranks collect) and summary.json; ``episodes_of_ranks``: each rank's (return, length)s."""
+    from distrl.config import RunConfig, StrategyConfig
+    from distrl.config.base import to_dict
+    from distrl.run.logs import RunLogger
+
+    config = {"run": to_dict(RunConfig(total_steps=total_steps)), "strategy": to_dict(StrategyConfig(**strategy))}
+    logger = RunLogger.start(path, "CartPole-v1", config, (), "distrl")
+    ranks = len(episodes_of_ranks)
+    for rank, episodes in enumerate(episodes_of_ranks):  # as the main worker logs what it gathered
+        logger.episodes([r for r, _ in episodes], [n for _, n in episodes], total_steps, rank if ranks > 1 else None)
+    logger.summary({"total_steps": total_steps})
+    logger.close()
+    return path
+
+
+def test_by_default_a_single_run_and_a_two_rank_ddp_run_of_one_budget_end_at_the_same_step(tmp_path, monkeypatch):
+    single = _logged_run(tmp_path / "single", {"strategy": "single"}, [[(1, 120), (2, 130), (3, 100)]], 400)
+    # two ranks of 200 steps each: 170 and 160 of them in finished episodes
+    ddp = _logged_run(
+        tmp_path / "ddp", {"strategy": "ddp", "workers": 2}, [[(1, 90), (2, 80)], [(3, 60), (4, 100)]], 400
+    )
+    assert (ddp / "ranks" / "rank-1.monitor.csv").is_file()
+    from distrl.run import plots
+
+    drawn = []
+    monkeypatch.setattr(plots, "reward_curves", lambda *a, **k: drawn.append(reward_curves(*a, **k)))
+    assert main(["plot", str(single), str(ddp), "--out", str(tmp_path / "c.png")]) == 0  # no --x
+    ax = drawn[0].axes[0]
+    single_line, single_end, ddp_line, ddp_end = ax.get_lines()
+    np.testing.assert_array_equal(single_line.get_xdata(), [120, 250, 350])
+    np.testing.assert_array_equal(ddp_line.get_xdata(), [90, 170, 230, 330])  # every rank's episodes, in turn
+    assert single_end.get_xdata()[-1] == ddp_end.get_xdata()[-1] == 400  # both at their --total-steps
+    assert ax.get_xlabel() == "environment steps (all processes)"
+    per_process = reward_curves([single, ddp], "steps").axes[0].get_lines()  # still there when asked for
+    assert per_process[1].get_xdata()[-1] == 400 and per_process[3].get_xdata()[-1] == 200
+
+
 def test_smoothing_and_speedup_by_hand():
     np.testing.assert_allclose(smooth(np.array([0.0, 2.0, 4.0, 6.0]), 2), [0.0, 1.0, 3.0, 5.0])
     assert speedup(t1=10.0, steps1=1000, tn=6.0, steps_n=1200) == pytest.approx(2.0)  # 10/6 * 1200/1000

@@ -115,8 +115,10 @@ class PlotArgs:
 
     runs: tyro.conf.Positional[tuple[str, ...]]
     """Run directories or Monitor CSV files."""
-    x: Literal["steps", "total-steps", "time"] = "steps"
-    """steps: per process; total-steps: all processes; time: wall time."""
+    x: Literal["total-steps", "steps", "time"] = "total-steps"
+    """total-steps: environment steps of the whole run, all processes together (as --total-steps counts them, so
+    runs of different strategies and worker counts share one axis); steps: per collecting process; time: wall
+    time."""
     smooth: int = 1
     """Moving average over this many episodes."""
     out: str = "reward_curves.png"

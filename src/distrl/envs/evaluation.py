@@ -11,21 +11,28 @@ import numpy as np
 from distrl.envs.vector import VecEnv
 
 Progress = Callable[[int, int], None]
-"""Told after every vector step: (episodes finished, environment steps taken)."""
+"""Told after every vector step: (episodes finished, environment steps of the evaluation's episodes so far)."""
 
 
 @dataclass(frozen=True)
 class Evaluation:
-    """What one evaluation did: the returns of the episodes it finished, its steps and time, and its cap."""
+    """What one evaluation did: the returns of the episodes it finished, their steps, its time and its cap."""
 
     returns: np.ndarray
     """Undiscounted returns of the finished episodes [finished], in environment order."""
     episodes: int
     """Episodes asked for (one per environment)."""
     steps: int
-    """Environment steps taken, over all the evaluation's environments."""
+    """Environment steps of the finished episodes: the sum of their lengths (a multi-agent game's times its
+    agents, as a run counts its steps)."""
+    cut_steps: int
+    """Environment steps of the episodes the cap cut: those still under way when it stopped (0 if none was)."""
+    steps_taken: int
+    """Environment steps taken over all the evaluation's environments, what the cap counts: the environments
+    step together, so one whose episode has ended steps on (into an episode nobody counts) until the last ends.
+    At least ``steps + cut_steps``."""
     max_steps: int
-    """The cap on ``steps`` it ran under (0: none)."""
+    """The cap on ``steps_taken`` it ran under (0: none)."""
     seconds: float
 
     @property
@@ -54,13 +61,15 @@ class Evaluation:
         return f"eval return {self.mean:.1f} ± {self.std:.1f}{part}"
 
     def account(self) -> str:
-        """What it took and which flags change it, for an end line."""
-        took = f"{self.seconds:.1f}s, {self.steps:,} env steps"
+        """What it took and which flags change it, for an end line: the steps of the episodes it reports, and where
+        the cap stopped it, those of the episodes it cut apart from them."""
         if not self.capped:
-            return f"evaluation: {self.episodes} episodes in {took} (--eval-episodes)"
+            return f"evaluation: {self.episodes} episodes in {self.seconds:.1f}s, {self.steps:,} env steps (--eval-episodes)"
         return (
-            f"evaluation stopped at the cap of {self.max_steps:,} steps (--eval-max-steps, 0: none) after {took}: "
-            f"{self.finished} of {self.episodes} episodes finished (--eval-episodes)"
+            f"evaluation stopped at the cap of {self.max_steps:,} steps (--eval-max-steps, 0: none) after "
+            f"{self.seconds:.1f}s, {self.steps_taken:,} env steps taken: {self.finished} of {self.episodes} episodes "
+            f"finished, {self.steps:,} env steps; {self.episodes - self.finished} cut by the cap, "
+            f"{self.cut_steps:,} env steps (--eval-episodes)"
         )
 
 
@@ -78,10 +87,10 @@ def run_episodes(
         act: maps raw observations [n_envs, ...] and episode starts [n_envs] (True where the observation
             begins an episode: a recurrent policy restarts its state there) to env actions.
         env: its environments are reset with seeds ``seed + i``; they step together, so every vector step
-            counts ``n_envs`` steps, finished or not.
-        max_steps: the cap on environment steps over all environments (the last vector step may pass it by
-            less than ``n_envs``); 0: none.
-        progress: told (episodes finished, steps taken) after every vector step.
+            takes ``n_envs`` steps, though only those of environments whose episode is under way count for it.
+        max_steps: the cap on environment steps taken over all environments, finished or not (the last vector
+            step may pass it by less than ``n_envs``); 0: none.
+        progress: told (episodes finished, steps of the episodes so far) after every vector step.
     """
     start = time.perf_counter()
     obs = env.reset(seed=seed)
@@ -90,10 +99,12 @@ def run_episodes(
         1, len(getattr(env, "agents", ()))
     )  # a multi-agent env's game is one episode of all its agents' rows
     returns = np.full(env.n_envs // rows_per_episode, np.nan)
-    steps = 0
-    while np.isnan(returns).any() and not (max_steps and steps >= max_steps):
+    lengths = np.zeros(len(returns), dtype=np.int64)  # steps of each episode so far, all its rows counted
+    taken = 0
+    while np.isnan(returns).any() and not (max_steps and taken >= max_steps):
+        lengths += np.isnan(returns) * rows_per_episode  # the step that ends an episode is one of its own
         step = env.step(act(obs, starts))
-        steps += env.n_envs
+        taken += env.n_envs
         obs, starts = step.obs, ~step.valid
         ended = step.episode_ends if step.episode_ends is not None else step.terminated | step.truncated
         if ended.any():
@@ -102,9 +113,17 @@ def run_episodes(
             first = np.isnan(returns[episode])
             returns[episode[first]] = step.episode_returns[first]
         if progress is not None:
-            progress(int((~np.isnan(returns)).sum()), steps)
-    done = returns[~np.isnan(returns)]
-    return Evaluation(done, len(returns), steps, max_steps, time.perf_counter() - start)
+            progress(int((~np.isnan(returns)).sum()), int(lengths.sum()))
+    finished = ~np.isnan(returns)
+    return Evaluation(
+        returns=returns[finished],
+        episodes=len(returns),
+        steps=int(lengths[finished].sum()),
+        cut_steps=int(lengths[~finished].sum()),
+        steps_taken=taken,
+        max_steps=max_steps,
+        seconds=time.perf_counter() - start,
+    )
 
 
 def evaluate(

@@ -2,7 +2,7 @@
 
 Memory stays flat in the number of episodes and frames: the policies' environments step in lockstep, each
 combined frame goes to the encoder as soon as it exists, and a pane whose episode has ended keeps only
-its last frame. mp4 frames go down imageio's pipe to ffmpeg. GIF frames are encoded here, one at a time,
+its last frame (shown once as it was, then faded and captioned "episode ended" while the others play on). mp4 frames go down imageio's pipe to ffmpeg. GIF frames are encoded here, one at a time,
 with Pillow's public GIF helpers (``getheader``/``getdata``): Pillow's own animated-GIF writer, which
 imageio uses, holds every frame until the file closes. Measured with ``distrl eval RUN --record out.gif
 --compare-untrained`` on CartPole (501 frames of 1200x420 an episode): 3.1 GB resident for one episode and
@@ -32,6 +32,9 @@ LABEL_HEIGHT = 20
 
 PROGRESS_EVERY_S = 2.0
 """Seconds between two progress lines within an episode."""
+
+ENDED_CAPTION = "episode ended"
+"""What a pane whose episode has ended says in the middle of its last frame while another pane plays on."""
 
 
 @dataclass(frozen=True)
@@ -119,6 +122,8 @@ class _Pane:
     steps: int = 0
     ended: bool = False
     cut: bool = False
+    held: bool = False
+    """Past the end of its episode, waiting for another pane's: ``frame`` is its last one, marked as such."""
 
     @classmethod
     def start(cls, env: gym.Env, policy: Policy, seed: int) -> _Pane:
@@ -139,6 +144,12 @@ class _Pane:
         self.ended = bool(terminated or truncated) or self.steps >= max_steps
         self.cut = self.steps >= max_steps and not (terminated or truncated)
 
+    def hold(self) -> None:
+        """Stay on the last frame, after it has been shown once as it was, marked as ended (see :func:`_held`)."""
+        if not self.held:
+            self.frame = _held(self.frame)
+            self.held = True
+
 
 @lru_cache(maxsize=64)
 def _strip(text: str, width: int) -> np.ndarray:
@@ -150,12 +161,41 @@ def _strip(text: str, width: int) -> np.ndarray:
     return np.asarray(strip, dtype=np.uint8)
 
 
-@lru_cache(maxsize=1)
-def _font() -> Any:
-    """Pillow's built-in font, loaded once (``ImageDraw.text`` would load it again for every strip)."""
-    from PIL import ImageFont
+@lru_cache(maxsize=4)
+def _font(size: int | None = None) -> Any:
+    """Pillow's built-in font, loaded once per size (``ImageDraw.text`` would load it again for every strip). A
+    size other than the default's (10 pixels) needs FreeType, which Pillow's wheels bring; without it, the
+    default size."""
+    from PIL import ImageFont, features
 
-    return ImageFont.load_default()
+    if size is None or not features.check("freetype2"):
+        return ImageFont.load_default()
+    return ImageFont.load_default(size=size)
+
+
+@lru_cache(maxsize=8)
+def _caption(text: str, size: int | None = None) -> np.ndarray:
+    """``text`` in light letters on a dark box, in Pillow's built-in font (as the strips above the panes)."""
+    from PIL import Image, ImageDraw
+
+    font = _font(size)
+    pad = max(4, (size or 0) // 3)
+    left, top, right, bottom = ImageDraw.Draw(Image.new("RGB", (1, 1))).textbbox((0, 0), text, font=font)
+    box = Image.new("RGB", (right - left + 2 * pad, bottom - top + 2 * pad), (24, 24, 24))
+    ImageDraw.Draw(box).text((pad - left, pad - top), text, fill=(240, 240, 240), font=font)
+    return np.asarray(box, dtype=np.uint8)
+
+
+def _held(frame: np.ndarray) -> np.ndarray:
+    """A pane's last frame as it stays while another pane plays on: faded halfway to grey, with ``ENDED_CAPTION``
+    in its middle, its letters 10 to 30 pixels high, as fits in half the pane's width."""
+    scene = ((frame[..., :3].astype(np.uint16) + 128) // 2).astype(np.uint8)
+    height, width = scene.shape[:2]
+    size = int(np.clip(10 * width / (2 * _caption(ENDED_CAPTION).shape[1]), 10, 30))
+    caption = _caption(ENDED_CAPTION, size)[:height, :width]  # a pane too small for it: cut to fit
+    top, left = (height - caption.shape[0]) // 2, (width - caption.shape[1]) // 2
+    scene[top : top + caption.shape[0], left : left + caption.shape[1]] = caption
+    return scene
 
 
 def _combined(panes: list[_Pane], labels: list[str] | None, episode: str) -> np.ndarray:
@@ -211,7 +251,8 @@ def record(
     ``make_env`` builds one environment rendering ``rgb_array`` frames (with the run's env_kwargs and
     wrappers), or is a Gymnasium id. With ``labels`` (one per policy) each pane carries a strip with
     its label and its return so far. Every policy plays the same episodes (same seeds), all stepping
-    together; a policy whose episode ended shows its last frame until the slowest one ends. An episode
+    together; a policy whose episode ended shows its last frame until the slowest one ends, from the frame
+    after it faded and captioned "episode ended" (``ENDED_CAPTION``). An episode
     stops after ``max_steps`` steps (``Recording.cut`` says which). With ``progress`` (e.g. sys.stderr)
     a line says where the recording is every few seconds and at the end of each episode.
     """
@@ -252,7 +293,9 @@ def record(
                     if all(pane.ended for pane in panes):
                         break
                     for pane in panes:
-                        if not pane.ended:
+                        if pane.ended:
+                            pane.hold()
+                        else:
                             pane.step(max_steps)
             finally:
                 for env in envs:

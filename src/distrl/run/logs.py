@@ -170,7 +170,8 @@ class EpisodeProgress:
             self._task = console._progress.add_task(label, total=total, info="")
 
     def __call__(self, finished: int, steps: int) -> None:
-        """After a vector step: ``finished`` episodes have ended, ``steps`` environment steps were taken."""
+        """After a vector step: ``finished`` episodes have ended, whose steps and those of the episodes under way
+        add up to ``steps``."""
         if self.console.quiet:
             return
         info = f"{steps:,} env steps"

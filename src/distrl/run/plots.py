@@ -17,12 +17,15 @@ import numpy as np
 from distrl.config import ConfigError
 from distrl.run.logs import MONITOR_FILE, monitor_agents, read_monitor
 
-Axis = Literal["steps", "total-steps", "time"]
+Axis = Literal["total-steps", "steps", "time"]
 AXIS_LABELS = {
-    "steps": "environment steps per process",
     "total-steps": "environment steps (all processes)",
+    "steps": "environment steps per process",
     "time": "wall time (s)",
 }
+"""The x axes of a reward figure. ``total-steps``, the default, counts a run's steps as ``--total-steps`` does, over
+all its processes, so that runs of every strategy and worker count end where their budgets do; ``steps`` divides by
+the processes that collected (:func:`run_workers`)."""
 
 
 def _pyplot() -> Any:
@@ -148,7 +151,7 @@ def _finish(fig: Any, x: str, k: int, title: str, out: Path | None, extended: bo
 
 
 def reward_curves(
-    runs: list[Path], x: Axis = "steps", k: int = 1, out: Path | None = None, title: str = "Episode return"
+    runs: list[Path], x: Axis = "total-steps", k: int = 1, out: Path | None = None, title: str = "Episode return"
 ) -> Any:
     """A figure with one curve per run, a point per finished episode, each continued dotted to its run's last
     step where that is known (:func:`run_end`); written to ``out`` (PNG) when given. Returns the Figure."""

@@ -45,7 +45,9 @@ def _cap_note(result: Evaluation) -> str:
 
 
 def _evaluation_summary(result: Evaluation | None) -> dict[str, Any]:
-    """summary.json's figures of the run's last evaluation (its final one): returns None where none finished."""
+    """summary.json's figures of the run's last evaluation (its final one): returns None where none finished;
+    ``final_eval_steps`` counts the steps of the finished episodes, ``final_eval_cut_steps`` those of the episodes
+    the cap cut, ``final_eval_steps_taken`` every step taken (what the cap counts)."""
     if result is None:
         return {"final_eval_mean_return": None, "final_eval_std_return": None}
     return {
@@ -54,6 +56,8 @@ def _evaluation_summary(result: Evaluation | None) -> dict[str, Any]:
         "final_eval_episodes": result.episodes,
         "final_eval_finished": result.finished,
         "final_eval_steps": result.steps,
+        "final_eval_cut_steps": result.cut_steps,
+        "final_eval_steps_taken": result.steps_taken,
         "final_eval_max_steps": result.max_steps,
         "final_eval_s": result.seconds,
     }
