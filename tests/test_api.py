@@ -1,11 +1,13 @@
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from distrl import PPO, SAC
+from distrl import DQN, PPO, SAC
+from distrl.api import Model
 from distrl.config import ConfigError
 
 
@@ -32,8 +34,8 @@ def test_continuous_predict_is_clipped_to_bounds():
 
 
 def test_unknown_hyperparameter_is_named():
-    with pytest.raises(ConfigError, match="n_step=.*is not a PPOConfig field"):
-        PPO("CartPole-v1", n_step=5)
+    with pytest.raises(ConfigError, match="^colour=5 is not a PPOConfig field: must be one of activation, "):
+        PPO("CartPole-v1", colour=5)
 
 
 def test_a_discrete_observation_is_one_hot_encoded_and_a_tuple_names_a_wrapper():
@@ -258,3 +260,171 @@ def test_bf16_on_a_cpu_that_emulates_it_warns_from_the_constructor(monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         PPO("CartPole-v1", precision="bf16", n_envs=1, n_steps=32, batch_size=32)
+
+
+def _layers(module) -> set[str]:
+    return {type(m).__name__ for m in module.modules()}
+
+
+def test_a_policy_name_before_the_env_chooses_the_network_for_its_observations():
+    quadrant = "distrl_spaceenvs:QuadrantEnv"
+    default = PPO(quadrant, **TINY)  # auto: a CNN for this 10x10 image
+    flat = PPO("MlpPolicy", quadrant, **TINY)  # the MLPs flatten it, as named
+    assert "SmallCNN" in _layers(default._trainer.agent.module.encoder)
+    assert flat._trainer.cfg.encoder == "mlp" and _layers(flat._trainer.agent.module.encoder) == {"Flatten"}
+    nature = PPO("CnnPolicy", quadrant, env_kwargs={"size": 36}, **TINY)
+    assert type(nature._trainer.agent.module.encoder).__name__ == "NatureCNN"
+    keyed = PPO("MultiInputPolicy", env="distrl_spaceenvs:DictSignEnv", **TINY)
+    assert type(keyed._trainer.agent.module.encoder).__name__ == "DictEncoder"
+    vector = PPO(policy="MlpPolicy", env="CartPole-v1", **TINY).learn(32)
+    assert vector._trainer.cfg.encoder == "mlp" and vector.num_steps == 32
+    dqn = DQN("CnnPolicy", quadrant, n_envs=1)
+    assert "SmallCNN" in _layers(dqn._trainer.algo.q.module)
+    sac = SAC("MlpPolicy", "Pendulum-v1")
+    assert sac._trainer.cfg.encoder == "mlp"
+    for model in (default, flat, nature, keyed, vector, dqn, sac):
+        model.close()
+
+
+@pytest.mark.parametrize(
+    "args, kwargs, message",
+    [
+        (
+            ("CnnPolicy", "CartPole-v1"),
+            {},
+            "policy='CnnPolicy' is not allowed for this env's Box observations (4,) float32: use 'MlpPolicy'",
+        ),
+        (
+            ("MultiInputPolicy", "distrl_spaceenvs:QuadrantEnv"),
+            {},
+            "policy='MultiInputPolicy' is not allowed for this env's image observations (10, 10, 1) uint8: "
+            "use 'CnnPolicy'",
+        ),
+        (
+            ("MlpPolicy", "distrl_spaceenvs:DictSignEnv"),
+            {},
+            "policy='MlpPolicy' is not allowed for this env's Dict observations (keys image, sign): "
+            "use 'MultiInputPolicy'",
+        ),
+        (
+            ("MlpPolcy", "CartPole-v1"),
+            {},
+            "policy='MlpPolcy' is not allowed: must be one of MlpPolicy, CnnPolicy, MultiInputPolicy, "
+            "followed by the env; did you mean MlpPolicy?",
+        ),
+        (
+            ("CnnPolicy",),
+            {},
+            "env=None is not allowed: an env must follow policy='CnnPolicy', e.g. PPO('CnnPolicy', env)",
+        ),
+        (
+            ("MlpPolicy", "distrl_spaceenvs:QuadrantEnv"),
+            {"encoder": "nature"},
+            "encoder='nature' is not allowed: must be mlp with 'MlpPolicy'; CnnPolicy takes the CNNs",
+        ),
+        (
+            ("MlpPolicy", "CartPole-v1"),
+            {"policy": "CnnPolicy"},
+            "policy='CnnPolicy' is not allowed with 'MlpPolicy' before the env: name the policy once",
+        ),
+    ],
+    ids=["cnn-on-vector", "multi-input-on-image", "mlp-on-dict", "misspelt", "no-env", "encoder", "twice"],
+)
+def test_a_policy_name_that_is_unknown_or_does_not_fit_is_refused_in_one_line(args, kwargs, message):
+    with pytest.raises(ConfigError) as caught:
+        PPO(*args, **kwargs, **TINY)
+    assert str(caught.value) == message
+
+
+def test_a_policy_name_refused_once_the_env_is_built_leaves_no_run_directory(tmp_path):
+    with pytest.raises(ConfigError, match="policy='CnnPolicy' is not allowed for this env's Box observations"):
+        PPO("CnnPolicy", "CartPole-v1", run_dir=str(tmp_path / "runs" / "a"), **TINY)
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_policy_name_fits_the_observation_of_an_env_whose_masks_distrl_adds():
+    model = PPO("MlpPolicy", "distrl_maskenvs:MaskedChoiceEnv", **TINY)  # stored as Dict: observation + mask
+    assert model._trainer.run.action_mask == "info"
+    model.close()
+
+
+def test_a_misspelt_string_alone_is_read_as_a_policy_name_only_when_it_is_no_env():
+    with pytest.raises(ConfigError, match=r"^policy='CnnPolcy' is not allowed: .*; did you mean CnnPolicy\?$"):
+        PPO("CnnPolcy")
+    with pytest.raises(ConfigError, match=r"^env='CartPol-v1' is not a registered Gymnasium id"):
+        PPO("CartPol-v1")
+
+
+def test_learn_takes_total_timesteps_as_another_name_for_total_steps():
+    model = PPO("CartPole-v1", **TINY)  # 32 steps per rollout
+    assert model.learn(total_timesteps=64).num_steps == 64
+    assert model.learn(total_steps=32).num_steps == 96
+    with pytest.raises(ConfigError, match=r"^total_steps=32 is not allowed with total_timesteps=32: .* pass one$"):
+        model.learn(32, total_timesteps=32)
+    with pytest.raises(ConfigError, match=r"^total_steps is missing"):
+        model.learn()
+    assert model.num_steps == 96
+    model.close()
+
+
+def test_predict_takes_action_masks_as_another_name_for_action_mask():
+    model = PPO("distrl_maskenvs:MaskedChoiceEnv", **TINY)
+    obs = np.ones(6, np.float32)
+    chosen, _ = model.predict(obs)
+    mask = np.ones(6, np.int8)
+    mask[chosen] = 0
+    masked, _ = model.predict(obs, action_masks=mask)
+    assert masked != chosen and mask[masked] == 1
+    assert model.predict(obs, action_mask=mask)[0] == masked
+    with pytest.raises(ConfigError, match=r"^action_masks= is not allowed with action_mask=: .* pass one$"):
+        model.predict(obs, action_mask=mask, action_masks=mask)
+    model.close()
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (
+            lambda: PPO("CartPole-v1", n_step=64),
+            "n_step=64 is not a PPOConfig or RunConfig field: did you mean n_steps?",
+        ),
+        (
+            lambda: SAC("Pendulum-v1", learning_rat=1e-3),
+            "learning_rat=0.001 is not a SACConfig or RunConfig field: did you mean learning_rate?",
+        ),
+        (
+            lambda: DQN("CartPole-v1", devce="cpu"),
+            "devce='cpu' is not a DQNConfig or RunConfig field: did you mean device?",
+        ),
+        (lambda: PPO("CartPole-v1", sed=1), "sed=1 is not a PPOConfig or RunConfig field: did you mean seed?"),
+    ],
+    ids=["algo-field", "sac", "run-field", "constructor"],
+)
+def test_a_misspelt_keyword_names_the_closest_one(make, message):
+    with pytest.raises(ConfigError) as caught:
+        make()
+    assert str(caught.value) == message
+
+
+def _readme_python_example() -> str:
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    section = readme.split("\n## Python\n", 1)[1]
+    return section.split("```python\n", 1)[1].split("\n```", 1)[0]
+
+
+def test_the_readme_python_example_runs(monkeypatch, tmp_path):
+    import distrl.api
+
+    class ShortRolloutPPO(PPO):  # 64 steps a rollout over its 8 envs, not 16,384
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **{"n_steps": 8, **kwargs})
+
+    learn = Model.learn
+    monkeypatch.setattr(Model, "learn", lambda self, total_steps, progress_bar=False: learn(self, 64))
+    monkeypatch.setattr(distrl.api, "PPO", ShortRolloutPPO)  # what `from distrl import PPO` gives
+    monkeypatch.chdir(tmp_path)  # where it saves its model
+    names: dict = {}
+    exec(compile(_readme_python_example(), "README.md", "exec"), names)
+    assert names["PPO"] is ShortRolloutPPO and names["model"].num_steps == 64
+    assert names["action"] in (0, 1) and names["state"] is None
+    assert (tmp_path / "cartpole-ppo").is_dir() and names["sac"].num_steps == 64

@@ -1,6 +1,7 @@
 """The Python API, in the spirit of stable-baselines3.
 
 >>> model = PPO("CartPole-v1", seed=0, n_envs=8).learn(100_000)   # doctest: +SKIP
+>>> model = PPO("MlpPolicy", "CartPole-v1").learn(total_timesteps=100_000)  # doctest: +SKIP
 >>> model.save("cartpole-ppo"); model = PPO.load("cartpole-ppo")    # doctest: +SKIP
 >>> action, _ = model.predict(obs, deterministic=True)             # doctest: +SKIP
 >>> SAC("Pendulum-v1", learning_rate=1e-3).learn(20_000).evaluate(10)  # doctest: +SKIP
@@ -8,6 +9,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import inspect
 import warnings
 from pathlib import Path
 from typing import Any
@@ -34,6 +37,12 @@ from distrl.training import (
     configs_from_checkpoint,
     make_trainer,
 )
+from distrl.training.policy_names import (
+    check_fits,
+    encoder_for,
+    policy_name_and_env,
+    refuse_close_misses,
+)
 from distrl.training.precision import bf16_emulated_note
 from distrl.training.presets import algo_configs
 
@@ -41,7 +50,13 @@ from distrl.training.presets import algo_configs
 class Model:
     """An algorithm trained in this process (``--strategy single``). Use :class:`PPO`, :class:`SAC` or :class:`DQN`.
 
+    ``PPO(env, ...)``, or ``PPO(name, env, ...)`` with ``name`` one of :data:`POLICY_NAMES`: MlpPolicy flattens
+    every observation into the MLPs (encoder='mlp'), CnnPolicy takes images through a CNN (the Nature CNN, a
+    smaller one under 36x36) and MultiInputPolicy Dict observations, one encoder per key. A name that does not
+    fit the env's observations is refused.
+
     Args:
+        policy_or_env: the env, or one of :data:`POLICY_NAMES` with the env after it.
         env: Gymnasium id, short name, 'package.module:ClassName' or 'package.module:function'; or a
             ``gymnasium.Env`` (with a spec, e.g. from ``gym.make``: copies are made from its id and kwargs;
             without one: used itself, n_envs must be 1), or a function or class returning one (called once
@@ -55,6 +70,7 @@ class Model:
             a module class or a factory, called with (observation_space, action_space, config). It either
             returns ``(head, value)`` itself or has an integer ``features_dim`` and gets distrl's heads
             (see ``distrl.nets.module``; for SAC, ``distrl.nets.sac_module``). Default: distrl's networks.
+            One of :data:`POLICY_NAMES` works here as before the env.
         preset: 'none' (library defaults, as stable-baselines3), 'auto' or a preset name.
         run_dir: where to write logs (Monitor CSV, TensorBoard); None writes nothing.
         **hyperparameters: any field of the algorithm's config (n_envs, learning_rate, ...)
@@ -65,7 +81,8 @@ class Model:
 
     def __init__(
         self,
-        env: Any,
+        policy_or_env: Any = None,
+        env: Any = None,
         *,
         seed: int = 0,
         preset: str = "none",
@@ -75,29 +92,52 @@ class Model:
         policy: Any = None,
         **hyperparameters: Any,
     ):
+        name_given, env, policy = policy_name_and_env(policy_or_env, env, policy)
         run, params = split_by_config(hyperparameters, RunConfig)
+        refuse_close_misses(self.algo, params, _OWN_KEYWORDS)
         run.setdefault("quiet", True)
         if policy is not None:
             run["policy"] = policy_name(policy)
+        if name_given is not None:
+            encoder_for(name_given, params)
         name, spec_kwargs = env_source(env)
         run.update(env_kwargs=spec_kwargs + env_kwargs_items(env_kwargs), wrappers=wrapper_names(wrappers))
         run_cfg, cfg, _ = algo_configs(self.algo, name, preset, {"seed": seed, **run}, params)
         if (note := bf16_emulated_note(run_cfg)) is not None:
             warnings.warn(note, stacklevel=2)
-        self._trainer: TrainerBase = make_trainer(self.algo, run_cfg, cfg, run_dir=Path(run_dir) if run_dir else None)
+        where = Path(run_dir) if run_dir else None
+        with checkpoint.removed_after_a_mistake(where) if where else contextlib.nullcontext():
+            self._trainer: TrainerBase = make_trainer(self.algo, run_cfg, cfg, run_dir=where)
+            if name_given is not None:
+                try:
+                    check_fits(name_given, self._trainer)
+                except ConfigError:
+                    self._trainer.close()
+                    raise
 
     @property
     def num_steps(self) -> int:
         """Environment steps trained so far."""
         return self._trainer.steps
 
-    def learn(self, total_steps: int, progress_bar: bool = False) -> Model:
+    def learn(
+        self, total_steps: int | None = None, progress_bar: bool = False, *, total_timesteps: int | None = None
+    ) -> Model:
         """Train for ``total_steps`` more environment steps; schedules anneal over the run's total.
 
-        ``progress_bar`` shows progress on stderr: a bar on a terminal, a line every few seconds
-        otherwise. Logs go to the constructor's ``run_dir`` (monitor.csv, TensorBoard events,
-        config.json, ``checkpoints/`` with ``checkpoint_every``); without one nothing is written.
+        ``total_timesteps`` is another name for ``total_steps``: pass one of them. ``progress_bar`` shows
+        progress on stderr: a bar on a terminal, a line every few seconds otherwise. Logs go to the
+        constructor's ``run_dir`` (monitor.csv, TensorBoard events, config.json, ``checkpoints/`` with
+        ``checkpoint_every``); without one nothing is written.
         """
+        if total_steps is not None and total_timesteps is not None:
+            raise ConfigError(
+                f"total_steps={total_steps} is not allowed with total_timesteps={total_timesteps}: they name the "
+                "same number, pass one"
+            )
+        total_steps = total_steps if total_steps is not None else total_timesteps
+        if total_steps is None:
+            raise ConfigError("total_steps is missing: learn(total_steps) trains that many more environment steps")
         trainer = self._trainer
         target = trainer.steps + total_steps
         lent = Console(*trainer.progress_bound(target), quiet=False) if progress_bar else None
@@ -147,6 +187,7 @@ class Model:
         *,
         rng: np.random.Generator | None = None,
         action_mask: Any = None,
+        action_masks: Any = None,
     ) -> tuple[Any, Any]:
         """``(action, state)`` for one observation, ``(actions, state)`` for a batch, whatever the policy:
         ``action, _ = model.predict(obs)``.
@@ -165,7 +206,12 @@ class Model:
             rng: the generator samples are drawn from when ``deterministic=False``.
             action_mask: the legal actions (1), [n] or [B, n], for masks from ``info`` or ``action_masks()``
                 (None: every action is legal); an observation that holds its mask needs none.
+            action_masks: another name for ``action_mask``: pass one of them.
         """
+        if action_masks is not None:
+            if action_mask is not None:
+                raise ConfigError("action_masks= is not allowed with action_mask=: they name the same mask, pass one")
+            action_mask = action_masks
         observation = with_mask(
             observation, action_mask, self._trainer.env.single_observation_space, self._trainer.run.action_mask
         )
@@ -453,3 +499,7 @@ class Player:
     def __call__(self, obs: Any) -> Any:
         action, self.state = self.model.predict(obs, self.state, deterministic=self.deterministic, rng=self.rng)
         return action
+
+
+_OWN_KEYWORDS = [p.name for p in inspect.signature(Model).parameters.values() if p.kind is not p.VAR_KEYWORD]
+"""The keywords a model's constructor takes itself, beside the configs' fields (for the close-miss check)."""
