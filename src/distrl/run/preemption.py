@@ -12,11 +12,14 @@ what can is said by :func:`listen`. The Python API leaves signals alone.
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import sys
 import threading
 from collections.abc import Iterator
 from types import FrameType
+
+from distrl.run.rundir import HELD_BY_LAUNCHER
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -87,7 +90,8 @@ def _on_signal(signum: int, frame: FrameType | None) -> None:
         print(f"distrl: {which}{name(signum)}: stopping at once, without a checkpoint", file=sys.stderr)
         raise SystemExit(128 + signum)
     _requested = signum
-    print(
-        f"distrl: {name(signum)} received: stopping at the next checkpoint (send it again to stop at once)",
-        file=sys.stderr,
-    )
+    if not os.environ.get(HELD_BY_LAUNCHER):  # a rank of distrl's launcher: the launcher has said it
+        print(
+            f"distrl: {name(signum)} received: stopping at the next checkpoint (send it again to stop at once)",
+            file=sys.stderr,
+        )
