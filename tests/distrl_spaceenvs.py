@@ -145,6 +145,11 @@ def not_a_module(observation_space, action_space, config):
     return "a string"
 
 
+def raising_net(observation_space, action_space, config) -> nn.Module:
+    """A policy factory that raises while it builds the network: it reads a field its config does not have."""
+    return TinyNet(int(np.prod(observation_space.shape)), config.hidden_units)
+
+
 class DictTargetEnv(gym.Env):
     """Dict observation {"x": Box(1), "flip": Discrete(2)}, one continuous action in [-1, 1].
 

@@ -162,6 +162,23 @@ def broken_wrapper(env: gym.Env):
     env.reset()
 
 
+def wrong_type_wrapper(env: gym.Env) -> gym.Env:
+    """A wrapper that raises while it is applied: it takes the env for a number (TypeError)."""
+    return gym.wrappers.TimeLimit(env, max_episode_steps=int(env))
+
+
+def raising_factory() -> gym.Env:
+    """An env factory that raises while it makes the env."""
+    raise RuntimeError("the simulator's licence file is missing")
+
+
+class RaisingEnv(gym.Env):
+    """An env class whose constructor raises."""
+
+    def __init__(self, size: int = 3):
+        raise ValueError(f"size={size}: the map file is missing")
+
+
 class FakeAle(gym.Env):
     """An ALE-like game for the Atari wrappers: ``lives`` lives of ``life_steps`` steps each, reward 3 per
     step (clipped: 1), FIRE as action 1 (``fires`` counts presses); ``unwrapped.ale.lives()`` as in ale-py."""

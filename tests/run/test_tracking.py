@@ -251,3 +251,32 @@ def test_a_tracker_that_cannot_be_used_is_one_line_exit_2_before_the_run_directo
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and named in err[0] and f"track='{track}'" in err[0]
     assert not run_dir.exists()
+
+
+def test_mlflow_file_store_opens_once_mlflow_is_told_it_may(tmp_path, monkeypatch):
+    """The way out the refusal of a file store names works, read as MLflow reads it (true or 1, any case)."""
+    from mlflow import environment_variables
+    from mlflow.tracking import MlflowClient
+
+    from distrl.config import ConfigError
+    from distrl.run.tracking import check_trackers
+
+    if not hasattr(environment_variables, "MLFLOW_ALLOW_FILE_STORE"):
+        pytest.skip("MLflow before 3.13 opens its file store without being asked to")
+    uri = (tmp_path / "mlruns").as_uri()
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    for refused in ("false", "0", None):
+        if refused is None:
+            monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
+        else:
+            monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", refused)
+        with pytest.raises(ConfigError, match="is MLflow's file store, which MLflow .* opens only with"):
+            check_trackers(("mlflow",))
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "yes")
+    with pytest.raises(ConfigError, match="MLFLOW_ALLOW_FILE_STORE='yes' is not allowed: must be true, false, 1 or 0"):
+        check_trackers(("mlflow",))
+    assert not (tmp_path / "mlruns").exists()  # refused before anything was made
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "True")
+    check_trackers(("mlflow",))
+    MlflowClient(tracking_uri=uri).create_experiment("opened")
+    assert (tmp_path / "mlruns").is_dir()

@@ -252,11 +252,13 @@ def _train(
 ) -> int:
     """Train ``algo`` under ``strategy`` in ``run.run_dir``: launch its ranks (``ddp``, ``decoupled``; ``command``
     is what each runs), or run its learner here, fed by this process (``single``) or by workers (``actor-learner``,
-    ``pipeline``). A worker that failed or a reward function that did is told on one line, with exit status 1."""
+    ``pipeline``). A worker that failed, a reward function that did or a Ray node that went down is told on one line,
+    with exit status 1."""
     if strategy.strategy in ("ddp", "decoupled"):
         run_ddp(run, strategy, cfg, resume_path, [*command, "--run-dir", run.run_dir])
         return 0
     from distrl.strategies.actor_learner import WorkerError
+    from distrl.strategies.actors import RayNodeDown
     from distrl.strategies.pipeline import RewardFailed
     from distrl.strategies.pool import GeneratorFailed, PipelineStalled
     from distrl.tasks.rewards import RewardError
@@ -269,7 +271,7 @@ def _train(
         TRAINERS[algo].check_env(run, cfg)
     try:
         learner_here(algo, strategy.strategy)(run, strategy, cfg, run_dir, resume_path)
-    except (WorkerError, GeneratorFailed, PipelineStalled, RewardError, RewardFailed) as exc:
+    except (WorkerError, GeneratorFailed, PipelineStalled, RewardError, RewardFailed, RayNodeDown) as exc:
         print(f"distrl: error: {exc}", file=sys.stderr)
         raise SystemExit(1) from None
     return 0

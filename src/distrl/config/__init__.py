@@ -32,12 +32,14 @@ from distrl.config.base import (
     Strategy,
     Tracker,
     VecMode,
+    call_as,
     check_types,
     from_dict,
     require,
     require_callable_as,
     split_by_config,
     to_dict,
+    user_code_failed,
 )
 from distrl.config.dqn import DQNConfig
 from distrl.config.grpo import GRPOConfig
@@ -76,6 +78,7 @@ __all__ = [
     "StrategyConfig",
     "Tracker",
     "VecMode",
+    "call_as",
     "check_types",
     "from_dict",
     "parse_env_kwargs",
@@ -84,4 +87,5 @@ __all__ = [
     "scaled",
     "split_by_config",
     "to_dict",
+    "user_code_failed",
 ]

@@ -143,3 +143,32 @@ def require_callable_as(field: str, name: str, fn: Any, args: tuple[Any, ...], s
         return
     except TypeError as exc:
         raise ConfigError(f"{field}={name} is not allowed: must be {shape} ({exc})") from None
+
+
+def call_as(field: str, name: str, fn: Any, args: tuple[Any, ...], shape: str, doing: str) -> Any:
+    """``fn(*args)``, the user's code named ``name`` by ``field`` (a wrapper, a policy factory): checked to take
+    ``args`` first (:func:`require_callable_as`), and an exception it raises told as :func:`user_code_failed`."""
+    require_callable_as(field, name, fn, args, shape)
+    try:
+        return fn(*args)
+    except ConfigError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - whatever the user's code raises is told on one line
+        raise user_code_failed(field, name, exc, doing) from exc
+
+
+def user_code_failed(field: str, name: str, exc: Exception, doing: str) -> ConfigError:
+    """The one line for ``exc``, raised by the user's code named ``name`` by ``field`` while distrl was ``doing``
+    something with it: the exception, its message and the line that raised it. Raise it ``from exc``: with
+    ``--debug`` the command line prints the user's traceback under it."""
+    import traceback
+
+    origin = exc
+    while origin.__cause__ is not None:  # an exception re-raised as another (gymnasium.make does): where it began
+        origin = origin.__cause__
+    frames = traceback.extract_tb(origin.__traceback__)
+    where = f" ({frames[-1].filename}:{frames[-1].lineno})" if frames else ""
+    detail = " ".join(str(exc).split())  # one line, whatever the exception's message holds
+    if len(detail) > 300:
+        detail = detail[:299] + "…"
+    return ConfigError(f"{field}={name} raised {type(exc).__name__} {doing}{where}" + (f": {detail}" if detail else ""))

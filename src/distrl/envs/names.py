@@ -18,7 +18,7 @@ from typing import Any
 
 import gymnasium as gym
 
-from distrl.config import ConfigError, RunConfig, parse_env_kwargs, require_callable_as
+from distrl.config import ConfigError, RunConfig, call_as, parse_env_kwargs
 from distrl.envs.pettingzoo import is_multiagent
 from distrl.envs.selfplay import is_turn_based_game
 from distrl.envs.short_names import SHORT_NAMES
@@ -28,6 +28,7 @@ _EXTRAS = {"gymnasium.envs.mujoco": "mujoco", "gymnasium.envs.box2d": "box2d"}
 
 
 ENTRY_POINT_RULE = "an entry point must be a gymnasium.Env subclass or a function returning a gymnasium.Env"
+WRAPPER_SHAPE = "a function fn(env) -> env"
 MEMORY = "memory:"
 """Prefix of the names of Python objects handed to the API (env instances, factories, wrappers): they
 exist only in the process that was given them."""
@@ -153,22 +154,25 @@ def _load_wrapper(name: str) -> Callable[[gym.Env], gym.Env]:
         return _OBJECTS[name]
     wrapper = import_attr("wrappers", name)
     if not callable(wrapper):
-        raise ConfigError(
-            f"wrappers: {name!r} is a {type(wrapper).__name__}: a wrapper must be a function fn(env) -> env"
-        )
+        raise ConfigError(f"wrappers: {name!r} is a {type(wrapper).__name__}: a wrapper must be {WRAPPER_SHAPE}")
     return wrapper
 
 
 def apply_wrappers(env: gym.Env, wrappers: tuple[str, ...]) -> gym.Env:
+    """``env`` wrapped by each of ``wrappers`` in order; a wrapper that is no such function, that raises or that
+    returns something else than an env is a ConfigError naming it (``env`` closed first)."""
     for name in wrappers:
         wrapper = _load_wrapper(name)
-        require_callable_as("wrappers", repr(name), wrapper, (env,), "a function fn(env) -> env")
-        wrapped = wrapper(env)
+        try:
+            wrapped = call_as("wrappers", repr(name), wrapper, (env,), WRAPPER_SHAPE, "when applied to the env")
+        except ConfigError:
+            env.close()
+            raise
         if not isinstance(wrapped, gym.Env):
             env.close()
             raise ConfigError(
-                f"wrappers: {name!r} returned a {type(wrapped).__name__}, not a gymnasium.Env: "
-                "a wrapper must be a function fn(env) -> env"
+                f"wrappers: {name!r} returned a {type(wrapped).__name__}, not a gymnasium.Env: a wrapper must be "
+                f"{WRAPPER_SHAPE}"
             )
         env = wrapped
     return env

@@ -22,7 +22,7 @@ import numpy as np
 from gymnasium.envs.registration import load_env_creator
 from gymnasium.vector import AutoresetMode
 
-from distrl.config import ConfigError, VecMode, parse_env_kwargs
+from distrl.config import ConfigError, VecMode, parse_env_kwargs, user_code_failed
 from distrl.envs import masks
 from distrl.envs.masks import has_mask_key
 from distrl.envs.multiagent import ParallelAgents, agent_returns, parallel_vector_env
@@ -76,10 +76,14 @@ def make_single_env(
             env = TurnBasedGame(aec_factory(env_id, dict(env_kwargs or {})))
         else:
             env = gym.make(env_id, **kwargs)
-    except TypeError as exc:
-        if not env_kwargs:
+    except (ConfigError, gym.error.DependencyNotInstalled, ImportError):
+        raise  # told already, or a missing package: make_vector_env names the extra that provides it
+    except Exception as exc:
+        if isinstance(exc, TypeError) and env_kwargs:
+            raise ConfigError(f"env_kwargs={_kwargs_text(env_kwargs)} is not accepted by {name}: {exc}") from None
+        if not is_user_code(env_id):
             raise
-        raise ConfigError(f"env_kwargs={_kwargs_text(env_kwargs)} is not accepted by {name}: {exc}") from None
+        raise user_code_failed("env", repr(shown_name(env_id)), exc, "while making the env") from exc
     env = apply_wrappers(env, wrappers)
     return env if action_mask == "off" else masks.with_masks(env, action_mask)
 

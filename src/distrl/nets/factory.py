@@ -21,7 +21,7 @@ import torch
 from gymnasium import spaces
 from torch import nn
 
-from distrl.config import ActorCriticNet, ConfigError, require_callable_as
+from distrl.config import ActorCriticNet, ConfigError, call_as
 from distrl.envs.masks import reader_for
 from distrl.envs.names import MEMORY, remembered, shown_name
 from distrl.envs.spaces import action_spec, check_observation_space, is_image, is_vector
@@ -189,9 +189,7 @@ def _user_module(
     one that returns something else than a ``torch.nn.Module``)."""
     if isinstance(source, nn.Module):
         return source
-    args = (observation_space, action_space, cfg)
-    require_callable_as("policy", _name(policy), source, args, FACTORY_SHAPE)
-    module = source(*args)
+    module = call_as("policy", _name(policy), source, (observation_space, action_space, cfg), FACTORY_SHAPE, CALLED)
     if not isinstance(module, nn.Module):
         raise ConfigError(f"policy={_name(policy)} returned {type(module).__name__}, not a torch.nn.Module")
     return module
@@ -266,6 +264,7 @@ def make_agent(
 
 
 FACTORY_SHAPE = "a torch.nn.Module class or function taking (observation_space, action_space, config)"
+CALLED = "when called with (observation_space, action_space, config)"
 
 
 def _name(policy: PolicySource) -> str:
@@ -336,10 +335,9 @@ def make_sac_networks(
         if source is None:
             made: Any = make_encoder(observation_space, cfg.encoder)
         else:
-            if not isinstance(source, (nn.Module, tuple)):
-                args = (observation_space, action_space, cfg)
-                require_callable_as("policy", _name(policy), source, args, FACTORY_SHAPE)
-            made = source if isinstance(source, (nn.Module, tuple)) else source(observation_space, action_space, cfg)
+            args = (observation_space, action_space, cfg)
+            given = isinstance(source, (nn.Module, tuple))
+            made = source if given else call_as("policy", _name(policy), source, args, FACTORY_SHAPE, CALLED)
         if isinstance(made, tuple) and len(made) == 2 and all(isinstance(m, nn.Module) for m in made):
             actor_module, critic_module = made
         elif isinstance(made, nn.Module) and isinstance(getattr(made, "features_dim", None), (int, np.integer)):
@@ -393,10 +391,9 @@ def make_q_network(
         if source is None:
             made: Any = make_encoder(observation_space, cfg.encoder)
         else:
-            if not isinstance(source, nn.Module):
-                args = (observation_space, action_space, cfg)
-                require_callable_as("policy", _name(policy), source, args, FACTORY_SHAPE)
-            made = source if isinstance(source, nn.Module) else source(observation_space, action_space, cfg)
+            args = (observation_space, action_space, cfg)
+            given = isinstance(source, nn.Module)
+            made = source if given else call_as("policy", _name(policy), source, args, FACTORY_SHAPE, CALLED)
         if not isinstance(made, nn.Module):
             raise ConfigError(
                 f"policy={_name(policy)} returned {type(made).__name__}: for dqn a policy factory returns a "

@@ -75,12 +75,26 @@ class MlflowTracker:
         self.flushed_at = time.monotonic()
         logging.getLogger("mlflow").setLevel(logging.WARNING)  # its database set-up notices
         logging.getLogger("alembic").setLevel(logging.WARNING)
-        self.uri = os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path('mlflow.db').resolve()}"
-        self.client = MlflowClient(tracking_uri=self.uri)
+        self.uri = _mlflow_uri()
+        try:  # a store that refuses to open (not a database, a server that says no) is told on one line
+            self.client = MlflowClient(tracking_uri=self.uri)
+            self.id = self._open_run(run_dir, name, project, run_id)
+        except Exception as exc:  # noqa: BLE001 - MLflow, SQLAlchemy and HTTP errors alike
+            detail = (str(exc).strip().splitlines() or [""])[0][:300]
+            raise ConfigError(
+                f"track='mlflow': {_mlflow_store()} cannot be opened: {type(exc).__name__}: {detail}"
+            ) from exc
         if run_id:
-            self.id = run_id
-            self.client.update_run(run_id, status="RUNNING")
             return
+        params = [Param(key, str(value)[:6000]) for key, value in _flat(config).items()]
+        for i in range(0, len(params), 100):  # MLflow takes at most 100 params per batch
+            self.client.log_batch(self.id, params=params[i : i + 100])
+
+    def _open_run(self, run_dir: Path, name: str, project: str, run_id: str | None) -> str:
+        """The id of the tracked run: ``run_id`` marked running again, or a new run in ``project``'s experiment."""
+        if run_id:
+            self.client.update_run(run_id, status="RUNNING")
+            return run_id
         experiment = self.client.get_experiment_by_name(project)
         if experiment is not None:
             experiment_id = experiment.experiment_id
@@ -89,10 +103,7 @@ class MlflowTracker:
             location = (Path(database).parent / "mlartifacts").resolve().as_uri() if database else None
             experiment_id = self.client.create_experiment(project, artifact_location=location)
         run = self.client.create_run(experiment_id, run_name=name, tags={"distrl.run_dir": str(run_dir)})
-        self.id = run.info.run_id
-        params = [Param(key, str(value)[:6000]) for key, value in _flat(config).items()]
-        for i in range(0, len(params), 100):  # MLflow takes at most 100 params per batch
-            self.client.log_batch(self.id, params=params[i : i + 100])
+        return str(run.info.run_id)
 
     def scalars(self, values: dict[str, float], step: int) -> None:
         now = int(time.time() * 1000)
@@ -155,14 +166,25 @@ def _wandb_problem() -> str | None:
     )
 
 
+def _mlflow_uri() -> str:
+    """Where MLflow records go: ``MLFLOW_TRACKING_URI``, or distrl's default, a database in the working directory."""
+    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path('mlflow.db').resolve()}"
+
+
+def _mlflow_store() -> str:
+    """How messages name MLflow's store: ``MLFLOW_TRACKING_URI`` and its value, or distrl's default."""
+    uri = os.environ.get("MLFLOW_TRACKING_URI")
+    return f"MLFLOW_TRACKING_URI={uri!r}" if uri else f"distrl's default store {_mlflow_uri()!r}"
+
+
 def _mlflow_problem() -> str | None:
-    """Why MLflow would refuse ``MLFLOW_TRACKING_URI``, if it would: a scheme it has no store for, a database
-    whose directory does not exist, a server that does not answer within 5 seconds."""
+    """Why MLflow would refuse ``MLFLOW_TRACKING_URI``, if it would: a scheme it has no store for, its retired
+    file store, a database whose directory cannot be made, a server that does not answer within 5 seconds."""
     uri = os.environ.get("MLFLOW_TRACKING_URI")
     if not uri:
         return None  # the default, a database in the working directory
     parsed = urlparse(uri)
-    where = f"MLFLOW_TRACKING_URI={uri!r}"
+    where = _mlflow_store()
     if parsed.scheme in ("http", "https"):
         port = parsed.port or (443 if parsed.scheme == "https" else 80)
         try:
@@ -170,9 +192,13 @@ def _mlflow_problem() -> str | None:
         except OSError as exc:
             return f"{where} does not answer ({exc.strerror or exc}): start the server or set another URI"
         return None
+    if parsed.scheme in ("", "file") and (refused := _file_store_refused(where)):
+        return refused
     if parsed.scheme == "sqlite" or parsed.scheme in ("", "file"):
         path = Path(uri.removeprefix("sqlite:///").removeprefix("file://"))
         folder = path.parent if parsed.scheme == "sqlite" else path
+        if parsed.scheme == "sqlite" and not _is_database(path):
+            return f"{where}: {path} is not an SQLite database: name a database or a file that does not exist yet"
         try:  # the store's directory is made now, as MLflow would make it at the run's start
             folder.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -186,6 +212,47 @@ def _mlflow_problem() -> str | None:
             "use http(s)://HOST:PORT, sqlite:///PATH or a directory"
         )
     return None
+
+
+SQLITE_HEADER = b"SQLite format 3\x00"
+"""The first bytes of every SQLite database file (https://www.sqlite.org/fileformat.html)."""
+
+
+def _is_database(path: Path) -> bool:
+    """Whether SQLite can open ``path`` as a database: a file that starts as one does, an empty or missing one."""
+    try:
+        with path.open("rb") as handle:
+            head = handle.read(len(SQLITE_HEADER))
+    except FileNotFoundError:
+        return True
+    except OSError:  # a directory, or unreadable: MLflow would fail on it too
+        return False
+    return head in (b"", SQLITE_HEADER)
+
+
+def _file_store_refused(where: str) -> str | None:
+    """Why MLflow would refuse its file store (a directory, or a ``file://`` URI), if it would.
+
+    MLflow 3.13 retired that store: it opens only when ``MLFLOW_ALLOW_FILE_STORE`` is ``true`` or ``1`` (any case);
+    ``false``, ``0`` or unset refuse, and any other value is an error of its own. Earlier versions have no such
+    switch and open it."""
+    import mlflow
+    from mlflow import environment_variables
+
+    allow = getattr(environment_variables, "MLFLOW_ALLOW_FILE_STORE", None)  # MLflow >= 3.13 only
+    if allow is None:
+        return None
+    try:
+        if allow.get():
+            return None
+    except ValueError:
+        value = os.environ.get("MLFLOW_ALLOW_FILE_STORE")
+        return f"MLFLOW_ALLOW_FILE_STORE={value!r} is not allowed: must be true, false, 1 or 0 (MLflow reads it)"
+    return (
+        f"{where} is MLflow's file store, which MLflow {mlflow.__version__} opens only with "
+        "MLFLOW_ALLOW_FILE_STORE=true: set that, or log to a database, MLFLOW_TRACKING_URI=sqlite:///PATH.db "
+        "(`mlflow migrate-filestore` moves a file store's runs into one)"
+    )
 
 
 def open_trackers(names: tuple[str, ...], run_dir: Path, project: str, config: dict[str, Any]) -> list[Any]:

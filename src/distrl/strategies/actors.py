@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 import random
 import socket
+import threading
+import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -38,11 +40,94 @@ def where_note(where: dict[str, Any] | None) -> str:
         return f" (pid {where['pid']})"
     import ray
 
-    try:
-        alive = next((n["Alive"] for n in ray.nodes() if n["NodeID"] == where["node"]), False)
-    except Exception:  # noqa: BLE001 - the note is a courtesy: never fail the run over it
-        alive = True
+    nodes = node_table(ray)
+    if nodes is None:  # the note is a courtesy: never fail the run over it
+        return f" on node {where['node'][:8]}"
+    alive = next((n["Alive"] for n in nodes if n["NodeID"] == where["node"]), False)
     return f" on node {where['node'][:8]}" + ("" if alive else " (lost)")
+
+
+class RayNodeDown(RuntimeError):
+    """The Ray node this process runs on went down: its raylet died (killed, or it exited because an agent it
+    shares its fate with died), or Ray stopped hearing from it (a starved machine misses its heartbeats). Every
+    actor on it is gone and no new one can start there, so the run stops; the message names the node and why."""
+
+
+NODE_DEATH_REASONS = {1: "expected termination", 2: "unexpected termination", 3: "preempted", 4: "drained while idle"}
+"""Ray's ``NodeDeathInfo.Reason`` codes (``DeathReason`` in :func:`ray.nodes`) as messages say them."""
+
+CHECK_NODE_EVERY_S = 1.0
+"""How often a wait on actors checks that this process's raylet still answers. It must not wait for Ray's own
+verdict: Ray marks a node whose raylet was killed dead after 5 missed health checks 3 s apart (16 s, measured),
+and a driver that holds objects in the node's object store is then ended by Ray itself within 0.1 s."""
+
+
+def node_table(ray: Any, timeout_s: float = 5.0) -> list[dict[str, Any]] | None:
+    """``ray.nodes()``, or None when the cluster's control store does not answer within ``timeout_s`` (a
+    ``ray.nodes()`` on a control store that has gone blocks for a minute)."""
+    answer: list[list[dict[str, Any]]] = []
+
+    def ask() -> None:
+        try:
+            answer.append(ray.nodes())
+        except Exception:  # noqa: BLE001, S110 - no answer is the answer
+            pass
+
+    thread = threading.Thread(target=ask, name="distrl-ray-nodes", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    return answer[0] if answer else None
+
+
+def node_down_line(node: dict[str, Any]) -> str:
+    """The one line for this process's node as its entry in Ray's node table (one of :func:`ray.nodes`) stands
+    when its raylet stopped answering: Ray's reason once it has marked the node dead."""
+    raylet = f"{node.get('NodeManagerAddress', '?')}:{node.get('NodeManagerPort', '?')}"
+    if node.get("Alive", True):
+        why = f"its raylet at {raylet} refuses connections (killed or crashed; Ray has not marked the node dead yet)"
+    else:
+        code = NODE_DEATH_REASONS.get(node.get("DeathReason", 0))
+        why = f"{node.get('DeathReasonMessage') or 'Ray gave no reason'}{f' ({code})' if code else ''}"
+    return (
+        f"the Ray node {node['NodeID'][:8]} ({node.get('NodeManagerAddress', '?')}) this process runs on went down: "
+        f"{why}; every actor on it is gone: Ray's logs are in the run directory's ray-logs/, and "
+        "distrl train --resume RUN continues from the last checkpoint"
+    )
+
+
+def raylet_answers(address: str, port: int, timeout_s: float = 1.0) -> bool:
+    """Whether a raylet listens at ``address:port`` (a busy one still accepts: the kernel completes the handshake)."""
+    try:
+        socket.create_connection((address, port), timeout=timeout_s).close()
+    except OSError:
+        return False
+    return True
+
+
+class OwnNode:
+    """This process's Ray node as the engine checks it while it waits on actors: one local connection to its
+    raylet each time, and Ray's node table only when that fails or an actor is lost."""
+
+    def __init__(self, ray: Any):
+        self.ray = ray
+        self.node_id: str = ray.get_runtime_context().get_node_id()
+        self.raylet: tuple[str, int] | None = None  # its address and port, read from the node table once
+
+    def entry(self) -> dict[str, Any] | None:
+        return next((n for n in node_table(self.ray) or [] if n["NodeID"] == self.node_id), None)
+
+    def check(self, ask_ray: bool = False) -> None:
+        """Raise :class:`RayNodeDown` when the node's raylet refuses connections or (``ask_ray``) Ray has marked
+        the node dead; a node table that does not answer proves nothing."""
+        entry = self.entry() if ask_ray or self.raylet is None else None
+        if entry is not None:
+            self.raylet = (entry["NodeManagerAddress"], int(entry["NodeManagerPort"]))
+            if not entry["Alive"]:
+                raise RayNodeDown(node_down_line(entry))
+        if self.raylet is None or raylet_answers(*self.raylet):
+            return
+        entry = self.entry() or {"NodeID": self.node_id, "NodeManagerAddress": self.raylet[0]}
+        raise RayNodeDown(node_down_line({**entry, "NodeManagerPort": self.raylet[1]}))
 
 
 def resolve_placements(engine: Any, pending: list[list[Any]], timeout_s: float = 2.0) -> list[list[dict[str, Any]]]:
@@ -184,6 +269,7 @@ class RayActors:
 
     def __init__(self, ray: Any):
         self.ray = ray
+        self.node = OwnNode(ray)
         self._classes: dict[type, Any] = {}
 
     def spawn(self, cls: type, *args: Any, cpus: float = 0.0, gpus: float = 0.0) -> Any:
@@ -194,21 +280,45 @@ class RayActors:
         return getattr(actor, method).remote(*args)
 
     def wait(self, pending: list[Any], timeout: float, first: bool = False) -> list[Any]:
+        """As :meth:`ActorEngine.wait`, checking every :data:`CHECK_NODE_EVERY_S` that this process's node is up."""
         if not pending:
             return []
-        done, _ = self.ray.wait(pending, num_returns=1 if first else len(pending), timeout=timeout)
-        return done
+        wanted = 1 if first else len(pending)
+        deadline = time.monotonic() + timeout
+        while True:
+            left = max(0.0, deadline - time.monotonic())
+            try:
+                done, _ = self.ray.wait(pending, num_returns=wanted, timeout=min(left, CHECK_NODE_EVERY_S))
+            except OSError:  # the raylet's socket closed under the call ("Broken pipe")
+                self.node.check(ask_ray=True)
+                raise
+            if len(done) >= wanted or left <= CHECK_NODE_EVERY_S:
+                return done
+            self.node.check()
 
     def result(self, pending: Any, timeout: float) -> Any:
-        from ray.exceptions import RayActorError, RayTaskError
+        """As :meth:`ActorEngine.result`; an actor lost with this process's node is :class:`RayNodeDown`, not
+        :class:`ActorDied`: no replacement could start."""
+        from ray.exceptions import (
+            LocalRayletDiedError,
+            NodeDiedError,
+            ObjectLostError,
+            RayActorError,
+            RaySystemError,
+            RayTaskError,
+        )
 
         try:
             return self.ray.get(pending, timeout=timeout)
         except RayActorError as exc:
+            self.node.check(ask_ray=True)
             raise ActorDied(type(exc).__name__) from None
         except RayTaskError as exc:
             cause = exc.cause
             raise ActorRaised(str(cause) if cause is not None else str(exc), type(cause).__name__) from None
+        except (OSError, LocalRayletDiedError, NodeDiedError, ObjectLostError, RaySystemError):
+            self.node.check(ask_ray=True)  # the loss of this process's node, if it is one; else the error as it is
+            raise
 
     def client(self, actor: Any, timeout: float) -> RayClient:
         return RayClient(actor, timeout)

@@ -348,20 +348,34 @@ def launch_ray(
 
 
 def _wait_ray(ray: Any, refs: list, places: list | None = None) -> list:
+    from distrl.strategies.actors import CHECK_NODE_EVERY_S, OwnNode, RayNodeDown
+
+    node, checked = OwnNode(ray), time.monotonic()
     pending = list(refs)
     results: dict[int, Any] = {}
     passed_on = False
-    while pending:
-        if preemption.requested() and not passed_on and places:
-            _pass_on_to_rank_0(ray, places[0], preemption.requested())
-            passed_on = True
-        done, pending = ray.wait(pending, num_returns=1, timeout=0.1)
-        if not done:
-            continue
-        try:
-            results[refs.index(done[0])] = ray.get(done[0])
-        except Exception:  # noqa: BLE001 - any actor failure ends the job, named by rank
-            raise WorkerFailed(_ray_root_cause(ray, refs, places)) from None
+    try:
+        while pending:
+            if preemption.requested() and not passed_on and places:
+                _pass_on_to_rank_0(ray, places[0], preemption.requested())
+                passed_on = True
+            try:
+                done, pending = ray.wait(pending, num_returns=1, timeout=0.1)
+            except OSError:  # the raylet's socket closed under the call ("Broken pipe")
+                node.check(ask_ray=True)
+                raise
+            if not done:
+                if time.monotonic() - checked >= CHECK_NODE_EVERY_S:
+                    node.check()
+                    checked = time.monotonic()
+                continue
+            try:
+                results[refs.index(done[0])] = ray.get(done[0])
+            except Exception:  # noqa: BLE001 - any actor failure ends the job, named by rank (or by its lost node)
+                node.check(ask_ray=True)
+                raise WorkerFailed(_ray_root_cause(ray, refs, places)) from None
+    except RayNodeDown as exc:
+        raise WorkerFailed(str(exc)) from None
     return [results[r] for r in range(len(refs))]
 
 
