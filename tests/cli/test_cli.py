@@ -374,6 +374,8 @@ def test_parsing_and_config_validation_import_no_torch_gymnasium_ray_or_transfor
         ["train", "xyz", "CartPole-v1"],
         ["train", "grpo", "bandid"],
         ["train", "sac", "Pendulum-v1", "--strategy", "decoupled"],
+        ["train", "dqn", "acrobot", "--help"],  # an env without a preset: its fallback is read as the run starts
+        ["train", "dqn", "mountaincar", "--learning-ratez", "1"],
         ["trian"],
     ]
     out = subprocess.run(
@@ -381,5 +383,5 @@ def test_parsing_and_config_validation_import_no_torch_gymnasium_ray_or_transfor
     )
     assert out.returncode == 0, out.stderr
     codes, loaded = json.loads(out.stdout.strip().splitlines()[-1])
-    assert codes == [0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2]
+    assert codes == [0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 0, 2, 2]
     assert loaded == []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import time
@@ -32,6 +33,7 @@ from distrl.config.argv import checkpoint_every_time, flag_value, merge_repeated
 from distrl.run import checkpoint, preemption, rundir, trust
 from distrl.run.rundir import default_run_dir
 from distrl.tasks.names import TEXT_TASK
+from distrl.training.fallbacks import fallback_for_run, has_fallbacks
 from distrl.training.presets import algo_configs, preset_names
 
 
@@ -195,20 +197,35 @@ def _train_command(argv: list[str]) -> int:
         if run_cfg.algo != algo:
             raise ConfigError(f"algo={algo!r} differs from the resumed run's algorithm {run_cfg.algo!r}")
     else:
-        run_cfg, cfg, _ = algo_configs(algo, env, flag_value(rest, "--preset") or "auto")
+        self_play = {"self_play": True} if "--self-play" in rest else None  # a game's preset under --self-play
+        run_cfg, cfg, preset_name = algo_configs(
+            algo, env, flag_value(rest, "--preset") or "auto", self_play, fallback=False
+        )
     description = (
         f"Train {algo.upper()} on {run_cfg.env}. Defaults shown include the preset "
         f"(available: auto, none, {', '.join(preset_names(algo))}); flags override them."
     )
+    if has_fallbacks(algo):
+        description += " An env without one gets a fallback chosen from its spaces as the run starts (not shown here)."
     check_strategy(algo, flag_value(rest, "--strategy") or strategy.strategy)  # before the flags' own checks
     args_cls = TRAIN_ARGS[algo]
-    args = parse_flags(
-        tyro.conf.OmitArgPrefixes[args_cls],
-        rest,
-        default=args_cls(run_cfg, strategy, cfg),
-        prog=f"distrl train {algo} {env}",
-        description=description,
-    )
+
+    def parse(algo_defaults: Any) -> Any:
+        return parse_flags(
+            tyro.conf.OmitArgPrefixes[args_cls],
+            rest,
+            default=args_cls(run_cfg, strategy, algo_defaults),
+            prog=f"distrl train {algo} {env}",
+            description=description,
+        )
+
+    args = parse(cfg)
+    if recorded is None and preset_name == "none" and args.run.preset == "auto" and has_fallbacks(algo):
+        # the env's spaces are read once the flags are known to be good (building the env loads its simulator),
+        # and a second parse puts the flags over the fallback, as over a preset; the run's first line names it
+        chosen = fallback_for_run(args.run).fallback
+        if chosen is not None:
+            args = parse(dataclasses.replace(cfg, **chosen.values))
     algo_cfg = getattr(args, algo)
     run = args.run
     if run.track:

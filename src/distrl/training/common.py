@@ -31,6 +31,7 @@ from distrl.nets.factory import PolicySource
 from distrl.nets.multiagent import AgentSetup, agent_setup_for
 from distrl.nets.recurrent import StatefulPolicy
 from distrl.run.logs import Console, RunLogger
+from distrl.training.presets import fallback_line
 from distrl.training.recorded import space_to_json
 from distrl.training.state import RunState
 
@@ -137,6 +138,15 @@ class TrainerBase(RunState):
             except BaseException:
                 self.close()
                 raise
+
+    def begin(self, resume_path: Path | None) -> None:
+        """The run's first line, on a fresh run of an env without a preset: the fallback it got and why."""
+        if self.is_main and resume_path is None:
+            space, actions = self.env.single_observation_space, self.env.single_action_space
+            line = fallback_line(self.algo_name, self.env_id, self.run.preset, space, actions, self.run.self_play)
+            if line is not None:
+                self.report(line)
+        super().begin(resume_path)
 
     def build_agent(self, cfg: Any, policy: PolicySource = None) -> Agent:
         """An actor-critic for this trainer's envs under ``cfg``'s network (``policy``: the API's, else the run's):

@@ -1,6 +1,7 @@
 """Tuned hyperparameters per environment (``--preset``).
 
-``auto`` picks the preset named after the environment when there is one. Each entry
+``auto`` picks the preset named after the environment when there is one, else a fallback chosen from the
+environment's spaces where the algorithm has one (:mod:`distrl.training.fallbacks`). Each entry
 may set ``total_steps`` besides the algorithm's fields; flags given on the command
 line always win over a preset.
 
@@ -17,6 +18,7 @@ from typing import Any
 
 from distrl.config import ALGO_CONFIGS, ConfigError, RunConfig, unknown_algo
 from distrl.envs.short_names import known_id
+from distrl.training.fallbacks import choose_fallback, fallback_for_run, has_fallbacks, preset_line
 from distrl.training.preset_files import is_preset_file, read_preset_file
 
 # The network and normalisation of rl-baselines3-zoo's tuned MuJoCo v3 PPO entries (1M steps).
@@ -162,6 +164,10 @@ _GROUP_TASK_GRPO = dict(
     max_new_tokens=1,
 )
 
+
+SELF_PLAY = "self-play"
+"""PPO's preset for a turn-based game under ``--self-play`` that has no preset of its own."""
+
 PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     "grpo": {"toy": dict(_GROUP_TASK_GRPO), "bandit": dict(_GROUP_TASK_GRPO)},
     "dqn": {
@@ -259,6 +265,20 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     },
     "ppo": {
         "atari": dict(_ATARI_PPO),
+        # What --self-play gets on a turn-based game that has no preset of its own (and --preset self-play by
+        # name): the settings of docs/results.md's self-play runs. Tic-tac-toe at 300k steps lost 3.0-4.5% of
+        # 400 games to the random player on seeds 0-2; PPO's library defaults (1 env, 2,048-step rollouts) had
+        # lost 11 of 100 after a 100k-step run.
+        SELF_PLAY: dict(
+            total_steps=300_000,
+            n_envs=8,
+            n_steps=64,
+            batch_size=128,
+            learning_rate=1e-3,
+            lr_schedule="linear",
+            ent_coef=0.01,
+            random_opponent_share=0.5,
+        ),
         # distrl's own fast CartPole settings: 32 native envs, short rollouts. First solved
         # (10-episode eval >= 475) at 20-60k steps on seeds 0-7. The target-KL stop keeps the
         # policy from collapsing after it is solved (without it seeds 1 and 5 ended below 475):
@@ -393,9 +413,20 @@ def resolve_preset(algo: str, env_id: str, preset: str) -> tuple[str, dict[str, 
 
 
 def algo_configs(
-    algo: str, env: str, preset: str = "auto", run: dict[str, Any] | None = None, params: dict[str, Any] | None = None
+    algo: str,
+    env: str,
+    preset: str = "auto",
+    run: dict[str, Any] | None = None,
+    params: dict[str, Any] | None = None,
+    *,
+    fallback: bool = True,
 ) -> tuple[RunConfig, Any, str]:
     """Run and algorithm configs for ``env``: library defaults, then the preset, then ``run``/``params`` overrides.
+
+    With ``preset="auto"``, an env without a preset gets the algorithm's fallback for its spaces, if one fits
+    (:mod:`distrl.training.fallbacks`; the name returned is then the fallback's), which builds the env once to read
+    them. ``fallback=False`` leaves it out: the command line applies it after parsing flags, so that ``--help``
+    and a refused flag load no simulator.
 
     The ids distrl's short names stand for are known without asking Gymnasium (``known_id``), so that parsing
     flags for them loads no simulator library; every other name is resolved by Gymnasium's registry."""
@@ -418,12 +449,45 @@ def algo_configs(
 
         env_id, portable = resolve_env_id(env), portable_env_name(env)
     name, values = resolve_preset(algo, env_id, preset)
-    run_values = {"total_steps": values.pop("total_steps")} if "total_steps" in values else {}
+    if takes_self_play_preset(algo, preset, name, bool((run or {}).get("self_play"))):
+        name, values = SELF_PLAY, dict(PRESETS[algo][SELF_PLAY])
+    own = {f.name for f in dataclasses.fields(cls)}  # a preset's run settings (total_steps, ...) go to the run
+    run_values = {key: values.pop(key) for key in list(values) if key not in own and key in _RUN_FIELDS}
     run_values.update(run or {})
     _check_names(cls, {**values, **(params or {})})
     _check_names(RunConfig, run_values)
     run_cfg = RunConfig(algo=algo, env=portable, preset=preset, **run_values)
+    if fallback and preset == "auto" and name == "none" and has_fallbacks(algo):
+        chosen = fallback_for_run(run_cfg).fallback
+        if chosen is not None:
+            name, values = chosen.name, dict(chosen.values)
     return run_cfg, cls(**{**values, **(params or {})}), name
+
+
+def takes_self_play_preset(algo: str, preset: str, resolved: str, self_play: bool) -> bool:
+    """Whether a run gets :data:`SELF_PLAY`: PPO under ``--self-play`` with ``preset`` auto, on an env whose
+    own preset ``resolved`` found none."""
+    return algo == "ppo" and self_play and preset == "auto" and resolved == "none"
+
+
+def fallback_line(
+    algo: str, env_id: str, preset: str, observation_space: Any, action_space: Any, self_play: bool = False
+) -> str | None:
+    """What a run of ``algo`` on ``env_id`` (resolved) says first when ``preset`` is auto and the env has no preset:
+    the self-play preset a game under ``--self-play`` got, or the fallback these spaces got and why, where the
+    algorithm has fallbacks (:func:`algo_configs` applied either)."""
+    if preset != "auto" or (resolved := resolve_preset(algo, env_id, preset)[0]) != "none":
+        return None
+    from distrl.envs.names import shown_name
+
+    if takes_self_play_preset(algo, preset, resolved, self_play):
+        return f"preset: {SELF_PLAY} for {shown_name(env_id)} (--self-play on a game without a preset of its own)"
+    if not has_fallbacks(algo):
+        return None
+    return preset_line(shown_name(env_id), choose_fallback(algo, observation_space, action_space))
+
+
+_RUN_FIELDS = {f.name for f in dataclasses.fields(RunConfig)}
 
 
 def _check_names(cls: type, values: dict[str, Any]) -> None:
