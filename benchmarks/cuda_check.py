@@ -2,8 +2,8 @@
 
     python benchmarks/cuda_check.py --out DIR
 
-1. One PPO minibatch gradient (the plain loss through autograd, then the closed-form MLPs, the LSTM
-   module path, and the module path under bf16 autocast) on the GPU against the CPU, same weights, same data.
+1. One PPO minibatch gradient (the fused loss, then the plain loss through autograd, into the closed-form MLPs;
+   the LSTM module path; the module path under bf16 autocast) on the GPU against the CPU, same weights, same data.
 2. Command-line runs with ``--device cuda``: PPO on CartPole (closed form, then an LSTM core in bf16), SAC on
    Pendulum, PPO under ddp with NCCL (one rank, then two ranks sharing the one GPU), GRPO on a tiny language
    model in bf16; each one's summary (steps/s, final return) beside the same run on the CPU where it is cheap.
@@ -28,15 +28,17 @@ HERE = Path(__file__).parent
 TESTS = HERE.parent / "tests"
 
 
-def minibatch_gradient(device: str, core: str, precision: str, seed: int = 0) -> torch.Tensor:
-    """The flat gradient of one PPO minibatch on ``device`` (same weights and data for every device)."""
-    from distrl.algos.ppo import PackedBatch, PPOAlgo
+def minibatch_gradient(device: str, core: str, precision: str, seed: int = 0, fused: bool = True) -> torch.Tensor:
+    """The flat gradient of one PPO minibatch on ``device`` (same weights and data for every device); ``fused``:
+    PPO's loss in closed form (the default), else the plain loss through autograd."""
+    from distrl.algos.ppo import PPOAlgo
     from distrl.config import PPOConfig
+    from distrl.data.packed import PackedBatch
     from distrl.data.rollout import Sequences
     from distrl.nets import make_agent
 
     env = gym.make("CartPole-v1")
-    cfg = PPOConfig(core=core, n_steps=16, n_envs=4, batch_size=64)
+    cfg = PPOConfig(core=core, n_steps=16, n_envs=4, batch_size=64, fused_loss=fused)
     agent = make_agent(env.observation_space, env.action_space, cfg, device, seed, precision=precision)
     algo = PPOAlgo(cfg, agent, seed)
     g = torch.Generator().manual_seed(seed)
@@ -93,11 +95,16 @@ def main() -> int:
     }
     print(json.dumps(results), flush=True)
 
-    for core, precision in (("none", "fp32"), ("lstm", "fp32"), ("lstm", "bf16")):
-        name = f"gradient {core} {precision}"
+    for core, precision, fused in (
+        ("none", "fp32", True),
+        ("none", "fp32", False),
+        ("lstm", "fp32", True),
+        ("lstm", "bf16", True),
+    ):
+        name = f"gradient {core} {precision}" + ("" if fused else " plain loss")
         try:
-            cpu = minibatch_gradient("cpu", core, "fp32")
-            gpu = minibatch_gradient("cuda", core, precision)
+            cpu = minibatch_gradient("cpu", core, "fp32")  # the fused loss on the CPU: the reference for both
+            gpu = minibatch_gradient("cuda", core, precision, fused=fused)
             rel = float((gpu - cpu).abs().max() / cpu.abs().max())
             results[name] = {
                 "max_rel_diff_vs_cpu_fp32": rel,
