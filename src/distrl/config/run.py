@@ -151,6 +151,9 @@ class RunConfig:
     """Discrete and MultiDiscrete actions: mask illegal choices, read from the observation's action_mask
     key, info["action_mask"] or the env's action_masks() method. auto finds which, and config.json records
     what it found (off: none); --no-action-mask (off) trains as if every action were legal."""
+    mask_input: bool = False
+    """A mask read from info or action_masks() is also an input of distrl's networks, as in runs saved before it
+    stopped being one (a checkpoint without this field loads with it on); by default it only masks the logits."""
     agent_policies: AgentPolicies = "shared"
     """Multi-agent (PettingZoo) envs: one network for every agent (shared; each sees its one-hot agent index)
     or one per agent (per-agent)."""
@@ -222,6 +225,12 @@ class RunConfig:
         if self.eval_max_steps is not None:
             return self.eval_max_steps
         return max(EVAL_STEPS_PER_STEP * self.total_steps, EVAL_MAX_STEPS_FLOOR)
+
+    @property
+    def network_mask(self) -> str:
+        """``action_mask`` as distrl's networks take it: with ``mask_input``, a mask moved into the observation from
+        info or action_masks() is read as one the env gives there, an input as well as a mask."""
+        return "observation" if self.mask_input and self.action_mask in ("info", "method") else self.action_mask
 
     def replace(self, **changes: Any) -> RunConfig:
         return dataclasses.replace(self, **changes)

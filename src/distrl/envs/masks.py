@@ -5,7 +5,9 @@ Users put masks in three places: a Dict observation's ``action_mask`` key (Petti
 distrl moves the last two into the observation (:class:`MaskInObservation`), so a mask is always the
 ``action_mask`` part of a Dict observation. From there it travels wherever observations travel — rollouts,
 remote workers' fragments, replay buffers, recurrent sequences, checkpoints' evaluation — and the network
-that acts and the learner that recomputes log-probs read the same mask from the same stored row.
+that acts and the learner that recomputes log-probs read the same mask from the same stored row. A mask moved
+there masks the logits and is no input of distrl's networks (:func:`encoded_keys`): they see the env's
+observation as the env gives it.
 
 A mask holds 1 for a legal choice and 0 for an illegal one: ``n`` entries for Discrete(n), ``sum(nvec)``
 for MultiDiscrete (each part's choices side by side). A masked choice's logit becomes
@@ -29,6 +31,8 @@ MASKED_LOGIT = -1e9
 """The logit of an illegal choice: exp(MASKED_LOGIT - max) is exactly 0 in float32, and unlike -inf it
 keeps p * log p (0 * finite) and every gradient finite."""
 SOURCES = ("observation", "info", "method")
+MOVED = ("info", "method")
+"""The sources whose masks :class:`MaskInObservation` moves into the observation."""
 
 
 def mask_size(action_space: spaces.Space) -> int | None:
@@ -105,7 +109,7 @@ class MaskInObservation(gym.Wrapper):
 
     def __init__(self, env: gym.Env, source: str):
         super().__init__(env)
-        if source not in ("info", "method"):
+        if source not in MOVED:
             raise ValueError(f"source={source!r}: must be 'info' or 'method'")
         self.source = source
         size = mask_size(env.action_space)
@@ -141,7 +145,7 @@ def with_masks(env: gym.Env, mode: str) -> gym.Env:
     """``env`` with its masks in the observation, as ``--action-mask`` (auto, off or a source) says; a named source
     is taken as it is (a run checks it once, in ``distrl.envs.vector.resolve_action_mask``), auto is found here."""
     source = detect(env) if mode == "auto" else mode
-    return MaskInObservation(env, source) if source in ("info", "method") else env
+    return MaskInObservation(env, source) if source in MOVED else env
 
 
 def mask_logits(head: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -189,6 +193,21 @@ def reader_for(observation_space: spaces.Space, action_space: spaces.Space, mode
     return MaskReader(observation_space, action_space) if mode != "off" and has_mask_key(observation_space) else None
 
 
+def encoded_keys(observation_space: spaces.Space, mode: str) -> tuple[str, ...] | None:
+    """The parts of the observation distrl's built-in encoders read in a run with ``--action-mask mode``: every part
+    (None), but the mask :class:`MaskInObservation` moved there from ``info`` or ``action_masks()``.
+
+    That mask masks the logits and nothing else, so the network is the one the env's own observation gets (for a
+    Box, the plain MLP and its initialisation). Fed to the network, random masks are inputs its policy and critic
+    must learn to ignore: at the default PPO settings that cost 0.3-0.9 of a best return of 10 on two masked tasks
+    (docs/benchmarks.md, "Action masks"). A mask in the env's own Dict observation is part of what the env
+    observes and stays an input.
+    """
+    if mode not in MOVED or not has_mask_key(observation_space):
+        return None
+    return tuple(key for key in observation_space.spaces if key != MASK_KEY)
+
+
 def random_actions(rngs: list[np.random.Generator], n: int, legal: np.ndarray | None) -> np.ndarray:
     """One uniformly random choice of ``n`` per stream (int64 [B]); with ``legal`` [B, n], among each row's legal
     choices alone (epsilon-greedy exploration never takes an illegal action)."""
@@ -202,7 +221,7 @@ def with_mask(observation: Any, action_mask: Any, space: spaces.Space, source: s
     """An observation as the user's env gives it, with ``action_mask`` added as a masked run stores it (the Python
     API's ``predict``): for masks from ``info`` or ``action_masks()``, the observation's parts and the mask (every
     action legal when None); otherwise the observation as it is, which holds its own mask if it has one."""
-    if source not in ("info", "method"):
+    if source not in MOVED:
         if action_mask is not None:
             raise ConfigError(
                 "action_mask= is not allowed here: this model's env gives its masks "

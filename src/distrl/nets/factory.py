@@ -22,12 +22,12 @@ from gymnasium import spaces
 from torch import nn
 
 from distrl.config import ActorCriticNet, ConfigError, call_as
-from distrl.envs.masks import reader_for
+from distrl.envs.masks import encoded_keys, reader_for
 from distrl.envs.names import MEMORY, remembered, shown_name
 from distrl.envs.spaces import action_spec, check_observation_space, is_image, is_vector
 from distrl.nets.actor_critic import ActorCritic
 from distrl.nets.agent import Agent
-from distrl.nets.encoders import make_encoder
+from distrl.nets.encoders import DictEncoder, EncoderName, make_encoder
 from distrl.nets.module import ModuleAgent
 from distrl.nets.multiagent import AgentSetup, multiagent_module
 from distrl.nets.q import QMLP, ModuleQ, QHeadModule
@@ -98,6 +98,15 @@ def seeded_layers(seed: int):
         yield
 
 
+def builtin_encoder(observation_space: spaces.Space, encoder: EncoderName, action_mask: str) -> nn.Module:
+    """distrl's encoder for a run's observations; a mask distrl moved into them from ``info`` or ``action_masks()``
+    masks the logits and is no input (see :func:`distrl.envs.masks.encoded_keys`)."""
+    keys = encoded_keys(observation_space, action_mask)
+    if keys is None:
+        return make_encoder(observation_space, encoder)
+    return DictEncoder(observation_space, encoder, keys)  # type: ignore[arg-type]
+
+
 def build_module(
     observation_space: spaces.Space,
     action_space: spaces.Space,
@@ -105,19 +114,22 @@ def build_module(
     policy: PolicySource,
     seed: int,
     agents: AgentSetup | None = None,
+    action_mask: str = "off",
 ) -> nn.Module:
     """The network of the module path: the user's (seeded with ``seed``), or the built-in encoder and heads.
 
     A user's module either returns ``(head, value)`` itself, or has an integer ``features_dim``
     attribute and is used as the encoder in front of distrl's heads. ``agents``: a multi-agent run's
-    policies and critic (see :func:`_multiagent_network`).
+    policies and critic (see :func:`_multiagent_network`). ``action_mask``: the run's, for what the built-in
+    encoder reads (:func:`builtin_encoder`).
     """
     source = resolve_policy(policy)
     with seeded_layers(seed):  # the user's layers and distrl's heads alike
         if agents is not None and not agents.one_network:
             net = _multiagent_network(observation_space, action_space, cfg, policy, agents)
         elif source is None:
-            net = _with_heads(make_encoder(observation_space, cfg.encoder), action_spec(action_space).head_size, cfg)
+            encoder = builtin_encoder(observation_space, cfg.encoder, action_mask)
+            net = _with_heads(encoder, action_spec(action_space).head_size, cfg)
         else:
             return _user_network(observation_space, action_space, cfg, policy, source)
     if source is None and cfg.ortho_init:
@@ -250,7 +262,7 @@ def make_agent(
         return ActorCritic(
             obs_dim, action_space, tuple(cfg.net_arch), cfg.activation, cfg.log_std_init, cfg.ortho_init, device, seed
         )
-    module = build_module(observation_space, action_space, cfg, policy, seed, agents)
+    module = build_module(observation_space, action_space, cfg, policy, seed, agents, action_mask)
     agent_cls = RecurrentAgent if is_recurrent(module) else ModuleAgent
     return agent_cls(
         module,
@@ -389,7 +401,7 @@ def make_q_network(
     source = resolve_policy(policy)
     with seeded_layers(seed):
         if source is None:
-            made: Any = make_encoder(observation_space, cfg.encoder)
+            made: Any = builtin_encoder(observation_space, cfg.encoder, action_mask)
         else:
             args = (observation_space, action_space, cfg)
             given = isinstance(source, nn.Module)

@@ -115,7 +115,7 @@ class RolloutWorker:
                 run.seed,
                 run.policy,
                 run.precision,
-                run.action_mask,
+                run.network_mask,
                 setup,
             )
 

@@ -235,7 +235,7 @@ def run_trainer(
     obs_shape, obs_dtype = stored_layout(obs_space)
     setup = agent_setup_for(run, agents)  # a trainer rank has no OnPolicyTrainer: its probe env gives the agents
     agent = make_agent(
-        obs_space, action_space, cfg, device, run.seed, run.policy, run.precision, run.action_mask, setup
+        obs_space, action_space, cfg, device, run.seed, run.policy, run.precision, run.network_mask, setup
     )
     algo = PPOAlgo(trainer_config(cfg, strategy, trainers), agent, run.seed)
     algo.set_agents(setup)  # a multi-agent env's rows: n_envs games of every agent

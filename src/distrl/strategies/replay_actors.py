@@ -148,9 +148,9 @@ class ReplayActor:
             from distrl.algos.nstep import NStepAccumulator
             from distrl.nets.factory import make_q_network
 
-            self.q = make_q_network(*build, run.action_mask)
+            self.q = make_q_network(*build, run.network_mask)
             self.q_copy = make_q_network(
-                *build, run.action_mask
+                *build, run.network_mask
             )  # the actor's target for initial priorities: its own Q network
             self.priorities = DQNAlgo(cfg, self.q, self.q_copy, cpu) if cfg.prioritized_replay else None
             self.params = [self.q.params, self.q_copy.params]

@@ -160,7 +160,7 @@ class TrainerBase(RunState):
             run.seed,
             policy if policy is not None else run.policy,
             run.precision,
-            run.action_mask,
+            run.network_mask,
             self.agent_setup,
         )
 

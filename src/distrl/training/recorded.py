@@ -36,8 +36,10 @@ def configs_from_state(path: Path, state: dict[str, Any]) -> tuple[RunConfig, St
     algo = state.get("algo", "ppo")
     if algo not in ALGO_CONFIGS:
         raise ConfigError(f"checkpoint={str(path)!r} holds an unknown algorithm {algo!r}")
+    run = dict(config["run"])
+    run.setdefault("mask_input", True)  # saved before masks from info or action_masks() stopped being an input
     return (
-        from_dict(RunConfig, config["run"]),
+        from_dict(RunConfig, run),
         from_dict(StrategyConfig, config["strategy"]),
         from_dict(ALGO_CONFIGS[algo], config[algo]),
     )

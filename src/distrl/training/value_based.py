@@ -99,7 +99,7 @@ class DQNTrainer(ReplayOwner, TrainerBase):
         obs_space, space = self.env.single_observation_space, self.env.single_action_space
         assert isinstance(space, spaces.Discrete)
         self.n_actions, self.action_start = int(space.n), int(space.start)
-        build = (obs_space, space, cfg, self.device, run.seed, self.policy_source, run.precision, run.action_mask)
+        build = (obs_space, space, cfg, self.device, run.seed, self.policy_source, run.precision, run.network_mask)
         self.algo = DQNAlgo(cfg, make_q_network(*build), make_q_network(*build), self.device)
         self.take_replay(lambda: make_replay(cfg, self.obs_shape, self.obs_dtype), collector_factory)
         self.nstep = NStepAccumulator(cfg.n_envs, cfg.n_steps, cfg.gamma) if cfg.n_steps > 1 else None
