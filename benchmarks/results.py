@@ -165,8 +165,9 @@ def settings(run: dict) -> str:
     def mine_first(item: tuple[str, dict]) -> tuple:  # the env's own preset, then those named after it (ant-...)
         return item[0] != env, not item[0].startswith(short), item[0]
 
+    fields = set(to_dict(ALGO_CONFIGS[algo]()))
     for name, values in sorted(presets.items(), key=mine_first):
-        params = {k: v for k, v in values.items() if k != "total_steps"}
+        params = {k: v for k, v in values.items() if k in fields}  # a preset's run settings (total_steps, ...) aside
         if learned(to_dict(ALGO_CONFIGS[algo](**params))) == used:
             return name
     return "custom"
