@@ -290,7 +290,9 @@ def test_a_crashing_trial_is_recorded_failed_with_its_error_and_the_study_goes_o
     trials = _study(tmp_path).get_trials()
     assert [t.state for t in trials] == [States.FAIL, States.FAIL]
     for t in trials:
-        assert "RuntimeError: the test's network factory fails" in t.user_attrs["error"], t.user_attrs
+        error = t.user_attrs["error"]  # the trial's one line: the factory, the exception, its message
+        assert "policy='distrl_tunecrash:crashing_policy' raised RuntimeError" in error, t.user_attrs
+        assert "factory fails" in error, t.user_attrs
     assert "no trial of study 'ppo-CartPole-v1' completed" in proc.stderr
     # Sampled values the config refuses fail at once, without a process, and the study goes on.
     capsys.readouterr()
