@@ -71,7 +71,9 @@ def test_the_replay_holders_loss_is_named_and_ends_the_run(ray_local):
     source = trainer.actors
     holder = source.engine.result(source.engine.call(source.holder, "where"), 30)["pid"]
     os.kill(holder, signal.SIGKILL)
-    with pytest.raises(ReplayHolderLost, match=r"the replay holder \(pid \d+ on .*\) failed: .*distrl train --resume RUN continues"):
+    with pytest.raises(
+        ReplayHolderLost, match=r"the replay holder \(pid \d+ on .*\) failed: .*distrl train --resume RUN continues"
+    ):
         trainer.train()
     trainer.close()
 
