@@ -34,6 +34,7 @@ import sys
 import time
 
 from harness import HERE, child_main, markdown_table, measure, write_section
+from ppo_vs_sb3 import SB3_DEFAULTS as SB3_PPO
 
 sys.path.insert(0, str(HERE.parent / "tests"))  # the tasks live with the tests' envs
 
@@ -41,16 +42,7 @@ TASKS = {
     "info": ("PickBestEnv", "mask in info"),
     "method": ("NearestFreeCellEnv", "mask from action_masks()"),
 }
-SB3_DEFAULTS = dict(
-    n_steps=2048,
-    batch_size=64,
-    n_epochs=10,
-    learning_rate=3e-4,
-    gamma=0.99,
-    gae_lambda=0.95,
-    clip_range=0.2,
-    ent_coef=0.0,
-)
+SB3_DEFAULTS = {k: v for k, v in SB3_PPO.items() if k != "n_envs"}  # one env each, as MaskablePPO's default
 EPISODE_LENGTH = 10
 SEEDS = (0, 1, 2)
 EVAL_SEED = 10_000
