@@ -94,7 +94,7 @@ def fused_ppo_loss(
     # where the two branches are one function and autograd's halves add up to -A r, or A = 0, where -A r is 0
     takes_unclipped = gain <= clipped_gain
     policy_loss = torch.where(takes_unclipped, gain, clipped_gain).neg_()
-    d_log_prob = torch.where(takes_unclipped, gain, 0.0).mul_(valid).neg_()
+    d_log_prob = torch.where(takes_unclipped, policy_loss, 0.0).mul_(valid)  # -A r, or 0 where clipped
 
     error = values - returns
     value_loss = error.square()
