@@ -3,6 +3,8 @@
     python benchmarks/multiagent_vs_rllib.py                  # seed 0; writes docs/results/multiagent_vs_rllib.json
                                                               # and its section of docs/benchmarks.md
     python benchmarks/multiagent_vs_rllib.py --seeds 0 1 2    # more seeds, the frameworks alternating
+    python benchmarks/multiagent_vs_rllib.py --rows 256       # minibatches of 256 rows (the default is 768);
+                                                              # writes docs/results/multiagent_vs_rllib-256.json
     python benchmarks/multiagent_vs_rllib.py --quick          # (or --smoke) 9,216 steps each, prints, writes nothing
 
 Needs the bench and pettingzoo extras and RLlib: pip install -e ".[bench,pettingzoo]" 'ray[rllib]' 'gymnasium>=1.4'
@@ -38,6 +40,11 @@ rounded up to whole rollouts; 300k by default, 98 rollouts), one process computi
   learning both run in the driver process, on ``ray.init(num_cpus=1)``; Ray's own processes (GCS, raylet and the
   workers it starts) run beside it and count in its memory. Its PPO catalog takes no initializer for the output
   layers, so they are set after the build (:func:`_orthogonal_heads`).
+
+``--rows 256``: minibatches of 256 rows, as a user would set them in SB3 and RLlib (12 a rollout). distrl's
+``--batch-size`` counts game steps, and 256 rows are not a whole number of 3-agent game steps: distrl takes 64
+game steps (192 rows, 16 minibatches a rollout), the largest batch that divides its rollout within 256 rows. So it
+takes a third more gradient steps than the others, which only counts against its SPS.
 
 Differences that remain: SB3 normalises advantages per minibatch, distrl and RLlib over the whole rollout;
 RLlib's Adam has eps 1e-8 (distrl and SB3: 1e-5); RLlib's batch also holds one masked bootstrap row per agent and
@@ -82,7 +89,7 @@ N_AGENTS = 3
 HP = dict(
     game_copies=8,
     n_steps=128,
-    batch_size=256,  # game steps: minibatches of 768 rows
+    batch_size=256,  # game steps: minibatches of 768 rows (see minibatches for --rows)
     n_epochs=10,
     learning_rate=7e-4,
     gamma=0.99,
@@ -103,6 +110,14 @@ TIMEOUT_S = 1800.0
 """Longest a single run may take; a full run takes a few minutes."""
 
 
+def minibatches(rows: int) -> tuple[int, int]:
+    """(distrl's ``--batch-size`` in game steps, SB3's and RLlib's minibatch in rows) for minibatches of ``rows``
+    rows: the largest game-step batch that divides distrl's rollout and holds at most ``rows`` rows."""
+    game_steps = HP["game_copies"] * HP["n_steps"]
+    distrl = max(d for d in range(1, game_steps + 1) if game_steps % d == 0 and d * N_AGENTS <= rows)
+    return distrl, rows
+
+
 def _parallel_env() -> Any:
     """The game as SB3 and RLlib see it: each agent's observation with the one-hot of its index appended."""
     import supersuit
@@ -114,13 +129,13 @@ def _parallel_env() -> Any:
 # ---------------------------------------------------------------- children: SB3 and RLlib, one run each
 
 
-def child(lib: str, seed: int, steps: int) -> dict:
-    """Train ``steps`` agent-steps: the training seconds, the agent-steps taken and every game's (seconds into
-    training when it ended, team return)."""
+def child(lib: str, seed: int, steps: int, rows: int) -> dict:
+    """Train ``steps`` agent-steps in minibatches of ``rows`` rows: the training seconds, the agent-steps taken and
+    every game's (seconds into training when it ended, team return)."""
     import torch
 
     torch.set_num_threads(1)
-    return _sb3(seed, steps) if lib == "sb3" else _rllib(seed, steps)
+    return _sb3(seed, steps, rows) if lib == "sb3" else _rllib(seed, steps, rows)
 
 
 def sb3_rows(venv: Any) -> Any:
@@ -179,7 +194,7 @@ def sb3_rows(venv: Any) -> Any:
     return SB3Rows(venv)
 
 
-def _sb3(seed: int, steps: int) -> dict:
+def _sb3(seed: int, steps: int, rows: int) -> dict:
     import supersuit
     from stable_baselines3 import PPO
     from torch import nn
@@ -187,12 +202,12 @@ def _sb3(seed: int, steps: int) -> dict:
     venv = supersuit.concat_vec_envs_v1(
         supersuit.pettingzoo_env_to_vec_env_v1(_parallel_env()), HP["game_copies"], num_cpus=0, base_class="gymnasium"
     )
-    rows = sb3_rows(venv)
+    agent_rows = sb3_rows(venv)
     hp = {k: v for k, v in HP.items() if k != "game_copies"}
-    hp["batch_size"] *= N_AGENTS
+    hp["batch_size"] = rows
     model = PPO(
         "MlpPolicy",
-        rows,
+        agent_rows,
         **hp,
         policy_kwargs=dict(net_arch=dict(pi=list(NET_ARCH), vf=list(NET_ARCH)), activation_fn=nn.Tanh, ortho_init=True),
         seed=seed,
@@ -202,11 +217,11 @@ def _sb3(seed: int, steps: int) -> dict:
     start = time.perf_counter()
     model.learn(steps)
     train_s = time.perf_counter() - start
-    games = [(t - start, r) for t, r in rows.games]
+    games = [(t - start, r) for t, r in agent_rows.games]
     return {"train_s": train_s, "agent_steps": model.num_timesteps, "games": games}
 
 
-def _rllib(seed: int, steps: int) -> dict:
+def _rllib(seed: int, steps: int, rows: int) -> dict:
     import ray
     from ray.rllib.algorithms.ppo import PPOConfig
     from ray.rllib.core.rl_module.multi_rl_module import MultiRLModuleSpec
@@ -250,7 +265,7 @@ def _rllib(seed: int, steps: int) -> dict:
         )
         .training(
             train_batch_size_per_learner=HP["game_copies"] * HP["n_steps"],  # game steps
-            minibatch_size=HP["batch_size"] * N_AGENTS,  # rows of the shared module
+            minibatch_size=rows,  # rows of the shared module
             num_epochs=HP["n_epochs"],
             lr=HP["learning_rate"],
             gamma=HP["gamma"],
@@ -320,13 +335,14 @@ def launch(command: list[str], label: str, root: Path) -> tuple[str, float, floa
     return out_path.read_text(), wall_s, memory.tree_mb
 
 
-def run_distrl(seed: int, steps: int, root: Path) -> dict:
+def run_distrl(seed: int, steps: int, rows: int, root: Path) -> dict:
     run_dir = root / f"distrl-s{seed}"
     flags = {
         "--preset": "none",
         "--device": "cpu",
         "--n-envs": HP["game_copies"],
         **{f"--{k.replace('_', '-')}": v for k, v in HP.items() if k != "game_copies"},
+        "--batch-size": minibatches(rows)[0],
         "--total-steps": steps,
         "--seed": seed,
         # the final evaluation cannot be turned off: one short one, left out of the process time below
@@ -351,8 +367,8 @@ def run_distrl(seed: int, steps: int, root: Path) -> dict:
     }
 
 
-def run_reference(lib: str, seed: int, steps: int, root: Path) -> dict:
-    command = [sys.executable, __file__, "--child", lib, "train", str(seed), str(steps)]
+def run_reference(lib: str, seed: int, steps: int, rows: int, root: Path) -> dict:
+    command = [sys.executable, __file__, "--child", lib, str(rows), str(seed), str(steps)]
     stdout, wall_s, tree_mb = launch(command, f"{lib}-s{seed}", root)
     result = json.loads(stdout.strip().splitlines()[-1])
     result.update(process_s=wall_s, game_agent_steps=result["agent_steps"], tree_rss_mb=tree_mb)
@@ -401,13 +417,14 @@ def figures(r: dict, target: float) -> dict:
 
 
 def main() -> None:
-    if child_main(lambda lib, task, seed, steps: child(lib, seed, int(steps))):
+    if child_main(lambda lib, rows, seed, steps: child(lib, seed, int(steps), int(rows))):
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", "--smoke", action="store_true", help="tiny budgets; prints, writes nothing")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0], help="the same seeds for every framework")
     parser.add_argument("--steps", type=int, default=300_000, help="agent-steps (rows) per run")
     parser.add_argument("--target", type=float, default=-62.0, help="mean team return of the last 100 games")
+    parser.add_argument("--rows", type=int, default=768, help="minibatch rows (agent-steps); see the docstring")
     args = parser.parse_args()
     seeds = args.seeds[:1] if args.quick else args.seeds
     steps = math.ceil((3 * ROLLOUT if args.quick else args.steps) / ROLLOUT) * ROLLOUT
@@ -418,7 +435,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for i, lib in enumerate(alternating(list(LIBS), len(seeds))):
             seed = seeds[i // len(LIBS)]
-            raw = run_distrl(seed, steps, Path(tmp)) if lib == "distrl" else run_reference(lib, seed, steps, Path(tmp))
+            if lib == "distrl":
+                raw = run_distrl(seed, steps, args.rows, Path(tmp))
+            else:
+                raw = run_reference(lib, seed, steps, args.rows, Path(tmp))
             r = dict(figures(raw, args.target), seed=seed)
             runs[lib].append(r)
             reached = "not reached" if r["s_to_target"] is None else f"{r['s_to_target']:.1f} s"
@@ -435,6 +455,7 @@ def main() -> None:
         "env": ENV,
         "env_kwargs": ENV_KWARGS,
         "hyperparameters": dict(HP, net_arch=NET_ARCH),
+        "minibatch_rows": dict(zip(("distrl", "others"), (minibatches(args.rows)[0] * N_AGENTS, args.rows))),
         "agent_steps": steps,
         "target": args.target,
         "seeds": seeds,
@@ -447,8 +468,11 @@ def main() -> None:
     if args.quick:
         print(body)
     else:
-        RESULT.write_text(json.dumps(data, indent=1) + "\n")
-        write_section("Multi-agent PPO: distrl against stable-baselines3 and RLlib", body)
+        default = args.rows == 768
+        result = RESULT if default else RESULT.with_name(f"{RESULT.stem}-{args.rows}.json")
+        result.write_text(json.dumps(data, indent=1) + "\n")
+        title = "Multi-agent PPO: distrl against stable-baselines3 and RLlib"
+        write_section(title if default else f"{title}, {args.rows}-row minibatches", body)
 
 
 MEASURES = ("sps", "sps_process", "startup_s", "s_to_target", "tree_rss_mb", "last_100")
@@ -496,10 +520,16 @@ def report(data: dict) -> list[str]:
         for lib, q in data["ratios"].items()
     ]
     v = data["versions"]
+    mb = data.get("minibatch_rows", {"distrl": 768, "others": 768})
+    minibatch = (
+        f"minibatches of {mb['others']} rows"
+        if mb["distrl"] == mb["others"]
+        else f"minibatches of {mb['others']} rows ({mb['distrl']} for distrl, whose batches are whole game steps)"
+    )
     return [
         f"`{data['command'].strip()}` — {data['date']}, {data['machine']}, load average at start "
         f"{data['load_at_start']}. PPO with one shared policy on `{ENV}` (N=3, discrete actions, 25-step games), "
-        f"{data['agent_steps']:,} agent-steps per run, seeds {data['seeds']}, frameworks alternating; "
+        f"{data['agent_steps']:,} agent-steps per run, {minibatch}, seeds {data['seeds']}, frameworks alternating; "
         f"distrl {v['distrl']}, stable-baselines3 {v['stable-baselines3']} on SuperSuit {v['supersuit']}, "
         f"RLlib {v['ray']} (new API stack, sampling and learning in the driver, `ray.init(num_cpus=1)`), torch "
         f"{v['torch']}. Same network and hyperparameters in all three: see the script's docstring.",
