@@ -387,24 +387,17 @@ class PPOAlgo:
         terms = agent.dist_terms(fwd, mb.actions)
         loss, output_grads = self.loss_and_output_grads((terms.log_prob, terms.entropy, fwd.values), mb, clip_range)
         agent.backward(fwd, terms, mb.actions, *output_grads)  # d loss / d outputs, onwards
-        # the statistics, on detached values (cheaper than a no_grad block at this size)
-        ratio_minus_one = loss.ratio.detach() - 1.0
-        approx_kl = ratio_minus_one - (terms.log_prob.detach() - mb.old_log_prob)  # joschu.net/blog/kl-approx.html
+        # the statistics, from values that carry no graph (the loss's parts never do; a module's outputs may), so
+        # that no no_grad block is needed: at this size it costs as much as an operation
+        log_prob, entropy = terms.log_prob.detach(), terms.entropy.detach()
+        ratio_minus_one = loss.ratio - 1.0
+        approx_kl = ratio_minus_one - (log_prob - mb.old_log_prob)  # (http://joschu.net/blog/kl-approx.html)
         was_clipped = (ratio_minus_one.abs() > clip_range).float()
-        per_sample = torch.stack(
-            [
-                mb.valid,
-                approx_kl,
-                was_clipped,
-                loss.policy_loss.detach(),
-                loss.value_loss.detach(),
-                terms.entropy.detach(),
-            ]
-        )
-        stats = per_sample @ mb.valid
+        per_sample = torch.stack([mb.valid, approx_kl, was_clipped, loss.policy_loss, loss.value_loss, entropy])
+        stats = per_sample @ mb.valid  # float32, as the all-reduce carries it; the update sums them in float64
         if self.policies is not None:
             stats = torch.cat([stats[None], self.policies.sums(per_sample, mb.valid, mb.rows)]).flatten()
-        return stats.double()
+        return stats
 
     def loss_and_output_grads(
         self, outputs: tuple[torch.Tensor, ...], mb: Minibatch, clip_range: float
@@ -423,10 +416,12 @@ class PPOAlgo:
     def autograd_loss_and_output_grads(
         self, outputs: tuple[torch.Tensor, ...], mb: Minibatch, clip_range: float
     ) -> tuple[PPOLoss, tuple[torch.Tensor | None, ...]]:
-        """:meth:`loss` written plainly, and autograd over its graph for d(loss)/d(outputs)."""
+        """:meth:`loss` written plainly, and autograd over its graph for d(loss)/d(outputs); the loss comes back
+        detached, as the fused path's."""
         inputs = leaves(*outputs)
         loss = self.loss(inputs, mb, clip_range)
-        return loss, output_grads(loss.loss, inputs)
+        grads = output_grads(loss.loss, inputs)
+        return PPOLoss(*(part.detach() for part in loss)), grads
 
     def loss(self, outputs: tuple[torch.Tensor, ...], mb: Minibatch, clip_range: float) -> PPOLoss:
         """The minibatch's :func:`ppo_loss` on the network's (log_prob, entropy, values)."""

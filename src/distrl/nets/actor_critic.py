@@ -80,6 +80,9 @@ class ActorCritic:
                 self.critic.init_uniform(generator)
             if not self.discrete:
                 self.params.view("policy.log_std").fill_(log_std_init)
+        # views of the buffer (they follow its in-place updates), not looked up at every gradient step
+        self._log_std = None if self.discrete else self.params.view("policy.log_std")
+        self._log_std_grad = None if self.discrete else self.params.grad_view("policy.log_std")
         # Acting reads the weights through numpy views of a CPU buffer: the parameter buffer
         # itself on the CPU, a copy refreshed after each update otherwise.
         self._acting: ParamBuffer = self.params
@@ -142,7 +145,7 @@ class ActorCritic:
     def _terms(self, head: torch.Tensor, actions: torch.Tensor) -> CategoricalTerms | GaussianTerms:
         if self.discrete:
             return categorical_terms(head, actions)
-        return gaussian_terms(head, self.params.view("policy.log_std"), actions)
+        return gaussian_terms(head, self._log_std, actions)
 
     def forward_train(self, obs: torch.Tensor) -> TrainForward:
         """Both trunks, keeping what :meth:`backward` needs."""
@@ -170,7 +173,7 @@ class ActorCritic:
             d_head = categorical_grad(terms, actions, d_log_prob, d_entropy)
         else:
             d_head, d_log_std = gaussian_grad(terms, d_log_prob, d_entropy)
-            self.params.grad_view("policy.log_std").copy_(d_log_std)
+            self._log_std_grad.copy_(d_log_std)
         self.policy.backward(fwd.policy_inputs, d_head, accumulate=False)
         if d_values is None:  # a loss without the critic (REINFORCE without a baseline)
             for grad in (*self.critic.weight_grads, *self.critic.bias_grads):

@@ -55,15 +55,22 @@ class GaussianTerms:
     entropy: torch.Tensor  # [B]
     z: torch.Tensor  # [B, A] standardised actions (a - mean) / std
     std: torch.Tensor  # [A]
+    z_sq: torch.Tensor  # [B, A] z squared (the log-density's, which the gradient uses again)
 
 
 def gaussian_terms(mean: torch.Tensor, log_std: torch.Tensor, actions: torch.Tensor) -> GaussianTerms:
-    """Diagonal Gaussian log-density of ``actions`` [B, A] and entropy [B]; log_std is [A]."""
+    """Diagonal Gaussian log-density of ``actions`` [B, A] and entropy [B]; log_std is [A].
+
+    log N = -z^2 / 2 - log std - log sqrt(2 pi) and H = 1/2 + log sqrt(2 pi) + log std, each summed over the A
+    dimensions."""
     std = log_std.exp()
     z = (actions - mean) / std
-    log_prob = (-0.5 * z.square()).sum(-1) - (log_std.sum() + LOG_SQRT_2PI * mean.shape[1])
-    entropy = (0.5 + LOG_SQRT_2PI + log_std).sum().expand(mean.shape[0])
-    return GaussianTerms(log_prob, entropy, z, std)
+    z_sq = z.square()
+    log_std_sum = log_std.sum()
+    dims = mean.shape[1]
+    log_prob = z_sq.sum(-1).mul_(-0.5).sub_(log_std_sum + LOG_SQRT_2PI * dims)
+    entropy = (log_std_sum + (0.5 + LOG_SQRT_2PI) * dims).expand(mean.shape[0])
+    return GaussianTerms(log_prob, entropy, z, std, z_sq)
 
 
 def gaussian_grad(
@@ -75,7 +82,7 @@ def gaussian_grad(
     """
     d = d_log_prob.unsqueeze(1)
     d_mean = d * terms.z / terms.std
-    d_log_std = (d * (terms.z.square() - 1.0)).sum(0)
+    d_log_std = (d * (terms.z_sq - 1.0)).sum(0)
     if d_entropy is not None:
         d_log_std += d_entropy.sum()
     return d_mean, d_log_std
