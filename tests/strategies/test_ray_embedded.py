@@ -111,6 +111,14 @@ with ray_session("") as ray:
     # the instance listens on loopback only (test_ray_loopback.py): the token guards connections made there
     gcs = "127.0.0.1:" + ray.get_runtime_context().gcs_address.rsplit(":", 1)[1]
     mine = psutil.Process().children(recursive=True)
+    from ray._private import worker
+    monitors = [info.process for info in worker._global_node.all_processes["monitor"]]
+    monitor_alive_at_shutdown = []
+    shutdown = ray.shutdown
+    def spy_shutdown():
+        monitor_alive_at_shutdown.extend(m.poll() is None for m in monitors)
+        shutdown()
+    ray.shutdown = spy_shutdown
     # A process outside the run: no token in its environment or its home directory.
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
     env["HOME"] = sys.argv[1]
@@ -120,17 +128,23 @@ with ray_session("") as ray:
                              env=env, capture_output=True, text=True, timeout=120)
     print(json.dumps({"token": is_token_auth_enabled(), "processes": len(mine),
                       "outside_code": outside.returncode, "outside": outside.stdout + outside.stderr[-2000:]}))
+print(json.dumps({"monitors": len(monitors), "monitor_alive_at_shutdown": monitor_alive_at_shutdown,
+                  "left": [p.pid for p in mine if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]}))
 """
 
 
-def test_the_embedded_instance_refuses_a_connection_without_its_token(ray_tmp, tmp_path):
+def test_the_embedded_instance_refuses_a_connection_without_its_token_and_stops_at_once(ray_tmp, tmp_path):
     env = {**os.environ, "RAY_TMPDIR": ray_tmp}
     proc = subprocess.run(
         [sys.executable, "-c", CHECK, str(tmp_path)], env=env, capture_output=True, text=True, timeout=300
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    result, stopped = (json.loads(line) for line in proc.stdout.strip().splitlines()[-2:])
     assert result["token"] is True
     assert result["processes"] >= 2, result
     assert result["outside_code"] != 0 and "connected" not in result["outside"], result["outside"]
     assert "AuthenticationError" in result["outside"] or "token-auth" in result["outside"], result["outside"]
+    # the autoscaler monitor was gone before ray.shutdown began (Ray would give it 1 s to ignore its SIGTERM),
+    # and nothing of the instance is left after it
+    assert stopped["monitors"] == 1 and stopped["monitor_alive_at_shutdown"] == [False], stopped
+    assert stopped["left"] == [], stopped
