@@ -2,6 +2,7 @@
 
     python benchmarks/against_commit.py 4f63b8b           # every task below, 3 repeats
     python benchmarks/against_commit.py 4f63b8b --quick   # fewer steps, 2 repeats
+    python benchmarks/against_commit.py 4f63b8b --repeats 5 --only "PPO, CartPole"
 
 The earlier commit's ``src/`` is exported with ``git archive`` into a temporary directory and put first on
 the measuring children's PYTHONPATH; the children are this tree's side-by-side scripts (``--child``), so
@@ -77,8 +78,9 @@ def main() -> None:
     parser.add_argument("base", help="the earlier commit (any git ref)")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--only", default="", help="run only the tasks whose label contains this text")
+    parser.add_argument("--repeats", type=int, default=None, help="runs of each (3; 2 with --quick)")
     args = parser.parse_args()
-    repeats = 2 if args.quick else 3
+    repeats = args.repeats or (2 if args.quick else 3)
     with tempfile.TemporaryDirectory() as tmp:
         base_src = export(args.base, Path(tmp))
         sources = {"this tree": ROOT / "src", args.base: base_src}
