@@ -12,16 +12,22 @@ One gradient step, in stable-baselines3's order:
 
 Losses are summed over samples; ``Sync.gradients`` sums gradients and sample counts over
 workers and each gradient is divided by the global count, as in PPO.
+
+The losses below are the definitions. By default :mod:`distrl.algos.fused_sac` computes the same values and their
+gradients with respect to the networks' outputs in closed form; ``SACConfig.fused_loss=False`` takes those
+gradients by autograd on the plain losses instead.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
 
 from distrl.algos.autodiff import leaves, output_grads
+from distrl.algos.fused_sac import fused_actor_loss, fused_critic_loss, fused_temperature_loss
 from distrl.algos.optim import ClippedAdam
 from distrl.algos.protocols import Sync
 from distrl.config import SACConfig
@@ -71,10 +77,11 @@ def polyak(target: torch.Tensor, source: torch.Tensor, tau: float) -> None:
 class SACAlgo:
     """SAC over a squashed Gaussian actor and twin critics with target copies.
 
-    The losses are written on the networks' outputs (Q-values, log-probs); autograd gives their
-    gradients there, and the networks carry them to their parameters. The actor's loss reaches it
-    through the critic: the critic turns d(loss)/dQ_i into d(loss)/d(action) (its ``action_grad``),
-    and the actor turns that and d(loss)/d(log-prob) into its own gradient.
+    The losses are written on the networks' outputs (Q-values, log-probs); their closed forms in
+    ``fused_sac`` (or autograd, with ``fused_loss=False``) give their gradients there, and the
+    networks carry them to their parameters. The actor's loss reaches it through the critic: the
+    critic turns d(loss)/dQ_i into d(loss)/d(action) (its ``action_grad``), and the actor turns
+    that and d(loss)/d(log-prob) into its own gradient.
     """
 
     def __init__(self, cfg: SACConfig, networks: SACNetworks, device: torch.device, seed: int):
@@ -123,13 +130,14 @@ class SACAlgo:
 
         # critic and entropy coefficient
         fwd = self.critic.forward(batch.obs, batch.actions)
-        q1, q2 = leaves(fwd.q1, fwd.q2)
-        loss_q = critic_loss(q1, q2, y)
-        self.critic.backward(fwd, *output_grads(loss_q, (q1, q2)))
-        (log_alpha,) = leaves(self.critic.params.view("log_alpha")[0])
-        loss_alpha = temperature_loss(log_alpha, pi.log_prob.detach(), self.target_entropy)
+        loss_q, grads_q = self.loss_and_output_grads(critic_loss, fused_critic_loss, (fwd.q1, fwd.q2), y)
+        self.critic.backward(fwd, *grads_q)
+        log_alpha = self.critic.params.view("log_alpha")[0]
+        loss_alpha, (grad_log_alpha,) = self.loss_and_output_grads(
+            temperature_loss, fused_temperature_loss, (log_alpha,), pi.log_prob.detach(), self.target_entropy
+        )
         if self.learn_alpha:
-            self.critic.params.grad_view("log_alpha").copy_(output_grads(loss_alpha, (log_alpha,))[0])
+            self.critic.params.grad_view("log_alpha").copy_(grad_log_alpha)
         else:
             self.critic.params.grad_view("log_alpha").zero_()
         stats = torch.stack([ones.sum(), loss_q, loss_alpha, fwd.q1.sum()]).detach().double()
@@ -140,9 +148,9 @@ class SACAlgo:
 
         # actor, against the updated critics: the critic carries d(loss)/dQ_i back to the action
         q_pi = self.critic.forward(batch.obs, pi.action)
-        log_prob, q1_pi, q2_pi = leaves(pi.log_prob, q_pi.q1, q_pi.q2)
-        loss_pi = actor_loss(log_prob, q1_pi, q2_pi, alpha)
-        grad_log_prob, grad_q1, grad_q2 = output_grads(loss_pi, (log_prob, q1_pi, q2_pi))
+        loss_pi, (grad_log_prob, grad_q1, grad_q2) = self.loss_and_output_grads(
+            actor_loss, fused_actor_loss, (pi.log_prob, q_pi.q1, q_pi.q2), alpha
+        )
         self.actor.backward(pi, self.critic.action_grad(q_pi, grad_q1, grad_q2), grad_log_prob)
         actor_stats = torch.stack([ones.sum(), loss_pi, pi.log_prob.sum()]).detach().double()
         sync.gradients(self.actor.params.grad, actor_stats)
@@ -161,6 +169,22 @@ class SACAlgo:
             "losses/q_mean": float(stats[3]) / count,
             "losses/ent_coef": alpha,
         }
+
+    def loss_and_output_grads(
+        self,
+        plain: Callable[..., torch.Tensor],
+        fused: Callable[..., tuple[torch.Tensor, tuple[torch.Tensor, ...]]],
+        outputs: Sequence[torch.Tensor],
+        *constants: object,
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor | None, ...]]:
+        """The loss ``plain(*outputs, *constants)``, detached, and its gradient with respect to the networks'
+        ``outputs``: in closed form by its ``fused`` counterpart (the default), or by autograd on the plain loss
+        with ``fused_loss=False``."""
+        if self.cfg.fused_loss:
+            return fused(*(output.detach() for output in outputs), *constants)
+        inputs = leaves(*outputs)
+        loss = plain(*inputs, *constants)
+        return loss.detach(), output_grads(loss, inputs)
 
     # ---- state ----
 
