@@ -212,7 +212,9 @@ def test_a_full_disk_ends_the_run_in_one_line_and_resume_continues_once_there_is
     out, err = result.stdout, result.stderr
     assert "status=1" in out, out + err
     errors = [line for line in err.splitlines() if line.startswith("distrl: error:")]
-    assert errors and "No space left on device (ENOSPC); free some space on that disk, then continue from" in errors[-1]
+    assert (
+        errors and "No space left on device (ENOSPC); free some space on that disk, then continue from" in errors[-1]
+    ), err
     if strategy == "ddp":
         assert errors[-1].startswith("distrl: error: rank 0 failed (exit status 1): distrl: error: could not write")
     else:

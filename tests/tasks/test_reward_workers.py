@@ -237,11 +237,13 @@ def test_workers_end_with_their_parent_and_a_call_cut_short_by_ctrl_c_is_killed(
         time.sleep(600)
         """
     )
-    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    err = tmp_path / "stderr"
+    with err.open("w") as stderr:  # a file, not a pipe, so that a failure can show what the parent said
+        parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=stderr, text=True)
     deadline = threading.Timer(120, parent.kill)  # the read below waits no longer than that
     deadline.start()
     try:
-        assert parent.stdout.readline().strip() == "interrupted"
+        assert parent.stdout.readline().strip() == "interrupted", err.read_text()
         calls = dict(line.split() for line in pid_file.read_text().splitlines())
         hung = [int(p) for pair in calls.items() if pair[1] != "0" for p in pair]
         idle = [int(w) for w, c in calls.items() if c == "0"]
