@@ -179,7 +179,7 @@ set -u
 mount -t tmpfs -o size=600k tmpfs "$DISK"
 {train} --run-dir "$DISK/run"
 echo "status=$?"
-python -c "
+"$PYTHON" -c "
 import sys, pathlib
 from distrl.run import checkpoint
 run = pathlib.Path(sys.argv[1])
@@ -187,7 +187,7 @@ print('left', sorted(p.name for p in (run / 'checkpoints').iterdir()))
 print('damaged', [p.name for p in checkpoint.checkpoints_of(run) if checkpoint.verify(p)])
 " "$DISK/run"
 mount -o remount,size=64m "$DISK"
-python -m distrl train ppo CartPole-v1 --resume "$DISK/run" --quiet
+"$PYTHON" -m distrl train ppo CartPole-v1 --resume "$DISK/run" --quiet
 echo "resumed=$?"
 ls "$DISK/run"
 """
@@ -201,10 +201,10 @@ def test_a_full_disk_ends_the_run_in_one_line_and_resume_continues_once_there_is
     disk = tmp_path / "disk"
     disk.mkdir()
     spread = "--strategy ddp --workers 2" if strategy == "ddp" else ""
-    train = f"python -m distrl train ppo CartPole-v1 --total-steps 40000 --checkpoint-every 2048 --quiet {spread}"
+    train = f'"$PYTHON" -m distrl train ppo CartPole-v1 --total-steps 40000 --checkpoint-every 2048 --quiet {spread}'
     result = subprocess.run(
         ["unshare", "-rm", "sh", "-c", FULL_DISK.format(train=train)],
-        env={**os.environ, "DISK": str(disk)},
+        env={**os.environ, "DISK": str(disk), "PYTHON": sys.executable},  # this interpreter, whatever PATH says
         capture_output=True,
         text=True,
         timeout=300,
