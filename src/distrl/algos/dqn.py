@@ -117,8 +117,7 @@ class DQNAlgo:
         stats = torch.stack([loss.new_tensor(float(batch.size)), loss.detach(), taken_sum]).double()
         sync.gradients(self.q.params.grad, stats)
         count = float(stats[0])
-        self.q.params.grad.div_(count)
-        grad_norm = self.optimizer.step()
+        grad_norm = self.optimizer.step(samples=count)
         self.q.refresh_acting_copy()
         self.gradient_steps += 1
         metrics = {

@@ -50,6 +50,8 @@ class FusedPPOLoss(NamedTuple):
     """[B] squared error of the value (clipped with ``clip_range_vf``)."""
     ratio: torch.Tensor
     """[B] probability ratio ``pi / pi_old`` of the taken actions."""
+    log_ratio: torch.Tensor
+    """[B] its logarithm, ``log_prob - old_log_prob``."""
     d_log_prob: torch.Tensor
     """[B] d(loss)/d(log_prob)."""
     d_entropy: torch.Tensor | None
@@ -87,7 +89,8 @@ def fused_ppo_loss(
     """:func:`~distrl.algos.ppo.ppo_loss` and d(loss)/d(log_prob, entropy, values), all arguments [B], without
     autograd (see the module's docstring for the derivation). The arguments carry no graph: detach the network's
     outputs first (or go through :class:`PPOLossFunction`). ``total=False`` leaves the scalar loss out."""
-    ratio = (log_prob - old_log_prob).exp()
+    log_ratio = log_prob - old_log_prob
+    ratio = log_ratio.exp()
     gain = ratio * advantages  # A r: the policy term is -min(A r, A clip(r)) = max(u, c)
     clipped_gain = ratio.clamp(1.0 - clip_range, 1.0 + clip_range).mul_(advantages)
     # -A r where the unclipped branch is the larger or ties: a tie is r within the clip range (bounds included),
@@ -115,7 +118,8 @@ def fused_ppo_loss(
         if loss is not None:
             loss = loss - ent_coef * (entropy @ valid)
         d_entropy = valid * -ent_coef
-    return FusedPPOLoss(loss, policy_loss, value_loss, ratio, d_log_prob, d_entropy, d_value.mul_(2.0 * vf_coef))
+    d_value.mul_(2.0 * vf_coef)
+    return FusedPPOLoss(loss, policy_loss, value_loss, ratio, log_ratio, d_log_prob, d_entropy, d_value)
 
 
 class PPOLossFunction(torch.autograd.Function):

@@ -291,9 +291,8 @@ class GRPOAlgo:
         stats = torch.tensor([sums[name] for name in STATS] + batch.rewards.sum(axis=0).tolist(), dtype=torch.float64)
         sync.gradients(grad, stats)
         count = float(stats[STATS.index("count")])
-        grad.div_(max(count, 1e-12))
         lr = linear(cfg.learning_rate, progress_remaining, cfg.lr_schedule)
-        grad_norm = self.optimizer.step(lr)
+        grad_norm = self.optimizer.step(lr, samples=max(count, 1e-12))
         return self.metrics(stats, grad_norm, lr)
 
     def metrics(self, stats: torch.Tensor, grad_norm: float, lr: float) -> dict[str, float]:

@@ -91,5 +91,5 @@ class IMPALAAlgo(PPOAlgo):
             self.cfg.vf_coef,
             self.cfg.ent_coef,
         )
-        ratio = (log_prob.detach() - mb.old_log_prob).exp()
-        return PPOLoss(loss.loss, loss.policy_loss, loss.value_loss, ratio)
+        log_ratio = log_prob.detach() - mb.old_log_prob
+        return PPOLoss(loss.loss, loss.policy_loss, loss.value_loss, log_ratio.exp(), log_ratio)

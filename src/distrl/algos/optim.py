@@ -21,10 +21,10 @@ def linear(start: float, progress_remaining: float, schedule: str) -> float:
 class ClippedAdam:
     """Adam (Kingma & Ba 2014, arXiv:1412.6980) on a :class:`ParamBuffer`.
 
-    ``step`` expects the buffer's gradient to be the mean over every worker's samples.
-    It scales it so that its global norm is at most ``max_grad_norm`` (as torch's
-    ``clip_grad_norm_`` does) and applies the same update as ``torch.optim.Adam``,
-    in a few element-wise operations over the single flat tensor.
+    ``step`` takes the buffer's gradient summed over every worker's ``samples`` and steps on their mean: it
+    scales the mean so that its global norm is at most ``max_grad_norm`` (as torch's ``clip_grad_norm_`` does)
+    and applies the same update as ``torch.optim.Adam``, in a few element-wise operations over the single flat
+    tensor. The division by ``samples`` rides on the clip coefficient rather than costing a pass of its own.
     """
 
     def __init__(
@@ -50,20 +50,21 @@ class ClippedAdam:
         self._data, self._grad = params.data, params.grad
         self._fused = _FUSED_ADAM is not None and params.data.device.type in ("cpu", "cuda")
 
-    def step(self, lr: float | None = None) -> float:
-        """Clip and step; returns the gradient norm before clipping."""
+    def step(self, lr: float | None = None, samples: float = 1.0) -> float:
+        """Clip the mean gradient (the buffer holds the sum over ``samples``) and step; returns the mean's norm
+        before clipping. The buffer holds the clipped mean afterwards."""
         grad = self._grad
-        norm = float(torch.linalg.vector_norm(grad))
+        norm = float(torch.linalg.vector_norm(grad)) / samples
         scale = 1.0
         if self.max_grad_norm is not None:
             scale = min(1.0, self.max_grad_norm / (norm + 1e-6))
         self.steps += 1
         lr = self.lr if lr is None else lr
         if self._fused:
-            # torch's own fused Adam kernel; it divides the gradient by grad_scale, which is
-            # where the clip coefficient goes. Same arithmetic as the fallback below.
+            # torch's own fused Adam kernel; it divides the gradient by grad_scale (in place), which is
+            # where the mean's divisor and the clip coefficient go. Same arithmetic as the fallback below.
             self._step_tensor.fill_(self.steps)
-            self._scale_tensor.fill_(1.0 / scale)
+            self._scale_tensor.fill_(samples / scale)
             _FUSED_ADAM(
                 [self._data],
                 [grad],
@@ -83,8 +84,9 @@ class ClippedAdam:
             )
             return norm
         b1, b2 = self.beta1, self.beta2
-        self.exp_avg.mul_(b1).add_(grad, alpha=(1.0 - b1) * scale)
-        self.exp_avg_sq.mul_(b2).addcmul_(grad, grad, value=(1.0 - b2) * scale * scale)
+        grad.mul_(scale / samples)
+        self.exp_avg.mul_(b1).add_(grad, alpha=1.0 - b1)
+        self.exp_avg_sq.mul_(b2).addcmul_(grad, grad, value=1.0 - b2)
         bias1 = 1.0 - b1**self.steps
         bias2 = 1.0 - b2**self.steps
         denom = self.exp_avg_sq.sqrt().div_(math.sqrt(bias2)).add_(self.eps)
@@ -120,15 +122,17 @@ class ClippedRMSprop:
         self.exp_avg_sq = torch.zeros_like(params.data)
         self.steps = 0
 
-    def step(self, lr: float | None = None) -> float:
-        """Clip and step; returns the gradient norm before clipping."""
+    def step(self, lr: float | None = None, samples: float = 1.0) -> float:
+        """Clip the mean gradient (the buffer holds the sum over ``samples``) and step; returns the mean's norm
+        before clipping. The buffer holds the clipped mean afterwards."""
         grad = self.params.grad
-        norm = float(torch.linalg.vector_norm(grad))
+        norm = float(torch.linalg.vector_norm(grad)) / samples
         scale = 1.0 if self.max_grad_norm is None else min(1.0, self.max_grad_norm / (norm + 1e-6))
         self.steps += 1
-        self.exp_avg_sq.mul_(self.alpha).addcmul_(grad, grad, value=(1.0 - self.alpha) * scale * scale)
+        grad.mul_(scale / samples)
+        self.exp_avg_sq.mul_(self.alpha).addcmul_(grad, grad, value=1.0 - self.alpha)
         denom = self.exp_avg_sq.sqrt().add_(self.eps)
-        self.params.data.addcdiv_(grad, denom, value=-(self.lr if lr is None else lr) * scale)
+        self.params.data.addcdiv_(grad, denom, value=-(self.lr if lr is None else lr))
         return norm
 
     state_dict = ClippedAdam.state_dict

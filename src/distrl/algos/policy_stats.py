@@ -48,10 +48,12 @@ class AgentPolicies:
         membership = torch.nn.functional.one_hot(self.of_rows(rows), len(self.names)).to(per_sample.dtype)  # [B, P]
         return membership.T @ (per_sample * valid).T
 
-    def metrics(self, totals: torch.Tensor) -> dict[str, float]:
-        """``losses/<policy>/<name>`` from the update's summed statistics [P, S] of every policy."""
+    def metrics(self, totals: list[float]) -> dict[str, float]:
+        """``losses/<policy>/<name>`` from the update's summed statistics of every policy (P rows of S, flat)."""
         out: dict[str, float] = {}
-        for name, row in zip(self.names, totals.tolist()):
+        width = len(STATS)
+        for p, name in enumerate(self.names):
+            row = totals[p * width : (p + 1) * width]
             count = row[STATS.index("count")]
             out.update({f"losses/{name}/{stat}": row[STATS.index(stat)] / max(count, 1.0) for stat in POLICY_METRICS})
             out[f"losses/{name}/trained_samples"] = count

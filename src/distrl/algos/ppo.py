@@ -63,6 +63,8 @@ class PPOLoss(NamedTuple):
     """[B] squared error of the value (clipped as PPO's original when ``clip_range_vf`` is set)."""
     ratio: torch.Tensor
     """[B] probability ratio ``pi / pi_old`` of the taken actions."""
+    log_ratio: torch.Tensor
+    """[B] its logarithm, ``log_prob - old_log_prob`` (for the approximate KL)."""
 
 
 def ppo_loss(
@@ -90,7 +92,8 @@ def ppo_loss(
     summed over the samples where ``valid`` is 1. The max makes the surrogate pessimistic: a ratio
     that left the clip range in the direction the advantage favours earns nothing more.
     """
-    ratio = (log_prob - old_log_prob).exp()
+    log_ratio = log_prob - old_log_prob
+    ratio = log_ratio.exp()
     policy_loss = torch.max(-advantages * ratio, -advantages * ratio.clamp(1.0 - clip_range, 1.0 + clip_range))
     value_loss = (values - returns).square()
     if clip_range_vf is not None:
@@ -99,7 +102,7 @@ def ppo_loss(
     loss = policy_loss + vf_coef * value_loss
     if ent_coef:
         loss = loss - ent_coef * entropy
-    return PPOLoss(loss @ valid, policy_loss, value_loss, ratio)
+    return PPOLoss(loss @ valid, policy_loss, value_loss, ratio, log_ratio)
 
 
 _COUNT, _APPROX_KL = STATS.index("count"), STATS.index("approx_kl")
@@ -322,7 +325,8 @@ class PPOAlgo:
             self.value_norm.update(sync.all_sum(self.value_norm.moments(everything.returns, everything.valid)))
         # the statistics of all samples, then of each policy's (see algos.policy_stats)
         groups = 1 + (len(self.policies.names) if self.policies is not None else 0)
-        totals = torch.zeros(groups, len(STATS), dtype=torch.float64, device=grad.device)
+        # summed in float64 as Python floats: a tensor's += costs more than the arithmetic at this size
+        totals = [0.0] * (groups * len(STATS))
         grad_norms: list[float] = []
         approx_kl = 0.0
         stopped_early = False
@@ -333,23 +337,21 @@ class PPOAlgo:
             for mb, sequences in packed.minibatches(cfg.batch_size, self.shuffle_rng, part, self.agents_per_env):
                 stats = self._minibatch_gradient(mb, clip_range, sequences)
                 sync.gradients(grad, stats)
-                summed = stats.view(groups, len(STATS))
-                overall = summed[0].tolist()
-                count = overall[_COUNT]
+                summed = stats.tolist()  # all samples' statistics first, then each policy's
+                count = summed[_COUNT]
                 if count == 0:
                     continue
-                approx_kl = overall[_APPROX_KL] / count
+                approx_kl = summed[_APPROX_KL] / count
                 if cfg.target_kl is not None and approx_kl > 1.5 * cfg.target_kl:
                     stopped_early = True  # every worker sees the same summed KL: they stop together
                     break
-                grad.div_(count)
-                grad_norms.append(self.optimizer.step(lr))
-                totals += summed
+                grad_norms.append(self.optimizer.step(lr, samples=count))
+                totals = [total + part for total, part in zip(totals, summed)]
             if stopped_early:
                 break
         self.agent.refresh_acting_copy()
-        samples = float(totals[0, _COUNT])
-        means = {name: float(totals[0, i]) / max(samples, 1.0) for i, name in enumerate(STATS)}
+        samples = totals[_COUNT]
+        means = {name: totals[i] / max(samples, 1.0) for i, name in enumerate(STATS)}
         metrics = dict(
             zip(
                 UPDATE_METRICS,
@@ -370,7 +372,7 @@ class PPOAlgo:
             )
         )
         if self.policies is not None:
-            metrics.update(self.policies.metrics(totals[1:]))
+            metrics.update(self.policies.metrics(totals[len(STATS) :]))
         return metrics
 
     def _minibatch_gradient(self, mb: Minibatch, clip_range: float, sequences: Sequences | None = None) -> torch.Tensor:
@@ -389,11 +391,15 @@ class PPOAlgo:
         agent.backward(fwd, terms, mb.actions, *output_grads)  # d loss / d outputs, onwards
         # the statistics, from values that carry no graph (the loss's parts never do; a module's outputs may), so
         # that no no_grad block is needed: at this size it costs as much as an operation
-        log_prob, entropy = terms.log_prob.detach(), terms.entropy.detach()
-        ratio_minus_one = loss.ratio - 1.0
-        approx_kl = ratio_minus_one - (log_prob - mb.old_log_prob)  # (http://joschu.net/blog/kl-approx.html)
-        was_clipped = (ratio_minus_one.abs() > clip_range).float()
-        per_sample = torch.stack([mb.valid, approx_kl, was_clipped, loss.policy_loss, loss.value_loss, entropy])
+        ratio = loss.ratio
+        approx_kl = torch.sub(ratio, 1.0).sub_(
+            loss.log_ratio
+        )  # (r - 1) - log r (http://joschu.net/blog/kl-approx.html)
+        # 1.0 where the ratio lies outside the clip range (ne_ writes the comparison as the ratio's float dtype)
+        was_clipped = ratio.clamp(1.0 - clip_range, 1.0 + clip_range).ne_(ratio)
+        per_sample = torch.stack(
+            [mb.valid, approx_kl, was_clipped, loss.policy_loss, loss.value_loss, terms.entropy.detach()]
+        )
         stats = per_sample @ mb.valid  # float32, as the all-reduce carries it; the update sums them in float64
         if self.policies is not None:
             stats = torch.cat([stats[None], self.policies.sums(per_sample, mb.valid, mb.rows)]).flatten()
@@ -411,7 +417,9 @@ class PPOAlgo:
         fused = fused_ppo_loss(
             log_prob.detach(), entropy.detach(), values.detach(), *self._loss_arguments(mb, clip_range), total=False
         )
-        return PPOLoss(fused.loss, fused.policy_loss, fused.value_loss, fused.ratio), fused.output_grads
+        return PPOLoss(
+            fused.loss, fused.policy_loss, fused.value_loss, fused.ratio, fused.log_ratio
+        ), fused.output_grads
 
     def autograd_loss_and_output_grads(
         self, outputs: tuple[torch.Tensor, ...], mb: Minibatch, clip_range: float

@@ -90,8 +90,7 @@ class REINFORCEAlgo:
             ).double()
         sync.gradients(agent.params.grad, stats)
         count = float(stats[0])
-        agent.params.grad.div_(count)
-        grad_norm = self.optimizer.step()
+        grad_norm = self.optimizer.step(samples=count)
         agent.refresh_acting_copy()
         return {
             "losses/policy_loss": float(stats[1]) / count,

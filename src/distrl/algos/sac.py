@@ -91,7 +91,12 @@ class SACAlgo:
         self.actor, self.critic, self.critic_target = networks
         self.action_dim = action_dim = self.actor.action_dim
         self.learn_alpha, alpha0 = cfg.entropy_setting()
-        self.critic.params.view("log_alpha").fill_(math.log(alpha0))
+        # views, looked up once: they follow every in-place write (Adam's, a broadcast, a checkpoint's load)
+        self._log_alpha, self._log_alpha_grad = (
+            self.critic.params.view("log_alpha"),
+            self.critic.params.grad_view("log_alpha"),
+        )
+        self._log_alpha.fill_(math.log(alpha0))
         self.critic_target.params.data.copy_(self.critic.params.data)
         self.target_entropy = cfg.target_entropy if cfg.target_entropy is not None else -float(action_dim)
         # Adam's default eps, as stable-baselines3 uses for SAC; no gradient clipping.
@@ -107,7 +112,7 @@ class SACAlgo:
 
     @property
     def alpha(self) -> float:
-        return float(self.critic.params.view("log_alpha").exp())
+        return float(self._log_alpha.exp())
 
     def update(
         self, batch: Transitions, sync: Sync, eps_next: torch.Tensor | None = None, eps_pi: torch.Tensor | None = None
@@ -120,7 +125,6 @@ class SACAlgo:
         )
         eps_pi = eps_pi if eps_pi is not None else torch.randn(shape, generator=self.generator, device=self.device)
         alpha = self.alpha
-        ones = torch.ones(n, device=self.device)
 
         with torch.no_grad():
             nxt = self.actor.sample(batch.next_obs, eps_next)
@@ -132,19 +136,18 @@ class SACAlgo:
         fwd = self.critic.forward(batch.obs, batch.actions)
         loss_q, grads_q = self.loss_and_output_grads(critic_loss, fused_critic_loss, (fwd.q1, fwd.q2), y)
         self.critic.backward(fwd, *grads_q)
-        log_alpha = self.critic.params.view("log_alpha")[0]
         loss_alpha, (grad_log_alpha,) = self.loss_and_output_grads(
-            temperature_loss, fused_temperature_loss, (log_alpha,), pi.log_prob.detach(), self.target_entropy
+            temperature_loss, fused_temperature_loss, (self._log_alpha[0],), pi.log_prob.detach(), self.target_entropy
         )
         if self.learn_alpha:
-            self.critic.params.grad_view("log_alpha").copy_(grad_log_alpha)
+            self._log_alpha_grad.copy_(grad_log_alpha)
         else:
-            self.critic.params.grad_view("log_alpha").zero_()
-        stats = torch.stack([ones.sum(), loss_q, loss_alpha, fwd.q1.sum()]).detach().double()
+            self._log_alpha_grad.zero_()
+        count = torch.full((), float(n), dtype=loss_q.dtype, device=self.device)
+        stats = torch.stack([count, loss_q, loss_alpha, fwd.q1.sum()]).detach().double()
         sync.gradients(self.critic.params.grad, stats)
-        count = float(stats[0])
-        self.critic.params.grad.div_(count)
-        self.critic_optimizer.step()
+        critic_sums = stats.tolist()
+        self.critic_optimizer.step(samples=critic_sums[0])
 
         # actor, against the updated critics: the critic carries d(loss)/dQ_i back to the action
         q_pi = self.critic.forward(batch.obs, pi.action)
@@ -152,21 +155,22 @@ class SACAlgo:
             actor_loss, fused_actor_loss, (pi.log_prob, q_pi.q1, q_pi.q2), alpha
         )
         self.actor.backward(pi, self.critic.action_grad(q_pi, grad_q1, grad_q2), grad_log_prob)
-        actor_stats = torch.stack([ones.sum(), loss_pi, pi.log_prob.sum()]).detach().double()
+        actor_stats = torch.stack([count, loss_pi, pi.log_prob.sum()]).detach().double()
         sync.gradients(self.actor.params.grad, actor_stats)
-        self.actor.params.grad.div_(float(actor_stats[0]))
-        self.actor_optimizer.step()
+        actor_sums = actor_stats.tolist()
+        self.actor_optimizer.step(samples=actor_sums[0])
         self.actor.refresh_acting_copy()
 
         self.gradient_steps += 1
         if self.gradient_steps % cfg.target_update_interval == 0:
             polyak(self.critic_target.params.data, self.critic.params.data, cfg.tau)
+        samples = critic_sums[0]
         return {
-            "losses/critic_loss": float(stats[1]) / count,
-            "losses/ent_coef_loss": float(stats[2]) / count,
-            "losses/actor_loss": float(actor_stats[1]) / count,
-            "losses/entropy": -float(actor_stats[2]) / count,
-            "losses/q_mean": float(stats[3]) / count,
+            "losses/critic_loss": critic_sums[1] / samples,
+            "losses/ent_coef_loss": critic_sums[2] / samples,
+            "losses/actor_loss": actor_sums[1] / samples,
+            "losses/entropy": -actor_sums[2] / samples,
+            "losses/q_mean": critic_sums[3] / samples,
             "losses/ent_coef": alpha,
         }
 
