@@ -273,11 +273,14 @@ class TrainerBase(RunState):
         """Log this iteration; every worker's finished episodes go to the main worker's monitor files (with each
         agent's return of a multi-agent env's games, ``agent_returns``)."""
         self.last_metrics = metrics
-        columns = [np.asarray(returns, np.float64), np.asarray(lengths, np.float64)]
-        if self.env.agents:
-            columns += list(np.asarray(agent_returns or [], np.float64).reshape(len(returns), len(self.env.agents)).T)
-        local = np.stack(columns, 1)
-        episodes = self.sync.gather(local, counts.astype(int).tolist()) if counts.sum() else [local[:0]] * len(counts)
+        if counts.sum():
+            columns = [np.asarray(returns, np.float64), np.asarray(lengths, np.float64)]
+            if self.env.agents:
+                agents = len(self.env.agents)
+                columns += list(np.asarray(agent_returns or [], np.float64).reshape(len(returns), agents).T)
+            episodes = self.sync.gather(np.stack(columns, 1), counts.astype(int).tolist())
+        else:  # most iterations of an off-policy run, which steps once per iteration
+            episodes = [np.zeros((0, 2 + len(self.env.agents or ())))] * len(counts)
         sps = self.steps / max(self.train_s, 1e-9)
         if self.logger is not None:
             metrics["charts/SPS"] = sps
