@@ -130,6 +130,29 @@ class GoRight(gym.Env):
         )
 
 
+class Reach(gym.Env):
+    """A point on a line from 0 to the goal at 1: the action in [-1, 1] moves it by a tenth of itself, reaching
+    the goal gives 10 and ends the episode, every other step costs 0.1; truncated after 30 steps. Uniformly
+    random actions almost never reach the goal (return -3); full speed right reaches it in 10 steps (9.1)."""
+
+    def __init__(self):
+        self.observation_space = gym.spaces.Box(-5.0, 5.0, (1,), np.float32)
+        self.action_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+        self.x = 0.0
+        self.t = 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.x, self.t = 0.0, 0
+        return np.array([self.x], dtype=np.float32), {}
+
+    def step(self, action):
+        self.x += 0.1 * float(np.clip(action, -1.0, 1.0)[0])
+        self.t += 1
+        done = self.x >= 1.0 - 1e-6
+        return np.array([self.x], dtype=np.float32), 10.0 if done else -0.1, done, self.t >= 30, {}
+
+
 def make_count_env(length: int = 3, terminate: bool = False) -> gym.Env:
     """A factory entry point ('distrl_testenvs:make_count_env')."""
     return CountEnv(length, terminate)

@@ -17,8 +17,11 @@ from typing import Any
 
 import numpy as np
 import torch
+from gymnasium import spaces
 
 from distrl.config import ConfigError, RunConfig, split_by_config
+from distrl.data.offline import write_dataset
+from distrl.data.recorder import behaviour, record_episodes
 from distrl.envs.evaluation import evaluate
 from distrl.envs.masks import with_mask
 from distrl.envs.names import env_kwargs_items, env_source, policy_name, refuse_named_code, wrapper_names
@@ -31,6 +34,7 @@ from distrl.run.logs import Console
 from distrl.training import (
     EVAL_SEED_OFFSET,
     DQNTrainer,
+    OfflineTrainer,
     OffPolicyTrainer,
     OnPolicyTrainer,
     TrainerBase,
@@ -284,6 +288,63 @@ class Model:
         """The acting policy as a module for tracing (see :mod:`distrl.export.graph`)."""
         raise NotImplementedError
 
+    def record(
+        self,
+        steps: int,
+        deterministic: bool = True,
+        epsilon: float = 0.0,
+        random: bool = False,
+        n_envs: int = 1,
+        seed: int | None = None,
+    ) -> list[dict[str, Any]]:
+        """Whole episodes of this policy in the run's env, at least ``steps`` transitions, as an offline dataset
+        stores them (see :func:`distrl.data.recorder.record_episodes`): its mode (``deterministic``), samples, or
+        either mixed with uniformly random actions (``epsilon``); ``random`` plays uniformly random actions."""
+        trainer = self._trainer
+        if steps <= 0:
+            raise ConfigError(f"steps={steps} is not allowed: must be > 0")
+        if not 0.0 <= epsilon <= 1.0:
+            raise ConfigError(f"epsilon={epsilon} is not allowed: must be in [0, 1]")
+        if not isinstance(trainer.env.single_observation_space, (spaces.Box, spaces.Discrete)):
+            raise ConfigError(
+                f"env={trainer.env_id!r} has {type(trainer.env.single_observation_space).__name__} observations: "
+                "datasets are recorded from Box and Discrete observations"
+            )
+        seed = trainer.run.seed + EVAL_SEED_OFFSET if seed is None else seed
+        env = make_run_env(trainer.run, n_envs, trainer.env_id, evaluation=True)
+        rng = np.random.default_rng([seed, 3])  # the policy's samples; the env's streams are keyed (seed, i, ...)
+        state = None
+
+        def act(obs: np.ndarray, starts: np.ndarray) -> np.ndarray:
+            nonlocal state
+            actions, state = self._act(obs, deterministic, rng, state, starts)
+            return actions
+
+        try:
+            return record_episodes(env, act, steps, seed, epsilon, random)
+        finally:
+            env.close()
+
+    def collect(self, steps: int, dataset_id: str, datasets_dir: str | Path | None = None, **record: Any) -> Path:
+        """Record at least ``steps`` transitions of whole episodes (``record``: :meth:`record`'s options) and write
+        them as the Minari dataset ``dataset_id`` (under ``datasets_dir``, else ``MINARI_DATASETS_PATH``, else
+        Minari's default); the dataset's path."""
+        episodes = self.record(steps, **record)
+        trainer = self._trainer
+        return Path(
+            write_dataset(
+                dataset_id,
+                episodes,
+                trainer.env_id,
+                trainer.env.single_observation_space,
+                trainer.env.single_action_space,
+                f"distrl {self.algo}",
+                None if datasets_dir is None else str(datasets_dir),
+                f"{sum(len(e['actions']) for e in episodes):,} steps of a distrl {self.algo} policy "
+                f"({behaviour(**{k: v for k, v in record.items() if k in BEHAVIOUR})}), {self.num_steps:,} training steps",
+            )
+        )
+
     def player(self, deterministic: bool = True) -> Player:
         """A policy for one environment, step by step, carrying a recurrent policy's state (``reset()``
         when an episode begins); e.g. for recording videos."""
@@ -475,7 +536,48 @@ class IMPALA(PPO):
     algo = "impala"
 
 
+class OfflineModel(Model):
+    """A policy learned from a dataset, not from the env (``--dataset``: a Minari dataset's id or path): :meth:`learn`
+    takes gradient steps, and the env only evaluates. It acts with its mode (a deterministic policy's action, a
+    Gaussian's mean, a categorical's most likely action)."""
+
+    _trainer: OfflineTrainer
+
+    def _noise(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        raise ConfigError(f"deterministic=False is not available for {self.algo}: its policy acts with its mode")
+
+    def _graph(self, stochastic: bool) -> graph.ActingGraph:
+        raise ConfigError(f"export is not available for {self.algo} yet: evaluate it, or act with predict()")
+
+    def _actions(
+        self, obs: np.ndarray, noise: np.ndarray | None, state: Any = None, starts: np.ndarray | None = None
+    ) -> tuple[np.ndarray, Any]:
+        return self._trainer.act_for_eval(obs, np.ones(len(obs), dtype=bool)), None
+
+
+class BC(OfflineModel):
+    """Behaviour cloning from a dataset; hyperparameters as :class:`~distrl.config.BCConfig`:
+    ``BC("Pendulum-v1", dataset="pendulum/expert-v0").learn(20_000)``."""
+
+    algo = "bc"
+
+
+class TD3BC(OfflineModel):
+    """TD3+BC from a dataset; hyperparameters as :class:`~distrl.config.TD3BCConfig`."""
+
+    algo = "td3bc"
+
+
+class IQL(OfflineModel):
+    """Implicit Q-learning from a dataset; hyperparameters as :class:`~distrl.config.IQLConfig`."""
+
+    algo = "iql"
+
+
 MODELS: dict[str, type[Model]] = {
+    "bc": BC,
+    "td3bc": TD3BC,
+    "iql": IQL,
     "ppo": PPO,
     "appo": APPO,
     "impala": IMPALA,
@@ -483,6 +585,10 @@ MODELS: dict[str, type[Model]] = {
     "dqn": DQN,
     "reinforce": REINFORCE,
 }
+
+
+BEHAVIOUR = ("deterministic", "epsilon", "random")
+"""The options of :meth:`Model.record` that say how actions were chosen."""
 
 
 class Player:

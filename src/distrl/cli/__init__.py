@@ -1,4 +1,4 @@
-"""The ``distrl`` command: train, eval, export, plot, trust, tune, bench.
+"""The ``distrl`` command: train, eval, export, collect, plot, trust, tune, bench.
 
 User mistakes (a ConfigError) print one line on stderr and exit with status 2; a run that cannot write
 its directory (a full disk), or an export whose graph does not act as the policy does, one line and status 1; a run stopped by a signal at its checkpoint one line and
@@ -26,7 +26,7 @@ from distrl.export import ExportFailed
 from distrl.run.preemption import Stopped
 from distrl.run.rundir import WriteFailed
 
-ALGOS = ("ppo", "appo", "impala", "sac", "dqn", "reinforce", "grpo")
+ALGOS = ("ppo", "appo", "impala", "sac", "dqn", "reinforce", "grpo", "bc", "td3bc", "iql")
 
 
 def _flowing_help() -> None:
@@ -60,6 +60,8 @@ usage: distrl COMMAND ...
   distrl train ALGO ENV [flags]     train an agent; `distrl train ppo cartpole --help` lists the flags
   distrl eval RUN [flags]           evaluate a run directory or checkpoint; --record FILE.gif|.mp4
   distrl export RUN [flags]         the policy as one ONNX (--format onnx) or TorchScript graph, checked
+  distrl collect RUN --out ID        play a run's policy into a Minari dataset (--steps N, --epsilon E,
+                                    --stochastic, --random, --every-checkpoint)
   distrl plot RUN [RUN ...] [flags] reward curves from Monitor files (distrl's or stable-baselines3's)
   distrl trust RUN [RUN ...]        let a run from elsewhere import the code its config names
   distrl tune ALGO ENV [flags]      an Optuna study of ALGO's hyperparameters on ENV; writes best.json,
@@ -141,6 +143,10 @@ def _dispatch(argv: list[str]) -> int:
         from distrl.cli.runs import export_command
 
         return export_command(rest)
+    if command == "collect":
+        from distrl.cli.runs import collect_command
+
+        return collect_command(rest)
     if command == "trust":
         from distrl.cli.runs import trust_command
 
@@ -163,5 +169,5 @@ def _dispatch(argv: list[str]) -> int:
 
         return scaling_command(rest[1:])
     raise ConfigError(
-        f"command={command!r} is not known: must be one of train, eval, export, plot, trust, tune, bench, --version"
+        f"command={command!r} is not known: must be one of train, eval, export, collect, plot, trust, tune, bench, --version"
     )

@@ -1,7 +1,8 @@
-"""``distrl eval``, ``distrl export`` and ``distrl plot``: the commands that read finished runs."""
+"""``distrl eval``, ``distrl export``, ``distrl collect`` and ``distrl plot``: the commands that read finished runs."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from functools import partial
@@ -110,6 +111,33 @@ class ExportArgs(RunArgs):
 
 
 @dataclass(frozen=True)
+class CollectArgs(RunArgs):
+    """Play a trained run's policy and write the episodes as a Minari dataset (an offline RL dataset)."""
+
+    steps: int = 100_000
+    """Transitions to record, in whole episodes (the last episode may take it past this)."""
+    out: str = ""
+    """The dataset's id, e.g. cartpole/expert-v0 (required)."""
+    datasets_dir: str = ""
+    """Where Minari datasets live; empty: MINARI_DATASETS_PATH, else Minari's default (~/.minari/datasets)."""
+    stochastic: bool = False
+    """Sample actions instead of taking the most likely one."""
+    epsilon: float = 0.0
+    """Replace each action, with this probability, by a uniformly random one."""
+    random: bool = False
+    """Uniformly random actions throughout (the run only names the env)."""
+    every_checkpoint: bool = False
+    """Play each of the run's checkpoints in turn, --steps divided among them: the policy as it improved (a
+    medium-replay-style mix)."""
+    n_envs: int = 1
+    """Environments stepped together."""
+    seed: int | None = None
+    """Seed of the episodes and of the random actions (default: the run's evaluation seed)."""
+    device: Device = "cpu"
+    """Device to load the model on."""
+
+
+@dataclass(frozen=True)
 class PlotArgs:
     """Reward curves of one or more runs."""
 
@@ -156,6 +184,58 @@ def eval_command(argv: list[str]) -> int:
         print(json.dumps({"mean_return": mean, "std_return": std, "episodes": args.episodes_to_run}))
     else:
         print(f"{mean:.2f} ± {std:.2f} over {args.episodes_to_run} episodes")
+    return 0
+
+
+def collect_command(argv: list[str]) -> int:
+    args = parse_flags(CollectArgs, merge_repeated(argv, "--wrapper", "--wrappers"), prog="distrl collect")
+    if not args.out:
+        raise ConfigError("out='' is not allowed: name the dataset, e.g. --out cartpole/expert-v0")
+    if args.steps <= 0:
+        raise ConfigError(f"steps={args.steps} is not allowed: must be > 0")
+    if args.n_envs < 1:
+        raise ConfigError(f"n_envs={args.n_envs} is not allowed: must be >= 1")
+    if args.random and (args.stochastic or args.epsilon):
+        raise ConfigError("random=True is not allowed with --stochastic or --epsilon: it plays random actions only")
+    from distrl.data.offline import write_dataset
+    from distrl.data.recorder import behaviour
+    from distrl.run import checkpoint
+
+    sources = checkpoint.checkpoints_of(Path(args.path)) if args.every_checkpoint else [Path(args.path)]
+    if not sources:
+        raise ConfigError(f"path={args.path!r} holds no checkpoint to play")
+    record = dict(deterministic=not args.stochastic, epsilon=args.epsilon, random=args.random, n_envs=args.n_envs)
+    episodes: list[dict[str, Any]] = []
+    model = None
+    for k, source in enumerate(sources):
+        model = RunArgs.load(dataclasses.replace(args, path=str(source)), args.device)
+        try:
+            share = args.steps // len(sources) + (1 if k < args.steps % len(sources) else 0)
+            seed = None if args.seed is None else args.seed + 1000 * k
+            episodes += model.record(max(share, 1), seed=seed, **record)
+        finally:
+            model.close()
+    assert model is not None
+    trainer = model._trainer
+    steps = sum(len(e["actions"]) for e in episodes)
+    returns = [float(e["rewards"].sum()) for e in episodes]
+    mean = sum(returns) / len(returns)
+    about = behaviour(not args.stochastic, args.epsilon, args.random)
+    played = f"{len(sources)} checkpoints of {args.path}" if args.every_checkpoint else args.path
+    path = write_dataset(
+        args.out,
+        episodes,
+        trainer.env_id,
+        trainer.env.single_observation_space,
+        trainer.env.single_action_space,
+        f"distrl {model.algo}",
+        args.datasets_dir or None,
+        f"{steps:,} steps in {len(episodes):,} episodes of {played} ({about}); mean return {mean:.2f}",
+    )
+    print(
+        f"{args.out}: {steps:,} steps, {len(episodes):,} episodes, mean return {mean:.2f} "
+        f"(min {min(returns):.2f}, max {max(returns):.2f}); written to {path}"
+    )
     return 0
 
 

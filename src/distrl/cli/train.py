@@ -16,16 +16,20 @@ import tyro
 
 from distrl.cli import ALGOS
 from distrl.config import (
+    OFFLINE_CONFIGS,
     APPOConfig,
+    BCConfig,
     ConfigError,
     DQNConfig,
     GRPOConfig,
     IMPALAConfig,
+    IQLConfig,
     PPOConfig,
     REINFORCEConfig,
     RunConfig,
     SACConfig,
     StrategyConfig,
+    TD3BCConfig,
     check_decoupled,
     unknown_algo,
 )
@@ -93,6 +97,27 @@ class GRPOTrainArgs(TrainFlags):
     grpo: GRPOConfig
 
 
+@dataclass(frozen=True)
+class BCTrainArgs(TrainFlags):
+    run: RunConfig
+    strategy: StrategyConfig
+    bc: BCConfig
+
+
+@dataclass(frozen=True)
+class TD3BCTrainArgs(TrainFlags):
+    run: RunConfig
+    strategy: StrategyConfig
+    td3bc: TD3BCConfig
+
+
+@dataclass(frozen=True)
+class IQLTrainArgs(TrainFlags):
+    run: RunConfig
+    strategy: StrategyConfig
+    iql: IQLConfig
+
+
 TRAIN_ARGS = {
     "ppo": PPOTrainArgs,
     "appo": APPOTrainArgs,
@@ -101,6 +126,9 @@ TRAIN_ARGS = {
     "dqn": DQNTrainArgs,
     "reinforce": REINFORCETrainArgs,
     "grpo": GRPOTrainArgs,
+    "bc": BCTrainArgs,
+    "td3bc": TD3BCTrainArgs,
+    "iql": IQLTrainArgs,
 }
 
 
@@ -257,6 +285,10 @@ def check_strategy(algo: str, strategy: str) -> None:
         )
     if strategy == "decoupled":
         check_decoupled(algo)
+    if algo in OFFLINE_CONFIGS and strategy not in ("single", "ddp"):
+        raise ConfigError(
+            f"strategy={strategy!r} is not available for {algo}: it learns from a dataset, under single or ddp"
+        )
     if strategy == "pipeline" and algo not in (*ASYNC_ALGOS, *TASK_ALGOS):
         raise ConfigError(
             f"strategy='pipeline' is not available for {algo}: it runs {', '.join(ASYNC_ALGOS)} on Gymnasium "
@@ -282,7 +314,7 @@ def _train(
 
     run_dir = Path(run.run_dir)
     checkpoint.check_new_run_dir(run_dir, resume_path)
-    if algo in TASK_ALGOS:  # the task's dataset, rewards and prompts, and flags it ignores, before any process starts
+    if algo in TASK_ALGOS or algo in OFFLINE_CONFIGS:  # the dataset (and a task's rewards, prompts), before any process
         from distrl.training import TRAINERS  # torch and the trainers load once the flags are known to be good
 
         TRAINERS[algo].check_env(run, cfg)

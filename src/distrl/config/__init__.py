@@ -43,10 +43,11 @@ from distrl.config.base import (
 )
 from distrl.config.dqn import DQNConfig
 from distrl.config.grpo import GRPOConfig
+from distrl.config.offline import OFFLINE_CONFIGS, BCConfig, IQLConfig, OfflineConfig, TD3BCConfig
 from distrl.config.run import DECOUPLED_ALGOS, RunConfig, StrategyConfig, check_decoupled, parse_env_kwargs, scaled
 from distrl.config.vtrace import APPOConfig, IMPALAConfig
 
-ALGO_CONFIGS.update({"appo": APPOConfig, "impala": IMPALAConfig})
+ALGO_CONFIGS.update({"appo": APPOConfig, "impala": IMPALAConfig, **OFFLINE_CONFIGS})
 
 __all__ = [
     "DECOUPLED_ALGOS",
@@ -57,6 +58,7 @@ __all__ = [
     "unknown_algo",
     "Activation",
     "ActorCriticNet",
+    "BCConfig",
     "ConfigError",
     "Core",
     "Device",
@@ -64,7 +66,10 @@ __all__ = [
     "Encoder",
     "Engine",
     "GRPOConfig",
+    "IQLConfig",
     "Launcher",
+    "OFFLINE_CONFIGS",
+    "OfflineConfig",
     "OnWorkerError",
     "PPOConfig",
     "Precision",
@@ -76,6 +81,7 @@ __all__ = [
     "Schedule",
     "Strategy",
     "StrategyConfig",
+    "TD3BCConfig",
     "Tracker",
     "VecMode",
     "call_as",

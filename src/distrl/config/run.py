@@ -31,12 +31,16 @@ from distrl.config.base import (
 )
 from distrl.config.dqn import DQNConfig
 from distrl.config.grpo import GRPOConfig
+from distrl.config.offline import OFFLINE_CONFIGS, OfflineConfig
 
 EVAL_STEPS_PER_STEP = 2
 """The default cap on an evaluation's steps, per training step: an evaluation step does no update and costs
 less than a training step (CarRacing, 2,048 steps: 45 training steps/s, 150 evaluation steps/s), so a short
 run's evaluation stays shorter than its training."""
 EVAL_MAX_STEPS_FLOOR = 2_000
+OFFLINE_EVAL_STEPS_PER_EPISODE = 1_000
+"""An offline run's default cap on an evaluation's steps, per episode (its training steps are gradient steps, which
+say nothing of how long the env's episodes are; 1,000 is MuJoCo's time limit)."""
 """The least default cap: ten whole episodes of Pendulum (200 steps each), whatever the run's length."""
 
 
@@ -132,7 +136,8 @@ class RunConfig:
     eval_max_steps: int | None = None
     """Environment steps one evaluation may take, over all its environments; it stops once it has taken them
     and reports the episodes it finished (a mean over those alone never reaches --target-return). 0: no cap;
-    None: twice total_steps, at least 2,000, so that a short run's evaluation takes less time than its training."""
+    None: twice total_steps, at least 2,000, so that a short run's evaluation takes less time than its training (offline
+    algorithms: at least 1,000 steps per episode)."""
     target_return: float | None = None
     """Stop training once an evaluation reaches this mean return (grpo: once the mean reward of its last
     ten learner steps does)."""
@@ -224,6 +229,8 @@ class RunConfig:
         """The cap on each evaluation's environment steps (0: none); see ``eval_max_steps``."""
         if self.eval_max_steps is not None:
             return self.eval_max_steps
+        if self.algo in OFFLINE_CONFIGS:  # its steps are gradient steps: let each episode run 1,000 steps
+            return max(EVAL_STEPS_PER_STEP * self.total_steps, OFFLINE_EVAL_STEPS_PER_EPISODE * self.eval_episodes)
         return max(EVAL_STEPS_PER_STEP * self.total_steps, EVAL_MAX_STEPS_FLOOR)
 
     @property
@@ -415,6 +422,8 @@ def scaled(cfg: Any, strategy: StrategyConfig, world_size: int) -> Any:
     shared replay whatever the number of actors: nothing changes.
     """
     if strategy.scaling == "per-worker" or world_size == 1:
+        return cfg
+    if isinstance(cfg, OfflineConfig):  # its batch is global already: each worker holds a part of every one
         return cfg
     if strategy.strategy == "actor-learner":
         if isinstance(cfg, (REINFORCEConfig, SACConfig, DQNConfig)):

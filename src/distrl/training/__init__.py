@@ -1,5 +1,5 @@
 """Training loops on one run lifecycle (``RunState``): on-policy (PPO), off-policy (SAC), value-based (DQN) and episodic (REINFORCE)
-over environments (``TrainerBase``), and GRPO's over group tasks; and the tuned settings per environment
+over environments, offline (BC, TD3+BC, IQL) over datasets (``TrainerBase``), and GRPO's over group tasks; and the tuned settings per environment
 (``presets``, ``preset_files``).
 
 The names below load on first use (PEP 562), so that the command line can read presets and parse flags without
@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from distrl.training.episodic import EpisodicTrainer
     from distrl.training.group import GroupTrainer
     from distrl.training.off_policy import OffPolicyTrainer
+    from distrl.training.offline import OfflineTrainer
     from distrl.training.on_policy import OnPolicyTrainer
     from distrl.training.recorded import configs_from_checkpoint
     from distrl.training.state import RunState, resolve_device
@@ -33,6 +34,7 @@ _HOMES = {
     "EpisodicTrainer": "distrl.training.episodic",
     "GroupTrainer": "distrl.training.group",
     "OffPolicyTrainer": "distrl.training.off_policy",
+    "OfflineTrainer": "distrl.training.offline",
     "OnPolicyTrainer": "distrl.training.on_policy",
     "configs_from_checkpoint": "distrl.training.recorded",
     "RunState": "distrl.training.state",
@@ -48,6 +50,7 @@ __all__ = [
     "EpisodicTrainer",
     "GroupTrainer",
     "OffPolicyTrainer",
+    "OfflineTrainer",
     "OnPolicyTrainer",
     "RunState",
     "TrainerBase",

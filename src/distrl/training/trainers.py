@@ -7,6 +7,7 @@ from typing import Any
 from distrl.training.episodic import EpisodicTrainer
 from distrl.training.group import GroupTrainer
 from distrl.training.off_policy import OffPolicyTrainer
+from distrl.training.offline import OfflineTrainer
 from distrl.training.on_policy import OnPolicyTrainer
 from distrl.training.value_based import DQNTrainer
 
@@ -18,6 +19,9 @@ TRAINERS: dict[str, Any] = {
     "dqn": DQNTrainer,
     "reinforce": EpisodicTrainer,
     "grpo": GroupTrainer,
+    "bc": OfflineTrainer,
+    "td3bc": OfflineTrainer,
+    "iql": OfflineTrainer,
 }
 
 

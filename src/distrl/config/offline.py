@@ -1,0 +1,111 @@
+"""Configuration of the offline algorithms, which learn from a fixed dataset: BC, TD3+BC and IQL.
+
+Each names its dataset (``--dataset``: a Minari dataset id or path, read from local storage only) and counts its
+run in gradient steps: ``--total-steps`` is the number of gradient steps, not of environment steps (none are
+taken, but those of the evaluation episodes). Defaults follow the papers and their reference implementations
+(CORL's, d3rlpy's where they agree).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from distrl.config.base import Activation, require, require_fraction, require_positive
+
+
+@dataclass(frozen=True)
+class OfflineConfig:
+    """What every offline algorithm shares: the dataset, the batches, the networks and Adam."""
+
+    dataset: str = ""
+    """The Minari dataset: an id (cartpole/expert-v0) under --datasets-dir, MINARI_DATASETS_PATH or Minari's default
+    directory, or a dataset directory's path. Nothing is downloaded."""
+    datasets_dir: str = ""
+    """Where Minari datasets live; empty: MINARI_DATASETS_PATH, else Minari's default (~/.minari/datasets)."""
+    episodes_per_chunk: int = 0
+    """Read the dataset this many episodes at a time (a dataset larger than one read); 0 reads it at once."""
+    n_envs: int = 1
+    """Environments of the evaluation episodes (the only environment steps an offline run takes)."""
+    batch_size: int = 256
+    """Transitions per gradient step, over all workers together."""
+    learning_rate: float = 3e-4
+    """Adam step size."""
+    net_arch: tuple[int, ...] = (256, 256)
+    """Hidden layers of every network."""
+    activation: Activation = "relu"
+    """Hidden activation."""
+    normalize_obs: bool = False
+    """Standardise observations by the dataset's mean and standard deviation (TD3+BC's state normalisation);
+    evaluation applies the same statistics."""
+
+    def __post_init__(self) -> None:
+        require_positive(self, "n_envs", "batch_size", "learning_rate")
+        require(self.episodes_per_chunk >= 0, "episodes_per_chunk", self.episodes_per_chunk, ">= 0")
+        require(
+            len(self.net_arch) > 0 and all(h > 0 for h in self.net_arch),
+            "net_arch",
+            self.net_arch,
+            "one or more positive layer sizes",
+        )
+
+
+@dataclass(frozen=True)
+class BCConfig(OfflineConfig):
+    """Behaviour cloning: the dataset's actions regressed on its observations (a deterministic tanh policy, mean
+    squared error, for Box actions; a categorical policy, cross-entropy, for Discrete ones)."""
+
+
+@dataclass(frozen=True)
+class TD3BCConfig(OfflineConfig):
+    """TD3+BC (Fujimoto and Gu 2021, arXiv:2106.06860): TD3 whose actor also regresses on the dataset's actions,
+    ``alpha`` weighing the Q term against it."""
+
+    gamma: float = 0.99
+    """Discount factor."""
+    tau: float = 0.005
+    """Polyak coefficient of the target networks."""
+    policy_noise: float = 0.2
+    """Standard deviation of the target policy's smoothing noise (actions in [-1, 1])."""
+    noise_clip: float = 0.5
+    """The smoothing noise is clipped to +- this."""
+    policy_freq: int = 2
+    """Critic steps per actor (and target) step."""
+    alpha: float = 2.5
+    """Weight of the Q term: lambda = alpha / mean |Q| of the batch."""
+    normalize_obs: bool = True
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        require_positive(self, "policy_freq", "alpha")
+        require_fraction(self, "gamma")
+        require_fraction(self, "tau", inclusive_zero=False)
+        require(self.policy_noise >= 0, "policy_noise", self.policy_noise, ">= 0")
+        require(self.noise_clip >= 0, "noise_clip", self.noise_clip, ">= 0")
+
+
+@dataclass(frozen=True)
+class IQLConfig(OfflineConfig):
+    """Implicit Q-learning (Kostrikov, Nair and Levine 2021, arXiv:2110.06169): an expectile value function, twin
+    critics that bootstrap from it, and an advantage-weighted Gaussian policy."""
+
+    gamma: float = 0.99
+    """Discount factor."""
+    tau: float = 0.005
+    """Polyak coefficient of the target critics."""
+    expectile: float = 0.7
+    """The value function's expectile of the target critics' Q (0.5: their mean; towards 1: their maximum)."""
+    beta: float = 3.0
+    """Inverse temperature of the advantage weights exp(beta (Q - V))."""
+    max_weight: float = 100.0
+    """The advantage weights are clipped to at most this."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        require_positive(self, "beta", "max_weight")
+        require_fraction(self, "gamma")
+        require_fraction(self, "tau", inclusive_zero=False)
+        require(0.0 < self.expectile < 1.0, "expectile", self.expectile, "in (0, 1)")
+
+
+OFFLINE_CONFIGS: dict[str, type[OfflineConfig]] = {"bc": BCConfig, "td3bc": TD3BCConfig, "iql": IQLConfig}
+"""The offline algorithms, by name."""

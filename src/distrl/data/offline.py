@@ -1,0 +1,440 @@
+"""Offline datasets in Minari's format (https://minari.farama.org), for BC, IQL, CQL and TD3+BC.
+
+Open a dataset that is already on this machine (nothing is ever downloaded), check it against the env a run
+evaluates on, load one rank's shard of its transitions as flat numpy arrays, draw the same global batch on every
+rank, and write collected episodes as a new dataset that Minari itself can read.
+
+Minari keeps a dataset in ``<datasets_dir>/<dataset_id>/data``: ``metadata.json`` (spaces, env spec, totals) and the
+episodes. It is an optional dependency, imported where the work starts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+import warnings
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from distrl.config import ConfigError
+from distrl.data.replay import Transitions
+
+if TYPE_CHECKING:
+    import minari
+    from minari.data_collector import EpisodeBuffer
+
+DATASETS_PATH_VARIABLE = "MINARI_DATASETS_PATH"
+"""The environment variable Minari reads, at every call, for the folder that holds its datasets."""
+
+DATA_FORMAT = "arrow"
+"""How :func:`write_dataset` stores episodes: Arrow needs pyarrow (``minari[arrow]``), Minari's default HDF5 needs
+h5py, which distrl does not otherwise use. Minari reads either, whatever wrote it."""
+
+_UNSET_METADATA = r"`\w+` is set to None"
+"""Minari's warnings for metadata distrl leaves unset (author, its email, code link, a separate eval env)."""
+
+
+def _minari() -> ModuleType:
+    try:
+        import minari
+    except ImportError as e:
+        raise ConfigError(
+            "offline datasets: reading or writing one needs the minari package (pip install minari)"
+        ) from e
+    return minari
+
+
+def _one_line(value: object) -> str:
+    """``value`` as text on one line: numpy wraps long arrays (a Box's bounds) over several."""
+    return " ".join(str(value).split())
+
+
+def _reason(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    return lines[0] if lines else type(error).__name__
+
+
+@contextlib.contextmanager
+def _minari_datasets_path(root: Path) -> Iterator[None]:
+    """Point Minari's id lookups at ``root`` for the duration, then put the variable back as it was."""
+    before = os.environ.get(DATASETS_PATH_VARIABLE)
+    os.environ[DATASETS_PATH_VARIABLE] = str(root)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(DATASETS_PATH_VARIABLE, None)
+        else:
+            os.environ[DATASETS_PATH_VARIABLE] = before
+
+
+def _datasets_root(datasets_dir: str | None) -> Path:
+    """Where dataset ids live: ``datasets_dir``, else Minari's own choice (``MINARI_DATASETS_PATH``, else
+    ``~/.minari/datasets``)."""
+    if datasets_dir is not None:
+        return Path(datasets_dir).expanduser()
+    from minari.storage import get_dataset_path
+
+    return get_dataset_path()
+
+
+def _local_ids(root: Path) -> list[str]:
+    if not root.is_dir():
+        return []
+    minari = _minari()
+    with _minari_datasets_path(root), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Minari warns about each misconfigured dataset it skips
+        return sorted(minari.list_local_datasets())
+
+
+def _looks_like_path(dataset: str) -> bool:
+    return os.path.isabs(dataset) or dataset.startswith((".", "~")) or (Path(dataset) / "data").is_dir()
+
+
+def _open(dataset: str, path: Path) -> minari.MinariDataset:
+    try:
+        return _minari().MinariDataset(path / "data")
+    # Each storage fails in its own way (ValueError, KeyError, ImportError for a missing pyarrow or h5py, JSON
+    # errors): whatever Minari says, the user gets one line naming the path and Minari's reason.
+    except Exception as e:
+        raise ConfigError(f"dataset={dataset!r}: {path} is not a dataset Minari can open: {_reason(e)}") from None
+
+
+def open_dataset(dataset: str, datasets_dir: str | None = None) -> minari.MinariDataset:
+    """Open a Minari dataset from this machine; nothing is ever downloaded.
+
+    Args:
+        dataset: a dataset id (``"cartpole/random-v0"``), looked up under ``datasets_dir``, else under
+            ``MINARI_DATASETS_PATH``, else under Minari's default ``~/.minari/datasets``; or the path of a dataset's
+            directory (the one holding ``data/``): absolute, starting with ``.`` or ``~``, or any directory that holds
+            ``data/``.
+        datasets_dir: the folder of datasets to look the id up in. ``os.environ`` is left as it was.
+
+    Raises:
+        ConfigError: (one line) the id is not on this machine (the message lists the ids that are), or the
+            directory is not one Minari can open (the message gives Minari's reason).
+    """
+    _minari()  # without minari, say so before anything else
+    if _looks_like_path(dataset):
+        path = Path(dataset).expanduser()
+        if not path.is_dir():
+            raise ConfigError(f"dataset={dataset!r} is not a directory; give a dataset id or a dataset's directory")
+        return _open(dataset, path)
+    root = _datasets_root(datasets_dir)
+    if not (root / dataset / "data").is_dir():
+        local = _local_ids(root)
+        shown = ", ".join(local[:20]) + (f", and {len(local) - 20} more" if len(local) > 20 else "")
+        raise ConfigError(
+            f"dataset={dataset!r} is not in {root} (local datasets: {shown or 'none'}); nothing is downloaded"
+        )
+    return _open(dataset, root / dataset)
+
+
+def check_spaces(
+    dataset: minari.MinariDataset, observation_space: gym.Space, action_space: gym.Space, env_id: str
+) -> None:
+    """Refuse a dataset recorded with other spaces than the env's (what a policy trained on it would act in).
+
+    Raises:
+        ConfigError: (one line) naming the space that differs and both values.
+    """
+    for name, recorded, env in (
+        ("observation_space", dataset.observation_space, observation_space),
+        ("action_space", dataset.action_space, action_space),
+    ):
+        if recorded != env:
+            raise ConfigError(
+                f"dataset={dataset.id!r} has {name} {_one_line(recorded)} but env_id={env_id!r} has "
+                f"{_one_line(env)}; use a dataset recorded on this env"
+            )
+
+
+def _layout(
+    dataset: minari.MinariDataset, name: str, space: gym.Space, box_dtype: type | None
+) -> tuple[tuple[int, ...], np.dtype]:
+    """The shape and dtype of one value of ``space`` in the flat arrays."""
+    if isinstance(space, gym.spaces.Box):
+        return space.shape, np.dtype(box_dtype or space.dtype)
+    if isinstance(space, gym.spaces.Discrete):
+        return (), np.dtype(np.int64)
+    raise ConfigError(
+        f"dataset={dataset.id!r} has {name} {_one_line(space)}: offline data supports Box and Discrete spaces"
+    )
+
+
+def _episode_lengths(dataset: minari.MinariDataset) -> np.ndarray:
+    """[E] int64: each episode's transitions, in ``dataset.episode_indices`` order.
+
+    Read from the per-episode metadata Minari writes beside the steps (a small JSON file per episode in Arrow, the
+    episode group's attributes in HDF5): no step is decoded."""
+    episodes = dataset.episode_indices
+    metadata = dataset.storage.get_episode_metadata(episodes)
+    return np.fromiter((m["total_steps"] for m in metadata), dtype=np.int64, count=len(episodes))
+
+
+@dataclass(frozen=True)
+class OfflineData:
+    """The transitions of a dataset, or of one rank's shard of its episodes, as flat arrays of N rows.
+
+    Rows are in the dataset's episode order and, within an episode, in step order, so ``global_index`` increases
+    strictly. Actions are in the env's units, as recorded (no rescaling to [-1, 1]).
+    """
+
+    obs: np.ndarray
+    """[N, *obs_shape] in the observation space's dtype (int64 for Discrete)."""
+    actions: np.ndarray
+    """[N, *action_shape] float32 for a Box, [N] int64 for a Discrete action space."""
+    rewards: np.ndarray
+    """[N] float32"""
+    next_obs: np.ndarray
+    """[N, *obs_shape]: the observation after the action; the final one at an episode's end."""
+    terminated: np.ndarray
+    """[N] float32: 1.0 where the episode terminated (no bootstrap); truncation bootstraps."""
+    global_index: np.ndarray
+    """[N] int64, strictly increasing: each transition's index among all the dataset's transitions, counted over its
+    episodes in ``dataset.episode_indices`` order; the same on every rank."""
+    global_size: int
+    """Transitions in the whole dataset, every rank's shard together."""
+    episode_returns: list[float]
+    """The undiscounted return of each loaded episode, in row order."""
+
+    @property
+    def size(self) -> int:
+        """N, the transitions held here."""
+        return int(self.rewards.shape[0])
+
+    @classmethod
+    def load(
+        cls,
+        dataset: minari.MinariDataset,
+        rank: int = 0,
+        world_size: int = 1,
+        episodes_per_chunk: int | None = None,
+    ) -> OfflineData:
+        """Load the episodes at positions ``i`` of ``dataset.episode_indices`` with ``i % world_size == rank``.
+
+        The arrays are allocated once at the shard's size (known from the episodes' lengths) and filled
+        ``episodes_per_chunk`` episodes at a time (``None``: all in one read), so memory peaks at the shard plus one
+        chunk of decoded episodes.
+
+        Raises:
+            ConfigError: the dataset has a space other than Box or Discrete, or an episode's data disagrees with
+                the length its metadata gives (the global indices would be wrong).
+        """
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank={rank} must be in [0, world_size={world_size})")
+        if episodes_per_chunk is not None and episodes_per_chunk < 1:
+            raise ValueError(f"episodes_per_chunk={episodes_per_chunk} must be at least 1 (or None: all at once)")
+        obs_shape, obs_dtype = _layout(dataset, "observation_space", dataset.observation_space, None)
+        action_shape, action_dtype = _layout(dataset, "action_space", dataset.action_space, np.float32)
+
+        episodes = dataset.episode_indices
+        lengths = _episode_lengths(dataset)
+        firsts = np.cumsum(lengths) - lengths  # the global index of each episode's first transition
+        mine = np.arange(rank, len(episodes), world_size)  # positions in episode order
+        n = int(lengths[mine].sum())
+        obs = np.empty((n, *obs_shape), dtype=obs_dtype)
+        next_obs = np.empty((n, *obs_shape), dtype=obs_dtype)
+        actions = np.empty((n, *action_shape), dtype=action_dtype)
+        rewards = np.empty(n, dtype=np.float32)
+        terminated = np.empty(n, dtype=np.float32)
+        global_index = np.empty(n, dtype=np.int64)
+        episode_returns: list[float] = []
+
+        chunk = episodes_per_chunk or max(len(mine), 1)
+        row = 0
+        for start in range(0, len(mine), chunk):
+            positions = mine[start : start + chunk]
+            for position, episode in zip(positions, dataset.iterate_episodes(episodes[positions]), strict=True):
+                steps = len(episode.rewards)
+                if steps != lengths[position] or len(episode.observations) != steps + 1:
+                    raise ConfigError(
+                        f"dataset={dataset.id!r}: episode {episode.id} holds {steps} rewards and "
+                        f"{len(episode.observations)} observations but its metadata says {lengths[position]} steps"
+                    )
+                rows = slice(row, row + steps)
+                observations = np.asarray(episode.observations, dtype=obs_dtype)
+                obs[rows] = observations[:-1]
+                next_obs[rows] = observations[1:]
+                actions[rows] = episode.actions
+                rewards[rows] = episode.rewards
+                terminated[rows] = episode.terminations
+                global_index[rows] = firsts[position] + np.arange(steps)
+                episode_returns.append(float(np.sum(episode.rewards, dtype=np.float64)))
+                row += steps
+        return cls(obs, actions, rewards, next_obs, terminated, global_index, int(lengths.sum()), episode_returns)
+
+    def locate(self, global_indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Where this shard holds those of ``global_indices`` [B] it has: their positions [M] int64 in
+        ``global_indices`` (increasing, repeats kept) and their rows [M] int64 here. Indices held by other ranks are
+        left out."""
+        if self.size == 0:
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+        rows = np.minimum(np.searchsorted(self.global_index, global_indices), self.size - 1)
+        (positions,) = np.nonzero(self.global_index[rows] == global_indices)
+        return positions, rows[positions]
+
+    def take(self, rows: np.ndarray, device: torch.device | str = "cpu") -> Transitions:
+        """The transitions at ``rows`` [B], on ``device``, with ``rows`` kept on the batch."""
+        columns = (self.obs, self.actions, self.rewards, self.next_obs, self.terminated)
+        return Transitions(*(torch.from_numpy(c[rows]).to(device) for c in columns), rows=rows)
+
+
+class GlobalSampler:
+    """Uniform batches with replacement over a whole dataset, drawn identically on every rank.
+
+    Every rank draws the same ``batch_size`` global transition indices from a generator seeded with
+    ``[seed, segment]`` and keeps those its shard holds (see :meth:`OfflineData.load`). Each global index lives on
+    exactly one rank, so the ranks' batches together are the single-process batch, repeats included: the sum of the
+    per-sample losses over all ranks equals the single-process sum, and dividing it by the global batch size that
+    :meth:`batch` returns (after the gradient sync, as every algorithm does) gives the single-process mean. A rank's
+    own share varies from batch to batch and may be empty.
+
+    Every rank must call :meth:`batch` (or :meth:`draw`) equally often with the same ``batch_size``: the generators
+    advance in lockstep. ``segment`` starts a fresh stream for the same seed (a resumed run's next segment).
+    """
+
+    def __init__(self, seed: int, segment: int = 0):
+        self.rng = np.random.default_rng([seed, segment])
+
+    def draw(self, global_size: int, batch_size: int) -> np.ndarray:
+        """The next global batch: ``batch_size`` global transition indices [B] int64 in [0, ``global_size``)."""
+        return self.rng.integers(0, global_size, size=batch_size)
+
+    def batch(self, data: OfflineData, batch_size: int, device: torch.device | str = "cpu") -> tuple[Transitions, int]:
+        """This rank's share of the next global batch, and the global batch size (``batch_size``).
+
+        The transitions' ``rows`` are their positions in the global batch (increasing): an algorithm that draws
+        something per sample for the whole batch (TD3's smoothing noise) indexes it with them, so a sample meets the
+        same draw on whichever rank holds it."""
+        positions, rows = data.locate(self.draw(data.global_size, batch_size))
+        return replace(data.take(rows, device), rows=positions), batch_size
+
+
+def _episode_buffer(
+    k: int, episode: dict[str, Any], observation_space: gym.Space, action_space: gym.Space
+) -> EpisodeBuffer:
+    from minari.data_collector import EpisodeBuffer
+
+    steps = len(episode["rewards"])
+    lengths = {key: len(episode[key]) for key in ("observations", "actions", "terminations", "truncations")}
+    if lengths != {"observations": steps + 1, "actions": steps, "terminations": steps, "truncations": steps}:
+        raise ValueError(
+            f"episodes[{k}] has {steps} rewards, so it needs {steps + 1} observations and {steps} actions, "
+            f"terminations and truncations; got {lengths}"
+        )
+
+    def stored(values: Any, space: gym.Space) -> Any:
+        # Minari's Arrow storage declares a Box's column in the space's dtype: hand it values of that dtype.
+        return (
+            np.asarray(values, dtype=space.dtype) if isinstance(space, gym.spaces.Box | gym.spaces.Discrete) else values
+        )
+
+    seed = episode.get("seed")
+    return EpisodeBuffer(
+        seed=None if seed is None else int(seed),
+        observations=stored(episode["observations"], observation_space),
+        actions=stored(episode["actions"], action_space),
+        rewards=np.asarray(episode["rewards"]),
+        terminations=np.asarray(episode["terminations"], dtype=bool),
+        truncations=np.asarray(episode["truncations"], dtype=bool),
+    )
+
+
+def write_dataset(
+    dataset_id: str,
+    episodes: Sequence[dict[str, Any]],
+    env_id: str,
+    observation_space: gym.Space,
+    action_space: gym.Space,
+    algorithm_name: str,
+    datasets_dir: str | None = None,
+    description: str | None = None,
+) -> str:
+    """Write ``episodes`` as a new Minari dataset and return its directory.
+
+    The dataset is written whole into a hidden folder beside its destination (Minari skips hidden folders), then
+    renamed into place: a failure leaves nothing half-written under the id. No environment is rolled out for
+    reference scores.
+
+    Args:
+        dataset_id: ``(namespace/)name-v<version>``; it must not exist yet.
+        episodes: each a dict of numpy arrays ``observations [T+1, ...]``, ``actions [T, ...]``, ``rewards [T]``,
+            ``terminations [T]`` and ``truncations [T]`` (bool), and optionally the reset's ``seed``.
+        env_id: the Gymnasium id of the env that produced them (stored as the dataset's env spec; an id Gymnasium does
+            not know, such as a 'package.module:Name', is not stored: the dataset keeps the spaces alone).
+        observation_space: the env's observation space.
+        action_space: the env's action space.
+        algorithm_name: what collected the episodes, stored in the metadata.
+        datasets_dir: the folder of datasets to write into; else ``MINARI_DATASETS_PATH``, else Minari's default.
+            ``os.environ`` is left as it was.
+        description: stored in the metadata.
+
+    Raises:
+        ConfigError: (one line) the id is malformed or taken.
+    """
+    minari = _minari()
+    from minari.dataset.minari_dataset import parse_dataset_id
+    from minari.namespace import create_namespace, list_local_namespaces
+
+    try:
+        namespace = parse_dataset_id(dataset_id)[0]
+    except (ValueError, TypeError):  # TypeError: Minari parses an id without a version, then fails on int(None)
+        raise ConfigError(
+            f"dataset_id={dataset_id!r} is not a Minari id: must be (namespace/)name-v<version>, e.g. 'cartpole/random-v0'"
+        ) from None
+    try:
+        gym.spec(env_id)
+        env: str | None = env_id
+    except gym.error.Error:  # an env distrl names by 'package.module:Name': the dataset records its spaces alone
+        env = None
+    if not episodes:
+        raise ValueError("write_dataset needs at least one episode")
+    buffers = [_episode_buffer(k, e, observation_space, action_space) for k, e in enumerate(episodes)]
+
+    root = _datasets_root(datasets_dir)
+    target = root / dataset_id
+    taken = ConfigError(f"dataset_id={dataset_id!r} already exists in {root}; choose another id or version")
+    if target.exists():
+        raise taken
+    root.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".distrl-writing-", dir=root))
+    try:
+        with _minari_datasets_path(staging), warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=_UNSET_METADATA, category=UserWarning)
+            minari.create_dataset_from_buffers(
+                dataset_id,
+                buffers,
+                env=env,
+                algorithm_name=algorithm_name,
+                observation_space=observation_space,
+                action_space=action_space,
+                description=description,
+                data_format=DATA_FORMAT,
+                ref_min_score=None,
+                ref_max_score=None,
+                expert_policy=None,
+            )
+        if namespace is not None:
+            with _minari_datasets_path(root):
+                if namespace not in list_local_namespaces():
+                    create_namespace(namespace)
+        try:
+            # Atomic on one filesystem; refused if the id appeared meanwhile (a non-empty directory is never replaced).
+            os.rename(staging / dataset_id, target)
+        except OSError:
+            if target.exists():
+                raise taken from None
+            raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return str(target)

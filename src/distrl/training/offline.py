@@ -1,0 +1,185 @@
+"""The offline loop (BC, TD3+BC, IQL): draw a batch from the dataset → one gradient step → log → evaluate →
+checkpoint. No environment step is taken but the evaluation's: ``steps`` counts gradient steps.
+
+Each worker loads its shard of the dataset's episodes (:meth:`~distrl.data.offline.OfflineData.load`) when
+training starts, not before: a model loaded to be evaluated or exported needs no dataset. Every worker draws the
+same global batch (:class:`~distrl.data.offline.GlobalSampler`) and trains on the part it holds, so a ddp run
+takes the steps one process would. Observations are standardised by the dataset's statistics where the config
+says so (kept in checkpoints, for evaluation); Box actions are rescaled to [-1, 1].
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from gymnasium import spaces
+
+from distrl.algos.offline_updates import make_offline_algo
+from distrl.algos.protocols import Sync
+from distrl.config import OFFLINE_CONFIGS, ConfigError, OfflineConfig, RunConfig, StrategyConfig
+from distrl.data.offline import GlobalSampler, OfflineData, check_spaces, open_dataset
+from distrl.data.replay import Transitions
+from distrl.envs.names import shown_name
+from distrl.training.common import TrainerBase
+from distrl.training.state import section
+
+OBS_STD_FLOOR = 1e-3
+"""Added to the dataset's standard deviation of each observation dimension (TD3+BC's)."""
+CONTINUOUS_ONLY = ("td3bc", "iql")
+"""The offline algorithms whose policies act in Box spaces only."""
+
+
+class OfflineTrainer(TrainerBase):
+    """Trains an offline algorithm (``run.algo``: bc, td3bc or iql) on a Minari dataset; the main worker logs,
+    evaluates in the env and checkpoints."""
+
+    algo_name = "bc"
+
+    def __init__(
+        self,
+        run: RunConfig,
+        cfg: OfflineConfig,
+        sync: Sync | None = None,
+        run_dir: Path | None = None,
+        log: bool = True,
+        strategy: StrategyConfig | None = None,
+        requested: OfflineConfig | None = None,
+        device: torch.device | None = None,
+    ):
+        if run.algo in OFFLINE_CONFIGS:
+            self.algo_name = run.algo
+        super().__init__(run, cfg, sync, run_dir, log, strategy, requested, device)
+        space = self.env.single_action_space
+        self.discrete = isinstance(space, spaces.Discrete)
+        actions = int(space.n) if isinstance(space, spaces.Discrete) else int(np.prod(space.shape))
+        if isinstance(space, spaces.Box):
+            self.low, self.high = space.low.astype(np.float32), space.high.astype(np.float32)
+        self.algo = make_offline_algo(self.algo_name, cfg, self.obs_dim, actions, self.discrete, self.device, run.seed)
+        self.obs_mean = torch.zeros(self.obs_dim, dtype=torch.float32, device=self.device)
+        self.obs_std = torch.ones(self.obs_dim, dtype=torch.float32, device=self.device)
+        self.data: OfflineData | None = None
+        self.start_segment()
+
+    @classmethod
+    def check_spaces(cls, env_id: str, observation_space: Any, action_space: Any, cfg: Any) -> None:
+        name = shown_name(env_id)
+        if not isinstance(observation_space, spaces.Box) or len(observation_space.shape) != 1:
+            raise ConfigError(
+                f"env={name!r} has {observation_space} observations; the offline algorithms take flat Box vectors"
+            )
+        if not isinstance(action_space, (spaces.Box, spaces.Discrete)):
+            raise ConfigError(
+                f"env={name!r} has a {type(action_space).__name__} action space; offline needs Box or Discrete"
+            )
+        if not cfg.dataset:
+            raise ConfigError("dataset='' is not allowed: name a Minari dataset, --dataset ID (or a dataset's path)")
+
+    @classmethod
+    def check_env(cls, run: RunConfig, cfg: Any) -> None:
+        """The env and the dataset, before any run directory is made: the dataset opens from local storage and
+        its spaces are the env's."""
+        super().check_env(run, cfg)
+        from distrl.envs.vector import make_run_env
+
+        env = make_run_env(run, 1)
+        try:
+            if run.algo in CONTINUOUS_ONLY and not isinstance(env.single_action_space, spaces.Box):
+                raise ConfigError(
+                    f"env={shown_name(env.env_id)!r} has a {type(env.single_action_space).__name__} action space; "
+                    f"{run.algo} needs Box (bc clones Discrete actions too)"
+                )
+            dataset = open_dataset(cfg.dataset, cfg.datasets_dir or None)
+            check_spaces(dataset, env.single_observation_space, env.single_action_space, env.env_id)
+        finally:
+            env.close()
+
+    # ---- the loop ----
+
+    def _load_data(self) -> OfflineData:
+        """This worker's shard of the dataset, and with ``normalize_obs`` the whole dataset's statistics (summed
+        over every worker's shard); once, when training starts."""
+        if self.data is None:
+            cfg = self.cfg
+            dataset = open_dataset(cfg.dataset, cfg.datasets_dir or None)
+            check_spaces(dataset, self.env.single_observation_space, self.env.single_action_space, self.env_id)
+            self.data = OfflineData.load(dataset, self.sync.rank, self.sync.world_size, cfg.episodes_per_chunk or None)
+            if cfg.normalize_obs:
+                obs = self.data.obs.reshape(self.data.size, -1).astype(np.float64)
+                moments = np.concatenate([[len(obs)], obs.sum(0), np.square(obs).sum(0)])
+                total = self.sync.all_sum(moments)
+                count = max(total[0], 1.0)
+                mean = total[1 : 1 + self.obs_dim] / count
+                var = np.maximum(total[1 + self.obs_dim :] / count - mean**2, 0.0)
+                self.obs_mean.copy_(torch.from_numpy(mean))
+                self.obs_std.copy_(torch.from_numpy(np.sqrt(var) + OBS_STD_FLOOR))
+        return self.data
+
+    def train(self, total_steps: int | None = None, stop_at: int | None = None) -> dict[str, Any]:
+        total = total_steps if total_steps is not None else self.run.total_steps
+        limit = min(total, stop_at) if stop_at is not None else total
+        data = self._load_data()
+        while self.steps < limit:
+            start = time.perf_counter()
+            batch, size = self.sampler.batch(data, self.cfg.batch_size, self.device)
+            metrics = self.algo.update(self._prepared(batch), self.sync, size)
+            self.steps += 1
+            episodes, votes = self.count_episodes(0)
+            self._end_iteration(start, start)
+            self._log([], [], episodes, metrics)
+            if self.end_of_iteration(1, votes, self.steps < total):
+                break
+        return self.summary()
+
+    def _prepared(self, batch: Transitions) -> Transitions:
+        """Observations as the networks see them (standardised), Box actions in [-1, 1]."""
+        actions = batch.actions
+        if not self.discrete:
+            low, high = torch.from_numpy(self.low).to(self.device), torch.from_numpy(self.high).to(self.device)
+            actions = (2.0 * (actions.float() - low) / (high - low) - 1.0).clamp(-1.0, 1.0)
+        return dataclasses.replace(
+            batch,
+            obs=self._normalized(batch.obs),
+            next_obs=self._normalized(batch.next_obs),
+            actions=actions,
+        )
+
+    def _normalized(self, obs: torch.Tensor) -> torch.Tensor:
+        obs = obs.reshape(obs.shape[0], -1).float()
+        return (obs - self.obs_mean) / self.obs_std if self.cfg.normalize_obs else obs
+
+    def act_for_eval(self, obs: np.ndarray, starts: np.ndarray) -> np.ndarray:
+        actions = self.algo.act(self._normalized(torch.as_tensor(obs, device=self.device))).cpu().numpy()
+        if self.discrete:
+            return actions
+        return self.low + 0.5 * (actions + 1.0) * (self.high - self.low)
+
+    def start_segment(self) -> None:
+        """Batches and in-step noise from streams keyed by (seed, step count): a resumed run draws what it would
+        have drawn."""
+        self.sampler = GlobalSampler(self.run.seed, self.steps)
+        self.algo.reseed(self.run.seed, self.steps)
+
+    # ---- state ----
+
+    def state_tensors(self) -> dict[str, torch.Tensor]:
+        tensors = {f"algo/{k}": v for k, v in self.algo.state_tensors().items()}
+        tensors["obs_norm/mean"] = self.obs_mean.cpu().clone()
+        tensors["obs_norm/std"] = self.obs_std.cpu().clone()
+        return tensors
+
+    def load_state_tensors(self, tensors: dict[str, torch.Tensor], path: Path) -> None:
+        self.algo.load_state_tensors(section(tensors, "algo"))
+        stats = section(tensors, "obs_norm")
+        self.obs_mean.copy_(stats["mean"])
+        self.obs_std.copy_(stats["std"])
+
+    def broadcast_tensors(self) -> list[torch.Tensor]:
+        return self.algo.broadcast_tensors()
+
+    def after_broadcast(self, tensors: list[torch.Tensor]) -> None:
+        self.algo.after_broadcast(tensors[-1])

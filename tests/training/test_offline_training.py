@@ -1,0 +1,197 @@
+"""Offline training (BC, TD3+BC, IQL) from Minari datasets recorded here: learning, ddp against one process,
+resume against not stopping, the command line's collect and refusals."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from distributed import run_ranks
+from distrl.cli import main
+from distrl.config import BCConfig, IQLConfig, RunConfig, TD3BCConfig
+from distrl.data.offline import write_dataset
+from distrl.data.recorder import record_episodes
+from distrl.envs.vector import make_env
+from distrl.training import OfflineTrainer
+
+pytest.importorskip("minari")
+
+REACH = "distrl_testenvs:Reach"
+SMALL = dict(net_arch=(64, 64), batch_size=128)
+
+
+def cartpole_expert(obs, starts):
+    """A hand-written CartPole controller that balances to the 500-step limit: push towards where the pole falls."""
+    return (obs[:, 2] + 0.5 * obs[:, 3] > 0).astype(np.int64)
+
+
+def mountain_car_expert(obs, starts):
+    """Full throttle in the direction of motion: reaches the flag in about 110 steps (return about 90)."""
+    return np.where(obs[:, 1:2] >= 0, 1.0, -1.0).astype(np.float32)
+
+
+def record(env_id, dataset_id, act, steps, root, random=False, epsilon=0.0):
+    env = make_env(env_id, 4)
+    try:
+        episodes = record_episodes(env, act, steps, seed=0, epsilon=epsilon, random=random)
+        write_dataset(
+            dataset_id, episodes, env_id, env.single_observation_space, env.single_action_space, "test", str(root)
+        )
+    finally:
+        env.close()
+    return episodes
+
+
+@pytest.fixture(scope="module")
+def datasets(tmp_path_factory):
+    root = tmp_path_factory.mktemp("datasets")
+    record("CartPole-v1", "cartpole/expert-v0", cartpole_expert, 3000, root)
+    record("MountainCarContinuous-v0", "mcc/expert-v0", mountain_car_expert, 2000, root)
+    record("MountainCarContinuous-v0", "mcc/mixed-v0", mountain_car_expert, 2000, root, epsilon=0.5)
+    # mostly random play, which almost never reaches the goal, and a few episodes at full speed right
+    random = record(REACH, "reach/random-v0", None, 6000, root, random=True)
+    expert = record(REACH, "reach/few-v0", lambda obs, starts: np.ones((len(obs), 1), np.float32), 40, root)
+    env = make_env(REACH, 1)
+    write_dataset(
+        "reach/mixed-v0",
+        random + expert,
+        REACH,
+        env.single_observation_space,
+        env.single_action_space,
+        "test",
+        str(root),
+    )
+    env.close()
+    return root
+
+
+def trainer(algo, env, cfg, root, steps, **run):
+    run_cfg = RunConfig(algo=algo, env=env, total_steps=steps, seed=0, quiet=True, **run)
+    return OfflineTrainer(run_cfg, cfg.__class__(**{**cfg.__dict__, "datasets_dir": str(root)}))
+
+
+def test_bc_clones_a_cartpole_expert_to_its_return(datasets):
+    t = trainer("bc", "CartPole-v1", BCConfig(dataset="cartpole/expert-v0", **SMALL), datasets, 2000)
+    t.train()
+    mean, _ = t.evaluate_now()
+    t.close()
+    assert mean >= 475  # solved; the expert scores 500
+
+
+@pytest.mark.parametrize("algo, cfg", [("bc", BCConfig), ("td3bc", TD3BCConfig), ("iql", IQLConfig)])
+def test_each_algorithm_reaches_the_experts_return_on_a_continuous_task(datasets, algo, cfg):
+    t = trainer(algo, "MountainCarContinuous-v0", cfg(dataset="mcc/expert-v0", **SMALL), datasets, 1500)
+    t.train()
+    mean, _ = t.evaluate_now()
+    t.close()
+    assert mean > 85  # the expert's episodes return about 89; a policy that never reaches the flag returns <= 0
+
+
+def test_iql_learns_from_mostly_random_data_with_a_few_good_episodes_where_cloning_fails(datasets):
+    """On the Reach task: uniformly random play (which almost never reaches the goal) and a few episodes at full
+    speed. Cloning the mixture averages the actions to about 0; IQL's advantage weights pick the good ones."""
+    scores = {}
+    for algo, cfg in (("bc", BCConfig), ("iql", IQLConfig)):
+        t = trainer(algo, REACH, cfg(dataset="reach/mixed-v0", **SMALL), datasets, 4000)
+        t.train()
+        scores[algo], _ = t.evaluate_now()
+        t.close()
+    assert scores["iql"] > 0  # it reaches the goal (a policy that never does returns -3)
+    assert scores["bc"] < 0
+
+
+def ranks_train(rank, world, root, algo):
+    from distrl.strategies.ddp import DistributedSync
+
+    run_cfg = RunConfig(algo=algo, env="MountainCarContinuous-v0", total_steps=6, seed=0, quiet=True)
+    cfg = {"td3bc": TD3BCConfig, "iql": IQLConfig}[algo](dataset="mcc/mixed-v0", datasets_dir=str(root), **SMALL)
+    t = OfflineTrainer(run_cfg, cfg, sync=DistributedSync(torch.device("cpu"), 30))
+    t.train()
+    tensors = t.state_tensors()
+    t.close()
+    return {k: v for k, v in tensors.items() if not k.startswith("algo/gradient_steps")}
+
+
+@pytest.mark.parametrize("algo", ["td3bc", "iql"])
+def test_two_ranks_each_on_half_the_episodes_train_as_one_process_does(datasets, algo):
+    rank0, rank1 = run_ranks(ranks_train, 2, str(datasets), algo)
+    run_cfg = RunConfig(algo=algo, env="MountainCarContinuous-v0", total_steps=6, seed=0, quiet=True)
+    cfg = {"td3bc": TD3BCConfig, "iql": IQLConfig}[algo](dataset="mcc/mixed-v0", datasets_dir=str(datasets), **SMALL)
+    single = OfflineTrainer(run_cfg, cfg)
+    single.train()
+    expected = single.state_tensors()
+    single.close()
+    for name, value in rank0.items():
+        assert torch.equal(value, rank1[name]), name
+        torch.testing.assert_close(value, expected[name], rtol=0, atol=1e-6, msg=name)
+
+
+def test_a_resumed_run_ends_where_an_unstopped_one_does(datasets, tmp_path):
+    from distrl.run import checkpoint
+
+    cfg = TD3BCConfig(dataset="mcc/mixed-v0", datasets_dir=str(datasets), **SMALL)
+
+    def run(name, seed=3):
+        run_cfg = RunConfig(
+            algo="td3bc", env="MountainCarContinuous-v0", total_steps=9, seed=seed, quiet=True, checkpoint_every=3
+        )
+        return OfflineTrainer(run_cfg, cfg, run_dir=tmp_path / name)
+
+    whole = run("whole")
+    whole.train()
+    first = run("cut")
+    first.train(stop_at=3)  # at its first checkpoint, between two actor steps (policy_freq 2)
+    first.close()
+    resumed = run("cut")
+    resumed.load_checkpoint(checkpoint.find_latest(tmp_path / "cut"))
+    resumed.train()
+    other = run("other", seed=4)
+    other.train()
+    ends = [t.state_tensors() for t in (whole, resumed, other)]
+    for name, value in ends[0].items():
+        assert torch.equal(ends[1][name], value), name
+    assert not torch.equal(ends[2]["algo/actor/net.0.weight"], ends[0]["algo/actor/net.0.weight"])  # it can fail
+    for t in (whole, resumed, other):
+        t.close()
+
+
+def test_collect_writes_a_dataset_that_trains_bc_from_the_command_line(datasets, tmp_path, capsys):
+    run_dir = tmp_path / "bc"
+    flags = ["--datasets-dir", str(datasets), "--total-steps", "300", "--net-arch", "32", "32", "--quiet"]
+    assert (
+        main(["train", "bc", "CartPole-v1", "--dataset", "cartpole/expert-v0", *flags, "--run-dir", str(run_dir)]) == 0
+    )
+    out = ["--out", "cartpole/from-bc-v0", "--datasets-dir", str(datasets), "--steps", "600", "--n-envs", "2"]
+    assert main(["collect", str(run_dir), *out, "--epsilon", "0.1", "--seed", "5"]) == 0
+    said = capsys.readouterr().out
+    assert "cartpole/from-bc-v0: " in said and "written to" in said
+    import minari
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MINARI_DATASETS_PATH", str(datasets))
+        dataset = minari.load_dataset("cartpole/from-bc-v0")
+    assert dataset.total_steps >= 600 and dataset.storage.metadata["algorithm_name"] == "distrl bc"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["total_steps"] == 300
+
+
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        (["train", "bc", "CartPole-v1"], "dataset='' is not allowed"),
+        (["train", "bc", "CartPole-v1", "--dataset", "nowhere/none-v0"], "dataset='nowhere/none-v0'"),
+        (["train", "td3bc", "CartPole-v1", "--dataset", "cartpole/expert-v0"], "td3bc needs Box"),
+        (["train", "bc", "Pendulum-v1", "--dataset", "cartpole/expert-v0"], "space"),
+        (
+            ["train", "iql", "MountainCarContinuous-v0", "--dataset", "mcc/expert-v0", "--strategy", "pipeline"],
+            "pipeline",
+        ),
+    ],
+)
+def test_a_dataset_that_cannot_serve_is_one_line_and_no_run_directory(datasets, tmp_path, capsys, argv, says):
+    run_dir = tmp_path / "run"
+    assert main([*argv, "--datasets-dir", str(datasets), "--run-dir", str(run_dir)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("distrl: error: ") and says in err[0], err
+    assert not run_dir.exists()
