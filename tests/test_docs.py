@@ -1,6 +1,6 @@
 """The commands the docs show work as shown: every ``distrl train`` line in a fenced bash block of the README and
-docs/ parses and passes the checks made before a run starts, and the ``eval``, ``export`` and ``plot`` lines run on
-a small real run. A line that names code or files only its reader has (``mypkg``, ``./my-model``, ``RUN`` of a
+docs/ parses and passes the checks made before a run starts (an offline algorithm's on a dataset of its env made
+for it), and the ``eval``, ``export``, ``collect`` and ``plot`` lines run on a small real run. A line that names code or files only its reader has (``mypkg``, ``./my-model``, ``RUN`` of a
 multi-agent game) is left out, and the test says how many it checked, so that it cannot quietly check nothing."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from distrl.cli import main
+from distrl.config import OFFLINE_CONFIGS
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -68,16 +69,34 @@ def test_every_train_command_in_the_docs_parses_and_passes_the_checks_before_a_r
             main(argv)
         assert shown.value.code == 0 and "--n-steps" in capsys.readouterr().out
         return
+    if "--dataset" in argv and argv[1] in OFFLINE_CONFIGS:  # the dataset the line names, made of the line's env
+        monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path / "datasets"))
+        random_dataset(argv[2], argv[argv.index("--dataset") + 1])
     code = main(argv)
     out = capsys.readouterr()
     assert code == 0, f"{page}: {command}\n{out.err}"
     assert len(started) == 1 and started[0].algo == argv[1], out.err
 
 
+def random_dataset(env_id: str, dataset_id: str) -> None:
+    """A small Minari dataset of uniformly random play in ``env_id``, in ``MINARI_DATASETS_PATH``."""
+    from distrl.data.offline import write_dataset
+    from distrl.data.recorder import record_episodes
+    from distrl.envs.names import resolve_env_id
+    from distrl.envs.vector import make_env
+
+    env = make_env(resolve_env_id(env_id), 1)
+    try:
+        episodes = record_episodes(env, None, 300, seed=0, random=True)
+        write_dataset(dataset_id, episodes, env.env_id, env.single_observation_space, env.single_action_space, "test")
+    finally:
+        env.close()
+
+
 RUN_COMMANDS = [
     (page, c)
     for page, c in ALL
-    if argv_of(c)[0] in ("eval", "export", "plot") and not any(mark in c for mark in READERS_OWN)
+    if argv_of(c)[0] in ("eval", "export", "collect", "plot") and not any(mark in c for mark in READERS_OWN)
 ]
 
 
@@ -102,6 +121,9 @@ def test_every_eval_export_and_plot_command_in_the_docs_runs(page, command, smal
     argv = stand_in(argv_of(command), small_run)
     if argv[0] == "eval" and "--episodes" not in argv:
         argv += ["--episodes", "2"]  # the shown count does not change what is checked
+    if argv[0] == "collect":  # as few steps as give an episode, in a datasets directory of this test's own
+        monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path / "datasets"))
+        argv = [*argv, "--steps", "200"]
     code = main(argv)
     out = capsys.readouterr()
     assert code == 0, f"{page}: {command}\n{out.err}"
@@ -110,5 +132,5 @@ def test_every_eval_export_and_plot_command_in_the_docs_runs(page, command, smal
         assert (tmp_path / name).stat().st_size > 0, name
 
 
-def test_the_docs_run_commands_cover_eval_export_and_plot():
-    assert {argv_of(c)[0] for _, c in RUN_COMMANDS} == {"eval", "export", "plot"}
+def test_the_docs_run_commands_cover_eval_export_collect_and_plot():
+    assert {argv_of(c)[0] for _, c in RUN_COMMANDS} == {"eval", "export", "collect", "plot"}

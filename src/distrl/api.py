@@ -574,10 +574,18 @@ class IQL(OfflineModel):
     algo = "iql"
 
 
+class CQL(OfflineModel):
+    """Conservative Q-learning from a dataset (Box or Discrete actions); hyperparameters as
+    :class:`~distrl.config.CQLConfig`."""
+
+    algo = "cql"
+
+
 MODELS: dict[str, type[Model]] = {
     "bc": BC,
     "td3bc": TD3BC,
     "iql": IQL,
+    "cql": CQL,
     "ppo": PPO,
     "appo": APPO,
     "impala": IMPALA,

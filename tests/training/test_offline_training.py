@@ -9,7 +9,7 @@ import torch
 
 from distributed import run_ranks
 from distrl.cli import main
-from distrl.config import BCConfig, IQLConfig, RunConfig, TD3BCConfig
+from distrl.config import BCConfig, CQLConfig, IQLConfig, RunConfig, TD3BCConfig
 from distrl.data.offline import write_dataset
 from distrl.data.recorder import record_episodes
 from distrl.envs.vector import make_env
@@ -31,6 +31,11 @@ def mountain_car_expert(obs, starts):
     return np.where(obs[:, 1:2] >= 0, 1.0, -1.0).astype(np.float32)
 
 
+def full_speed(obs, starts):
+    """Reach's expert: full speed towards the goal."""
+    return np.ones((len(obs), 1), np.float32)
+
+
 def record(env_id, dataset_id, act, steps, root, random=False, epsilon=0.0):
     env = make_env(env_id, 4)
     try:
@@ -47,11 +52,11 @@ def record(env_id, dataset_id, act, steps, root, random=False, epsilon=0.0):
 def datasets(tmp_path_factory):
     root = tmp_path_factory.mktemp("datasets")
     record("CartPole-v1", "cartpole/expert-v0", cartpole_expert, 3000, root)
-    record("MountainCarContinuous-v0", "mcc/expert-v0", mountain_car_expert, 2000, root)
     record("MountainCarContinuous-v0", "mcc/mixed-v0", mountain_car_expert, 2000, root, epsilon=0.5)
     # mostly random play, which almost never reaches the goal, and a few episodes at full speed right
     random = record(REACH, "reach/random-v0", None, 6000, root, random=True)
-    expert = record(REACH, "reach/few-v0", lambda obs, starts: np.ones((len(obs), 1), np.float32), 40, root)
+    expert = record(REACH, "reach/few-v0", full_speed, 40, root)
+    record(REACH, "reach/expert-v0", lambda obs, starts: 0.8 * full_speed(obs, starts), 1000, root, epsilon=0.2)
     env = make_env(REACH, 1)
     write_dataset(
         "reach/mixed-v0",
@@ -79,21 +84,37 @@ def test_bc_clones_a_cartpole_expert_to_its_return(datasets):
     assert mean >= 475  # solved; the expert scores 500
 
 
-@pytest.mark.parametrize("algo, cfg", [("bc", BCConfig), ("td3bc", TD3BCConfig), ("iql", IQLConfig)])
-def test_each_algorithm_reaches_the_experts_return_on_a_continuous_task(datasets, algo, cfg):
-    t = trainer(algo, "MountainCarContinuous-v0", cfg(dataset="mcc/expert-v0", **SMALL), datasets, 1500)
+@pytest.mark.parametrize(
+    "algo, cfg, extra",
+    [
+        ("bc", BCConfig, {}),
+        ("td3bc", TD3BCConfig, {}),
+        ("iql", IQLConfig, {}),
+        ("cql", CQLConfig, {"n_action_samples": 2}),
+    ],
+)
+def test_each_algorithm_reaches_the_experts_return_on_a_continuous_task(datasets, algo, cfg, extra):
+    t = trainer(algo, REACH, cfg(dataset="reach/expert-v0", **SMALL, **extra), datasets, 1000)
     t.train()
     mean, _ = t.evaluate_now()
     t.close()
-    assert mean > 85  # the expert's episodes return about 89; a policy that never reaches the flag returns <= 0
+    assert mean > 8  # the expert (0.8 of full speed, 20% random actions) returns about 8.7; one that never arrives -3
+
+
+def test_discrete_cql_reaches_the_cartpole_experts_return(datasets):
+    t = trainer("cql", "CartPole-v1", CQLConfig(dataset="cartpole/expert-v0", net_arch=(64, 64)), datasets, 2000)
+    t.train()
+    mean, _ = t.evaluate_now()
+    t.close()
+    assert mean >= 475
 
 
 def test_iql_learns_from_mostly_random_data_with_a_few_good_episodes_where_cloning_fails(datasets):
     """On the Reach task: uniformly random play (which almost never reaches the goal) and a few episodes at full
     speed. Cloning the mixture averages the actions to about 0; IQL's advantage weights pick the good ones."""
     scores = {}
-    for algo, cfg in (("bc", BCConfig), ("iql", IQLConfig)):
-        t = trainer(algo, REACH, cfg(dataset="reach/mixed-v0", **SMALL), datasets, 4000)
+    for algo, cfg, steps in (("bc", BCConfig, 1000), ("iql", IQLConfig, 4000)):
+        t = trainer(algo, REACH, cfg(dataset="reach/mixed-v0", **SMALL), datasets, steps)
         t.train()
         scores[algo], _ = t.evaluate_now()
         t.close()
@@ -105,7 +126,9 @@ def ranks_train(rank, world, root, algo):
     from distrl.strategies.ddp import DistributedSync
 
     run_cfg = RunConfig(algo=algo, env="MountainCarContinuous-v0", total_steps=6, seed=0, quiet=True)
-    cfg = {"td3bc": TD3BCConfig, "iql": IQLConfig}[algo](dataset="mcc/mixed-v0", datasets_dir=str(root), **SMALL)
+    cfg = {"td3bc": TD3BCConfig, "iql": IQLConfig, "cql": CQLConfig}[algo](
+        dataset="mcc/mixed-v0", datasets_dir=str(root), **SMALL
+    )
     t = OfflineTrainer(run_cfg, cfg, sync=DistributedSync(torch.device("cpu"), 30))
     t.train()
     tensors = t.state_tensors()
@@ -113,11 +136,13 @@ def ranks_train(rank, world, root, algo):
     return {k: v for k, v in tensors.items() if not k.startswith("algo/gradient_steps")}
 
 
-@pytest.mark.parametrize("algo", ["td3bc", "iql"])
+@pytest.mark.parametrize("algo", ["td3bc", "iql", "cql"])
 def test_two_ranks_each_on_half_the_episodes_train_as_one_process_does(datasets, algo):
     rank0, rank1 = run_ranks(ranks_train, 2, str(datasets), algo)
     run_cfg = RunConfig(algo=algo, env="MountainCarContinuous-v0", total_steps=6, seed=0, quiet=True)
-    cfg = {"td3bc": TD3BCConfig, "iql": IQLConfig}[algo](dataset="mcc/mixed-v0", datasets_dir=str(datasets), **SMALL)
+    cfg = {"td3bc": TD3BCConfig, "iql": IQLConfig, "cql": CQLConfig}[algo](
+        dataset="mcc/mixed-v0", datasets_dir=str(datasets), **SMALL
+    )
     single = OfflineTrainer(run_cfg, cfg)
     single.train()
     expected = single.state_tensors()

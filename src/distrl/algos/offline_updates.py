@@ -1,4 +1,4 @@
-"""One gradient step of each offline algorithm (BC, TD3+BC, IQL) on a batch of dataset transitions.
+"""One gradient step of each offline algorithm (BC, TD3+BC, IQL, CQL) on a batch of dataset transitions.
 
 The losses are :mod:`distrl.algos.offline`'s, written plainly; the networks are :mod:`distrl.nets.offline`'s
 modules, each on a flat buffer (:class:`~distrl.algos.learned.Learned`). Every loss is summed over this worker's
@@ -22,6 +22,9 @@ from distrl.algos.learned import Learned, Target
 from distrl.algos.offline import (
     bc_categorical_loss,
     bc_deterministic_loss,
+    cql_alpha_loss,
+    cql_discrete_penalty,
+    cql_penalty,
     iql_actor_loss,
     iql_critic_loss,
     iql_value_loss,
@@ -30,9 +33,19 @@ from distrl.algos.offline import (
     td3bc_actor_loss,
 )
 from distrl.algos.protocols import Sync
-from distrl.config import BCConfig, IQLConfig, OfflineConfig, TD3BCConfig
+from distrl.algos.sac import actor_loss, temperature_loss
+from distrl.config import BCConfig, CQLConfig, IQLConfig, OfflineConfig, TD3BCConfig
 from distrl.data.replay import Transitions
-from distrl.nets.offline import CategoricalActor, DeterministicActor, GaussianActor, TwinCritic, ValueNet
+from distrl.nets.offline import (
+    CategoricalActor,
+    DeterministicActor,
+    GaussianActor,
+    LogScalar,
+    QNetwork,
+    SquashedGaussianActor,
+    TwinCritic,
+    ValueNet,
+)
 
 
 class OfflineUpdate(Protocol):
@@ -62,6 +75,27 @@ def _count(batch: Transitions) -> torch.Tensor:
 def _stats(batch: Transitions, *values: torch.Tensor) -> torch.Tensor:
     """The sample count, then ``values`` (sums over this worker's samples), as one float64 tensor for the sync."""
     return torch.stack([_count(batch), *(v.detach().double() for v in values)])
+
+
+class _Noise:
+    """Standard normal (or uniform) draws for a whole global batch from a generator every worker seeds alike; each
+    worker keeps the rows of its samples (``batch.rows``, their positions in the global batch)."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.generator = torch.Generator(device=device)
+
+    def reseed(self, seed: int, segment: int, salt: int) -> None:
+        self.generator.manual_seed(int(np.random.SeedSequence([seed, segment, salt]).generate_state(1)[0]))
+
+    def normal(self, batch: Transitions, batch_size: int, *shape: int) -> torch.Tensor:
+        drawn = torch.randn((batch_size, *shape), generator=self.generator, device=self.device)
+        return drawn if batch.rows is None else drawn[torch.as_tensor(batch.rows, device=self.device)]
+
+    def uniform(self, batch: Transitions, batch_size: int, *shape: int) -> torch.Tensor:
+        """Uniform in [-1, 1]."""
+        drawn = torch.rand((batch_size, *shape), generator=self.generator, device=self.device).mul_(2.0).sub_(1.0)
+        return drawn if batch.rows is None else drawn[torch.as_tensor(batch.rows, device=self.device)]
 
 
 def _built(seed: int, make: Any) -> Any:
@@ -160,20 +194,18 @@ class TD3BCAlgo(_Counters):
         self.actor_target, self.critic_target = Target(self.actor, device), Target(self.critic, device)
         self.learned = {"actor": self.actor, "critic": self.critic}
         self.gradient_steps = 0
-        self.generator = torch.Generator(device=device)
+        self.noise = _Noise(device)
         self.reseed(seed, 0)
 
     def _targets(self) -> dict[str, Target]:
         return {"actor_target": self.actor_target, "critic_target": self.critic_target}
 
     def reseed(self, seed: int, segment: int) -> None:
-        self.generator.manual_seed(int(np.random.SeedSequence([seed, segment, 0x7D3]).generate_state(1)[0]))
+        self.noise.reseed(seed, segment, 0x7D3)
 
     def update(self, batch: Transitions, sync: Sync, batch_size: int) -> dict[str, float]:
         cfg = self.cfg
-        noise = torch.randn((batch_size, self.action_dim), generator=self.generator, device=self.device)
-        if batch.rows is not None:
-            noise = noise[torch.as_tensor(batch.rows, device=self.device)]
+        noise = self.noise.normal(batch, batch_size, self.action_dim)
         with torch.no_grad():
             smoothing = (noise * cfg.policy_noise).clamp(-cfg.noise_clip, cfg.noise_clip)
             next_action = (self.actor_target.module(batch.next_obs) + smoothing).clamp(-1.0, 1.0)
@@ -253,9 +285,150 @@ class IQLAlgo(_Counters):
         return self.actor.module(obs)
 
 
+class CQLAlgo(_Counters):
+    """CQL(H) on SAC for Box actions, in the reference's order: the entropy coefficient's step, the policy's
+    (SAC's actor loss against the critics), then the critics' (the TD loss plus the conservative penalty
+    :func:`~distrl.algos.offline.cql_penalty`, weighted by ``conservative_weight``, times alpha' when it is learned
+    by its Lagrangian), and the target critics' Polyak step. The target is SAC's without the entropy bonus (the
+    reference's ``backup_entropy=False``)."""
+
+    def __init__(self, cfg: CQLConfig, obs_dim: int, action_dim: int, device: torch.device, seed: int):
+        self.cfg, self.action_dim = cfg, action_dim
+        net = (cfg.net_arch, cfg.activation)
+        actor = _built(seed, lambda: SquashedGaussianActor(obs_dim, action_dim, *net))
+        self.actor = Learned(actor, cfg.actor_learning_rate, device)
+        self.critic = Learned(
+            _built(seed + 1, lambda: TwinCritic(obs_dim, action_dim, *net)), cfg.learning_rate, device
+        )
+        self.log_alpha = Learned(LogScalar(1.0), cfg.learning_rate, device)
+        self.critic_target = Target(self.critic, device)
+        self.learned = {"actor": self.actor, "critic": self.critic, "log_alpha": self.log_alpha}
+        self.lagrange = cfg.target_action_gap is not None
+        if self.lagrange:
+            self.log_alpha_prime = Learned(LogScalar(1.0), cfg.learning_rate, device)
+            self.learned["log_alpha_prime"] = self.log_alpha_prime
+        self.target_entropy = -float(action_dim)
+        self.gradient_steps = 0
+        self.noise = _Noise(device)
+        self.reseed(seed, 0)
+
+    def _targets(self) -> dict[str, Target]:
+        return {"critic_target": self.critic_target}
+
+    def reseed(self, seed: int, segment: int) -> None:
+        self.noise.reseed(seed, segment, 0xC91)
+
+    def update(self, batch: Transitions, sync: Sync, batch_size: int) -> dict[str, float]:
+        cfg, a, n = self.cfg, self.action_dim, self.cfg.n_action_samples
+        b = batch.obs.shape[0]
+        eps_pi, eps_next = self.noise.normal(batch, batch_size, a), self.noise.normal(batch, batch_size, a)
+        eps_here, eps_there = self.noise.normal(batch, batch_size, n, a), self.noise.normal(batch, batch_size, n, a)
+        random_actions = self.noise.uniform(batch, batch_size, n, a)
+
+        # the entropy coefficient, then the policy against the critics
+        action, log_prob = self.actor.module.sample(batch.obs, eps_pi)
+        log_alpha = self.log_alpha.module()
+        alpha_loss = temperature_loss(log_alpha, log_prob.detach(), self.target_entropy)
+        self.log_alpha.step(alpha_loss, _stats(batch, alpha_loss), sync)
+        alpha = float(log_alpha.detach().exp())  # the value before its step, as SAC's
+        q1_pi, q2_pi = self.critic.module(batch.obs, action)
+        policy_loss = actor_loss(log_prob, q1_pi, q2_pi, alpha)
+        actor_sums = self.actor.step(policy_loss, _stats(batch, policy_loss, log_prob.sum()), sync)
+
+        # the critics: TD loss and the conservative penalty
+        with torch.no_grad():
+            next_action, _ = self.actor.module.sample(batch.next_obs, eps_next)
+            next_q1, next_q2 = self.critic_target.module(batch.next_obs, next_action)
+            y = td3_target(batch.rewards, batch.terminated, next_q1, next_q2, cfg.gamma)
+            repeated = batch.obs.unsqueeze(1).expand(b, n, batch.obs.shape[1])
+            here, log_prob_here = self.actor.module.sample(repeated, eps_here)
+            there, log_prob_there = self.actor.module.sample(batch.next_obs.unsqueeze(1).expand_as(repeated), eps_there)
+        q1, q2 = self.critic.module(batch.obs, batch.actions)
+        sampled = torch.cat([random_actions, here, there], dim=1)  # [b, 3n, A], evaluated at s
+        sq1, sq2 = self.critic.module(batch.obs.unsqueeze(1).expand(b, 3 * n, batch.obs.shape[1]), sampled)
+        penalties = [
+            cql_penalty(s[:, :n], s[:, n : 2 * n], s[:, 2 * n :], log_prob_here, log_prob_there, q, a, cfg.temperature)
+            for s, q in ((sq1, q1), (sq2, q2))
+        ]
+        weight = cfg.conservative_weight
+        critic_loss = td3_critic_loss(q1, q2, y)
+        if self.lagrange:
+            assert cfg.target_action_gap is not None
+            log_alpha_prime = self.log_alpha_prime.module()
+            alpha_prime = float(log_alpha_prime.detach().exp().clamp(0.0, 1e6))
+            gap = b * cfg.target_action_gap
+            conservative = alpha_prime * weight * (penalties[0] - gap + penalties[1] - gap)
+            prime_loss = cql_alpha_loss(
+                log_alpha_prime, weight * 0.5 * (penalties[0] + penalties[1]), b, weight * cfg.target_action_gap
+            )
+            self.log_alpha_prime.step(prime_loss, _stats(batch, prime_loss), sync)
+        else:
+            conservative = weight * (penalties[0] + penalties[1])
+        loss = critic_loss + conservative
+        sums = self.critic.step(loss, _stats(batch, critic_loss, penalties[0] + penalties[1], q1.sum()), sync)
+        self.critic_target.follow(cfg.tau)
+        self.gradient_steps += 1
+        count = max(sums[0], 1.0)
+        return {
+            "losses/critic_loss": sums[1] / count,
+            "losses/cql_penalty": sums[2] / (2 * count),
+            "losses/q_mean": sums[3] / count,
+            "losses/actor_loss": actor_sums[1] / count,
+            "losses/entropy": -actor_sums[2] / count,
+            "losses/ent_coef": alpha,
+        }
+
+    @torch.no_grad()
+    def act(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.actor.module(obs)
+
+
+class DiscreteCQLAlgo(_Counters):
+    """CQL(H) on double DQN for Discrete actions: the squared TD error against ``r + gamma Q'(s', argmax_a Q(s', a))``
+    plus ``conservative_weight`` times :func:`~distrl.algos.offline.cql_discrete_penalty`; the target network
+    follows by Polyak steps."""
+
+    def __init__(self, cfg: CQLConfig, obs_dim: int, n_actions: int, device: torch.device, seed: int):
+        self.cfg = cfg
+        q = _built(seed, lambda: QNetwork(obs_dim, n_actions, cfg.net_arch, cfg.activation))
+        self.q = Learned(q, cfg.learning_rate, device)
+        self.q_target = Target(self.q, device)
+        self.learned = {"q": self.q}
+        self.gradient_steps = 0
+
+    def _targets(self) -> dict[str, Target]:
+        return {"q_target": self.q_target}
+
+    def update(self, batch: Transitions, sync: Sync, batch_size: int) -> dict[str, float]:
+        cfg = self.cfg
+        with torch.no_grad():
+            best = self.q.module(batch.next_obs).argmax(1, keepdim=True)
+            next_q = self.q_target.module(batch.next_obs).gather(1, best).squeeze(1)
+            y = batch.rewards + cfg.gamma * (1.0 - batch.terminated) * next_q
+        q_all = self.q.module(batch.obs)
+        taken = q_all.gather(1, batch.actions.long().unsqueeze(1)).squeeze(1)
+        td_loss = (taken - y).square().sum()
+        penalty = cql_discrete_penalty(q_all, batch.actions)
+        sums = self.q.step(
+            td_loss + cfg.conservative_weight * penalty, _stats(batch, td_loss, penalty, taken.sum()), sync
+        )
+        self.q_target.follow(cfg.tau)
+        self.gradient_steps += 1
+        count = max(sums[0], 1.0)
+        return {
+            "losses/td_loss": sums[1] / count,
+            "losses/cql_penalty": sums[2] / count,
+            "losses/q_mean": sums[3] / count,
+        }
+
+    @torch.no_grad()
+    def act(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.q.module(obs).argmax(-1)
+
+
 def make_offline_algo(
     algo: str, cfg: OfflineConfig, obs_dim: int, actions: int, discrete: bool, device: torch.device, seed: int
-) -> BCAlgo | TD3BCAlgo | IQLAlgo:
+) -> BCAlgo | TD3BCAlgo | IQLAlgo | CQLAlgo | DiscreteCQLAlgo:
     """The update of ``algo`` for observations of ``obs_dim`` and ``actions`` action dimensions (or choices)."""
     if algo == "bc":
         assert isinstance(cfg, BCConfig)
@@ -263,5 +436,10 @@ def make_offline_algo(
     if algo == "td3bc":
         assert isinstance(cfg, TD3BCConfig)
         return TD3BCAlgo(cfg, obs_dim, actions, device, seed)
-    assert algo == "iql" and isinstance(cfg, IQLConfig)
-    return IQLAlgo(cfg, obs_dim, actions, device, seed)
+    if algo == "iql":
+        assert isinstance(cfg, IQLConfig)
+        return IQLAlgo(cfg, obs_dim, actions, device, seed)
+    assert algo == "cql" and isinstance(cfg, CQLConfig)
+    if discrete:
+        return DiscreteCQLAlgo(cfg, obs_dim, actions, device, seed)
+    return CQLAlgo(cfg, obs_dim, actions, device, seed)

@@ -20,6 +20,7 @@ from distrl.config import (
     APPOConfig,
     BCConfig,
     ConfigError,
+    CQLConfig,
     DQNConfig,
     GRPOConfig,
     IMPALAConfig,
@@ -118,6 +119,13 @@ class IQLTrainArgs(TrainFlags):
     iql: IQLConfig
 
 
+@dataclass(frozen=True)
+class CQLTrainArgs(TrainFlags):
+    run: RunConfig
+    strategy: StrategyConfig
+    cql: CQLConfig
+
+
 TRAIN_ARGS = {
     "ppo": PPOTrainArgs,
     "appo": APPOTrainArgs,
@@ -129,6 +137,7 @@ TRAIN_ARGS = {
     "bc": BCTrainArgs,
     "td3bc": TD3BCTrainArgs,
     "iql": IQLTrainArgs,
+    "cql": CQLTrainArgs,
 }
 
 

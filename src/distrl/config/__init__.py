@@ -43,7 +43,7 @@ from distrl.config.base import (
 )
 from distrl.config.dqn import DQNConfig
 from distrl.config.grpo import GRPOConfig
-from distrl.config.offline import OFFLINE_CONFIGS, BCConfig, IQLConfig, OfflineConfig, TD3BCConfig
+from distrl.config.offline import OFFLINE_CONFIGS, BCConfig, CQLConfig, IQLConfig, OfflineConfig, TD3BCConfig
 from distrl.config.run import DECOUPLED_ALGOS, RunConfig, StrategyConfig, check_decoupled, parse_env_kwargs, scaled
 from distrl.config.vtrace import APPOConfig, IMPALAConfig
 
@@ -60,6 +60,7 @@ __all__ = [
     "ActorCriticNet",
     "BCConfig",
     "ConfigError",
+    "CQLConfig",
     "Core",
     "Device",
     "DQNConfig",

@@ -1,4 +1,4 @@
-"""Configuration of the offline algorithms, which learn from a fixed dataset: BC, TD3+BC and IQL.
+"""Configuration of the offline algorithms, which learn from a fixed dataset: BC, TD3+BC, IQL and CQL.
 
 Each names its dataset (``--dataset``: a Minari dataset id or path, read from local storage only) and counts its
 run in gradient steps: ``--total-steps`` is the number of gradient steps, not of environment steps (none are
@@ -107,5 +107,43 @@ class IQLConfig(OfflineConfig):
         require(0.0 < self.expectile < 1.0, "expectile", self.expectile, "in (0, 1)")
 
 
-OFFLINE_CONFIGS: dict[str, type[OfflineConfig]] = {"bc": BCConfig, "td3bc": TD3BCConfig, "iql": IQLConfig}
+@dataclass(frozen=True)
+class CQLConfig(OfflineConfig):
+    """Conservative Q-learning (Kumar et al. 2020, arXiv:2006.04779), CQL(H): for Box actions SAC (its entropy
+    coefficient tuned automatically) whose critics also push down a soft maximum of Q over sampled actions and push
+    up Q of the dataset's; for Discrete actions double DQN with the same penalty, exact over the actions."""
+
+    gamma: float = 0.99
+    """Discount factor."""
+    tau: float = 0.005
+    """Polyak coefficient of the target networks."""
+    conservative_weight: float = 5.0
+    """The penalty's weight (the paper's alpha; its MuJoCo runs used 5); with target_action_gap, the fixed factor
+    on the learned one."""
+    n_action_samples: int = 10
+    """Actions sampled per state, from each of the uniform distribution, the policy at s and the policy at s', for
+    the soft maximum (Box actions)."""
+    target_action_gap: float | None = None
+    """With a value: learn the penalty's weight alpha' by the paper's Lagrangian, so that the penalty approaches
+    this gap (the paper's tau); None keeps the weight fixed."""
+    actor_learning_rate: float = 1e-4
+    """Adam step size of the policy (Box actions); learning_rate is the critics', the entropy coefficient's and
+    alpha''s."""
+    temperature: float = 1.0
+    """The soft maximum's temperature."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        require_positive(self, "n_action_samples", "actor_learning_rate", "temperature")
+        require(self.conservative_weight >= 0, "conservative_weight", self.conservative_weight, ">= 0")
+        require_fraction(self, "gamma")
+        require_fraction(self, "tau", inclusive_zero=False)
+
+
+OFFLINE_CONFIGS: dict[str, type[OfflineConfig]] = {
+    "bc": BCConfig,
+    "td3bc": TD3BCConfig,
+    "iql": IQLConfig,
+    "cql": CQLConfig,
+}
 """The offline algorithms, by name."""

@@ -39,8 +39,9 @@ DATA_FORMAT = "arrow"
 """How :func:`write_dataset` stores episodes: Arrow needs pyarrow (``minari[arrow]``), Minari's default HDF5 needs
 h5py, which distrl does not otherwise use. Minari reads either, whatever wrote it."""
 
-_UNSET_METADATA = r"`\w+` is set to None"
-"""Minari's warnings for metadata distrl leaves unset (author, its email, code link, a separate eval env)."""
+_UNSET_METADATA = r"`\w+` is set to None|env_spec is None"
+"""Minari's warnings for metadata distrl leaves unset (author, its email, code link, a separate eval env; the env
+spec of an env Gymnasium's registry does not know)."""
 
 
 def _minari() -> ModuleType:

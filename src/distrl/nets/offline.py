@@ -9,6 +9,8 @@ methods' reference implementations.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 
@@ -67,6 +69,54 @@ class GaussianActor(nn.Module):
         mean = self(obs)
         log_std = self.log_std.clamp(LOG_STD_MIN, LOG_STD_MAX)
         return torch.distributions.Normal(mean, log_std.exp()).log_prob(actions).sum(-1)
+
+
+class SquashedGaussianActor(nn.Module):
+    """``a = tanh(u)``, ``u ~ N(mean(s), std(s))``: SAC's policy (CQL's), both from one MLP; it acts with
+    ``tanh(mean)``."""
+
+    def __init__(self, obs_dim: int, action_dim: int, net_arch: tuple[int, ...], activation: str):
+        super().__init__()
+        self.action_dim = action_dim
+        self.net = mlp((obs_dim, *net_arch, 2 * action_dim), activation)
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        """The mode's action, ``tanh(mean)``."""
+        return torch.tanh(self.net(obs)[..., : self.action_dim])
+
+    def sample(self, obs: torch.Tensor, eps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Reparameterised actions ``tanh(mean + std eps)`` [..., A] for noise ``eps`` (standard normal, the shape of
+        the actions) and their log-densities [...], with tanh's change of variables."""
+        out = self.net(obs)
+        mean, log_std = out[..., : self.action_dim], out[..., self.action_dim :].clamp(LOG_STD_MIN, LOG_STD_MAX)
+        u = mean + log_std.exp() * eps
+        action = torch.tanh(u)
+        # log N(u) - log(1 - tanh(u)^2), the latter as 2 (log 2 - u - softplus(-2u)), stable for large |u|
+        log_prob = (-0.5 * eps.square() - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
+        log_prob = log_prob - (2.0 * (math.log(2.0) - u - nn.functional.softplus(-2.0 * u))).sum(-1)
+        return action, log_prob
+
+
+class QNetwork(nn.Module):
+    """Q(s, .) over Discrete actions, an MLP with one output per action."""
+
+    def __init__(self, obs_dim: int, n_actions: int, net_arch: tuple[int, ...], activation: str):
+        super().__init__()
+        self.net = mlp((obs_dim, *net_arch, n_actions), activation)
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.net(obs)
+
+
+class LogScalar(nn.Module):
+    """One learned scalar, kept as its logarithm (an entropy coefficient, CQL's alpha')."""
+
+    def __init__(self, value: float):
+        super().__init__()
+        self.log_value = nn.Parameter(torch.tensor([math.log(value)]))
+
+    def forward(self) -> torch.Tensor:
+        return self.log_value[0]
 
 
 class TwinCritic(nn.Module):

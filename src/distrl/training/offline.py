@@ -1,4 +1,4 @@
-"""The offline loop (BC, TD3+BC, IQL): draw a batch from the dataset → one gradient step → log → evaluate →
+"""The offline loop (BC, TD3+BC, IQL, CQL): draw a batch from the dataset → one gradient step → log → evaluate →
 checkpoint. No environment step is taken but the evaluation's: ``steps`` counts gradient steps.
 
 Each worker loads its shard of the dataset's episodes (:meth:`~distrl.data.offline.OfflineData.load`) when
@@ -35,7 +35,7 @@ CONTINUOUS_ONLY = ("td3bc", "iql")
 
 
 class OfflineTrainer(TrainerBase):
-    """Trains an offline algorithm (``run.algo``: bc, td3bc or iql) on a Minari dataset; the main worker logs,
+    """Trains an offline algorithm (``run.algo``: bc, td3bc, iql or cql) on a Minari dataset; the main worker logs,
     evaluates in the env and checkpoints."""
 
     algo_name = "bc"

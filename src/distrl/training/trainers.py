@@ -22,6 +22,7 @@ TRAINERS: dict[str, Any] = {
     "bc": OfflineTrainer,
     "td3bc": OfflineTrainer,
     "iql": OfflineTrainer,
+    "cql": OfflineTrainer,
 }
 
 

@@ -1,0 +1,373 @@
+"""distrl's offline algorithms against d3rlpy's on the same dataset: gradient steps per second and peak RSS.
+
+    /tmp/d3venv/bin/python benchmarks/offline_vs_d3rlpy.py                  # prints the table
+    /tmp/d3venv/bin/python benchmarks/offline_vs_d3rlpy.py --write          # and writes its section of docs/benchmarks.md
+    /tmp/d3venv/bin/python benchmarks/offline_vs_d3rlpy.py --only iql --steps 500 --repeats 1
+    /tmp/d3venv/bin/python benchmarks/offline_vs_d3rlpy.py --quick          # 500 timed steps, one run each
+
+d3rlpy lives in a virtualenv of its own, so that the project's .venv is left as it is; both libraries run in that
+one interpreter (the same torch and numpy). d3rlpy 2.8.1 pins gymnasium 1.0.0, which distrl does not accept: the
+last line puts the project's gymnasium back, and both import with it (d3rlpy's offline path does not touch it)::
+
+    python3 -m venv /tmp/d3venv
+    /tmp/d3venv/bin/pip install torch==2.13.0              # the CPU build (a local wheel here)
+    /tmp/d3venv/bin/pip install -e "/work/main[bench]"     # distrl, and psutil for harness.py
+    /tmp/d3venv/bin/pip install d3rlpy "minari[arrow]==0.5.4"
+    /tmp/d3venv/bin/pip install --no-deps gymnasium==1.4.0 # the version the project's .venv has
+    /tmp/d3venv/bin/pip install mujoco                     # only for --env Hopper-v5
+
+The dataset is made here, nothing is downloaded: ``--dataset-steps`` (50,000) transitions of uniformly random
+actions in ``--env`` (Pendulum-v1, or Hopper-v5 where mujoco is importable), recorded by
+:func:`distrl.data.recorder.record_episodes` and written by :func:`distrl.data.offline.write_dataset` as a Minari
+dataset under a temporary ``MINARI_DATASETS_PATH``. distrl reads it as any run does; d3rlpy's child reads the same
+dataset back with ``minari.load_dataset`` and converts its episodes to ``d3rlpy.dataset.MDPDataset(observations,
+actions, rewards, terminals, timeouts)``: a truncated episode keeps its final observation as one more row (a zero
+action and reward, ``timeouts`` 1 there), so d3rlpy has the same T transitions and the same last next-observation; a
+terminated one has its T rows and ``terminals`` 1 on the last (d3rlpy then bootstraps from a zero observation, which
+the terminal flag masks). Speed is what is measured, not learning: the data's quality does not matter.
+
+Same settings on both sides: batch 256, every network's hidden layers (256, 256) with ReLU, Adam (torch's, eps
+1e-8) with lr 3e-4, gamma 0.99, tau 0.005, actions rescaled from the env's bounds to [-1, 1] (distrl always does;
+d3rlpy through ``MinMaxActionScaler`` with the env's bounds), no reward scaling, observations standardised for
+TD3+BC only (distrl's ``normalize_obs``, on by default for td3bc; d3rlpy's ``StandardObservationScaler``, fitted as
+``fit`` fits it; both add 1e-3 to the standard deviation).
+
+- BC: deterministic tanh policy, mean squared error (d3rlpy's ``BCConfig`` default ``policy_type="deterministic"``;
+  its defaults batch 100 and lr 1e-3 are set to 256 and 3e-4).
+- TD3+BC (Fujimoto and Gu 2021): alpha 2.5, target policy noise 0.2 clipped at 0.5, the actor and the targets every
+  second step (d3rlpy's defaults are these).
+- IQL (Kostrikov et al. 2021, MuJoCo settings): expectile 0.7, beta 3.0 (d3rlpy's ``weight_temp``), advantage
+  weights clipped at 100 (d3rlpy 2.8.1's defaults are these; set anyway). Neither side uses the reference's cosine
+  learning-rate decay of the policy.
+- CQL (Kumar et al. 2020, MuJoCo settings): SAC with automatic entropy (initial coefficient 1), policy lr 1e-4,
+  critics' lr 3e-4, penalty weight 5 fixed (no Lagrangian: d3rlpy ``alpha_learning_rate=0``, ``initial_alpha=1``),
+  10 sampled actions per state from each of the uniform, pi(.|s) and pi(.|s'), no entropy term in the target
+  (d3rlpy's ``soft_q_backup=False``). d3rlpy's entropy coefficient learns at ``temp_learning_rate``, set to 3e-4 as
+  distrl's (its ``learning_rate``; d3rlpy's default is 1e-4). distrl runs this row where ``distrl.config`` has a
+  ``CQLConfig``; otherwise its cells are n/a.
+
+What is timed, after ``--warmup`` steps (200) that are not, over ``--steps`` gradient steps (2,000), one torch
+thread per child process, a child per measurement, the libraries alternating, ``--repeats`` (3) runs each (seeds
+0..repeats-1), medians reported:
+
+- distrl: ``OfflineTrainer.train(stop_at=warmup + steps)`` after ``train(stop_at=warmup)`` (which also loads the
+  dataset), the wall clock around the second call. The run has no run directory (no logger, no checkpoints),
+  ``quiet``, no evaluation (``eval_every=0``), ``--preset none``, ``--device cpu``, ``threads=1``. A step is the
+  loop's: draw a batch (:class:`~distrl.data.offline.GlobalSampler`), rescale actions and standardise observations,
+  ``algo.update`` (every loss, backward and Adam step, the targets' Polyak step), and the loop's bookkeeping
+  (counting, a no-op log call, the checkpoint and evaluation checks: a few microseconds).
+- d3rlpy: ``algo.update(dataset.sample_transition_batch(256))`` in a loop, what ``fit``'s loop calls per step
+  (``update`` builds the ``TorchMiniBatch``, applying the scalers, then runs the algorithm's ``inner_update``).
+  ``fit``'s logger, tqdm bar and metric averaging are left out (the model is built with ``build_with_dataset`` and
+  the scalers fitted with the function ``fit`` calls), so d3rlpy's figure is the faster of the two ways to time it.
+
+Peak RSS is the child's ``ru_maxrss``: the libraries, the dataset as each holds it, the networks and the optimizers.
+The ratio is distrl / d3rlpy of the median steps per second: above 1, distrl is faster.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import tempfile
+import time
+from importlib.util import find_spec
+from pathlib import Path
+from typing import Any
+
+from harness import alternate, child_main, markdown_table, median, write_section
+
+ALGOS = ("bc", "td3bc", "iql", "cql")
+NAMES = {"bc": "BC", "td3bc": "TD3+BC", "iql": "IQL", "cql": "CQL"}
+ENVS = ("Pendulum-v1", "Hopper-v5")
+DATASET_ID = "bench/random-v0"
+BATCH_SIZE = 256
+HIDDEN = (256, 256)
+LEARNING_RATE = 3e-4
+GAMMA, TAU = 0.99, 0.005
+TD3BC = dict(alpha=2.5, policy_noise=0.2, noise_clip=0.5, policy_freq=2)
+IQL = dict(expectile=0.7, beta=3.0, max_weight=100.0)
+CQL = dict(conservative_weight=5.0, n_action_samples=10, actor_learning_rate=1e-4)
+KEY = "steps_per_s"
+
+
+def distrl_has(algo: str) -> bool:
+    """Whether this distrl trains ``algo`` (CQL came after BC, TD3+BC and IQL)."""
+    import distrl.config
+
+    return algo != "cql" or hasattr(distrl.config, "CQLConfig")
+
+
+# ---- the dataset ----
+
+
+def make_dataset(env_id: str, steps: int, root: str) -> tuple[int, int]:
+    """Record ``steps`` transitions of uniformly random actions in ``env_id`` as Minari dataset :data:`DATASET_ID`
+    under ``root``; the transitions and episodes written."""
+    from distrl.data.offline import write_dataset
+    from distrl.data.recorder import record_episodes
+    from distrl.envs.vector import make_env
+
+    env = make_env(env_id, 8)
+    try:
+        episodes = record_episodes(env, None, steps, seed=0, random=True)
+        write_dataset(
+            DATASET_ID,
+            episodes,
+            env_id,
+            env.single_observation_space,
+            env.single_action_space,
+            "uniformly random",
+            root,
+        )
+    finally:
+        env.close()
+    return sum(len(e["rewards"]) for e in episodes), len(episodes)
+
+
+def d3rlpy_dataset(root: str) -> tuple[Any, Any, Any]:
+    """The Minari dataset under ``root``, read with minari, as a d3rlpy ``MDPDataset``; and the action bounds."""
+    import minari
+    import numpy as np
+    from d3rlpy.constants import ActionSpace
+    from d3rlpy.dataset import MDPDataset
+
+    os.environ["MINARI_DATASETS_PATH"] = root
+    dataset = minari.load_dataset(DATASET_ID)
+    columns: dict[str, list] = {k: [] for k in ("observations", "actions", "rewards", "terminals", "timeouts")}
+    for episode in dataset.iterate_episodes():
+        steps = len(episode.rewards)
+        terminated = bool(episode.terminations[-1])
+        # a truncated episode keeps its final observation as one more row, so that its last transition has it
+        rows = steps if terminated else steps + 1
+        actions = np.asarray(episode.actions, dtype=np.float32)
+        rewards = np.asarray(episode.rewards, dtype=np.float32)
+        ends = np.zeros(rows, dtype=np.float32)
+        ends[-1] = 1.0
+        columns["observations"].append(np.asarray(episode.observations[:rows], dtype=np.float32))
+        columns["actions"].append(actions if terminated else np.concatenate([actions, np.zeros_like(actions[:1])]))
+        columns["rewards"].append(rewards if terminated else np.append(rewards, np.float32(0.0)))
+        columns["terminals"].append(ends if terminated else np.zeros(rows, dtype=np.float32))
+        columns["timeouts"].append(np.zeros(rows, dtype=np.float32) if terminated else ends)
+    flat = {k: np.concatenate(v) for k, v in columns.items()}
+    space = dataset.action_space
+    return MDPDataset(**flat, action_space=ActionSpace.CONTINUOUS), space.low, space.high
+
+
+# ---- the two sides ----
+
+
+def distrl_config(algo: str, root: str) -> Any:
+    from distrl import config
+
+    common = dict(
+        dataset=DATASET_ID, datasets_dir=root, batch_size=BATCH_SIZE, learning_rate=LEARNING_RATE, net_arch=HIDDEN
+    )
+    if algo == "bc":
+        return config.BCConfig(**common)
+    if algo == "td3bc":
+        return config.TD3BCConfig(**common, gamma=GAMMA, tau=TAU, normalize_obs=True, **TD3BC)
+    if algo == "iql":
+        return config.IQLConfig(**common, gamma=GAMMA, tau=TAU, **IQL)
+    return config.CQLConfig(**common, gamma=GAMMA, tau=TAU, target_action_gap=None, **CQL)
+
+
+def run_distrl(algo: str, env_id: str, root: str, seed: int, steps: int, warmup: int) -> float:
+    """distrl's gradient steps per second over ``steps`` steps after ``warmup``."""
+    from distrl.config import RunConfig
+    from distrl.training import OfflineTrainer
+
+    run = RunConfig(
+        algo=algo,
+        env=env_id,
+        total_steps=warmup + steps,
+        seed=seed,
+        quiet=True,
+        threads=1,
+        device="cpu",
+        preset="none",
+        eval_every=0,
+    )
+    trainer = OfflineTrainer(run, distrl_config(algo, root))
+    try:
+        trainer.train(stop_at=warmup)  # loads the dataset, then the warm-up steps
+        start = time.perf_counter()
+        trainer.train(stop_at=warmup + steps)
+        elapsed = time.perf_counter() - start
+        assert trainer.steps == warmup + steps, trainer.steps
+    finally:
+        trainer.close()
+    return steps / elapsed
+
+
+def d3rlpy_config(algo: str, low: Any, high: Any) -> Any:
+    from d3rlpy import algos
+    from d3rlpy.models.encoders import VectorEncoderFactory
+    from d3rlpy.preprocessing import MinMaxActionScaler, StandardObservationScaler
+
+    encoder = VectorEncoderFactory(hidden_units=list(HIDDEN), activation="relu")
+    scaled = dict(batch_size=BATCH_SIZE, action_scaler=MinMaxActionScaler(minimum=low, maximum=high))
+    if algo == "bc":
+        return algos.BCConfig(
+            **scaled, learning_rate=LEARNING_RATE, policy_type="deterministic", encoder_factory=encoder
+        )
+    critic = dict(
+        **scaled,
+        gamma=GAMMA,
+        tau=TAU,
+        critic_learning_rate=LEARNING_RATE,
+        actor_encoder_factory=encoder,
+        critic_encoder_factory=encoder,
+        n_critics=2,
+    )
+    if algo == "td3bc":
+        return algos.TD3PlusBCConfig(
+            **critic,
+            actor_learning_rate=LEARNING_RATE,
+            observation_scaler=StandardObservationScaler(),
+            alpha=TD3BC["alpha"],
+            target_smoothing_sigma=TD3BC["policy_noise"],
+            target_smoothing_clip=TD3BC["noise_clip"],
+            update_actor_interval=TD3BC["policy_freq"],
+        )
+    if algo == "iql":
+        return algos.IQLConfig(
+            **critic,
+            actor_learning_rate=LEARNING_RATE,
+            value_encoder_factory=encoder,
+            expectile=IQL["expectile"],
+            weight_temp=IQL["beta"],
+            max_weight=IQL["max_weight"],
+        )
+    return algos.CQLConfig(
+        **critic,
+        actor_learning_rate=CQL["actor_learning_rate"],
+        temp_learning_rate=LEARNING_RATE,
+        initial_temperature=1.0,
+        alpha_learning_rate=0.0,  # the penalty's weight fixed, as distrl's target_action_gap=None
+        initial_alpha=1.0,
+        conservative_weight=CQL["conservative_weight"],
+        n_action_samples=CQL["n_action_samples"],
+        soft_q_backup=False,
+        max_q_backup=False,
+    )
+
+
+def run_d3rlpy(algo: str, root: str, seed: int, steps: int, warmup: int) -> float:
+    """d3rlpy's gradient steps per second over ``steps`` steps after ``warmup``: ``update`` on a sampled batch, as
+    ``fit``'s loop calls it."""
+    import d3rlpy
+    from d3rlpy.algos.utility import build_scalers_with_transition_picker
+
+    d3rlpy.seed(seed)
+    dataset, low, high = d3rlpy_dataset(root)
+    model = d3rlpy_config(algo, low, high).create(device="cpu:0")
+    build_scalers_with_transition_picker(model, dataset)  # as fit does: the observation scaler's statistics
+    model.build_with_dataset(dataset)
+    for _ in range(warmup):
+        model.update(dataset.sample_transition_batch(BATCH_SIZE))
+    start = time.perf_counter()
+    for _ in range(steps):
+        model.update(dataset.sample_transition_batch(BATCH_SIZE))
+    return steps / (time.perf_counter() - start)
+
+
+def child(lib: str, algo: str, seed: int, arg: str) -> dict:
+    import torch
+
+    torch.set_num_threads(1)
+    settings = json.loads(arg)
+    env_id, root, steps, warmup = settings["env"], settings["root"], settings["steps"], settings["warmup"]
+    if lib == "distrl":
+        return {KEY: run_distrl(algo, env_id, root, seed, steps, warmup)}
+    return {KEY: run_d3rlpy(algo, root, seed, steps, warmup)}
+
+
+# ---- the report ----
+
+
+def versions() -> str:
+    from importlib.metadata import version
+
+    return ", ".join(f"{p} {version(p)}" for p in ("distrl", "d3rlpy", "torch", "minari", "gymnasium"))
+
+
+def report_table(results: dict[str, dict]) -> list[str]:
+    rows = []
+    for algo, res in results.items():
+        d, r = median(res["values"].get("distrl", [])), median(res["values"]["d3rlpy"])
+        rss_d, rss_r = median(res["rss"].get("distrl", [])), median(res["rss"]["d3rlpy"])
+        rows.append(
+            [
+                NAMES[algo],
+                "n/a" if d is None else f"{d:,.0f}",
+                f"{r:,.0f}",
+                "n/a" if d is None else f"{d / r:.2f}×",
+                f"{'n/a' if rss_d is None else f'{rss_d:,.0f}'} / {rss_r:,.0f}",
+            ]
+        )
+    header = ["algorithm", "distrl steps/s", "d3rlpy steps/s", "distrl / d3rlpy", "peak RSS distrl / d3rlpy (MB)"]
+    return markdown_table(header, rows)
+
+
+def main() -> None:
+    if child_main(child):
+        return
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--env", choices=ENVS, default=ENVS[0], help="Hopper-v5 needs mujoco")
+    parser.add_argument("--steps", type=int, default=None, help="timed gradient steps per child (2,000)")
+    parser.add_argument("--warmup", type=int, default=None, help="untimed gradient steps before them (200)")
+    parser.add_argument("--repeats", type=int, default=None, help="runs per library and algorithm (3)")
+    parser.add_argument("--only", choices=ALGOS, default=None, help="one algorithm")
+    parser.add_argument("--dataset-steps", type=int, default=50_000, help="transitions in the dataset")
+    parser.add_argument("--quick", action="store_true", help="500 timed steps after 50, one run each")
+    parser.add_argument("--write", action="store_true", help="write the section of docs/benchmarks.md")
+    args = parser.parse_args()
+    if args.env == "Hopper-v5" and find_spec("mujoco") is None:
+        parser.error("--env Hopper-v5 needs mujoco: pip install mujoco")
+    steps = args.steps or (500 if args.quick else 2_000)
+    warmup = args.warmup if args.warmup is not None else (50 if args.quick else 200)
+    repeats = args.repeats or (1 if args.quick else 3)
+    if min(steps, repeats, args.dataset_steps) < 1 or warmup < 0:
+        parser.error("--steps, --repeats and --dataset-steps must be at least 1, --warmup at least 0")
+    algos = (args.only,) if args.only else ALGOS
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    print(f"{versions()}; load average at start {load}", flush=True)
+    results: dict[str, dict] = {}
+    with tempfile.TemporaryDirectory() as root:
+        os.environ["MINARI_DATASETS_PATH"] = root  # the children inherit it
+        start = time.perf_counter()
+        transitions, episodes = make_dataset(args.env, args.dataset_steps, root)
+        print(
+            f"dataset {DATASET_ID}: {transitions:,} transitions of random actions in {episodes} episodes of "
+            f"{args.env} ({time.perf_counter() - start:.1f} s)",
+            flush=True,
+        )
+        arg = json.dumps({"env": args.env, "root": root, "steps": steps, "warmup": warmup})
+        for algo in algos:
+            libs = ("distrl", "d3rlpy") if distrl_has(algo) else ("d3rlpy",)
+            print(f"{NAMES[algo]} ...", flush=True)
+            results[algo] = alternate(__file__, algo, repeats, arg, KEY, libs)  # type: ignore[arg-type]
+    lines = [
+        f"`python benchmarks/offline_vs_d3rlpy.py` — {time.strftime('%Y-%m-%d')}, {platform.machine()}, "
+        f"{os.cpu_count()} CPUs, {args.env}: {transitions:,} transitions of uniformly random actions (a Minari "
+        f"dataset both read), {repeats} runs each (seeds 0..{repeats - 1}), alternating, medians; one torch thread "
+        f"each; gradient steps per second over {steps:,} steps after {warmup:,}; {versions()}. Batch 256, "
+        "(256, 256) ReLU networks, Adam lr 3e-4 (CQL's policy 1e-4), the papers' settings (see the script's "
+        "docstring for what each side times and what differs).",
+        "",
+        *report_table(results),
+    ]
+    if "cql" in results and "distrl" not in results["cql"]["values"]:
+        lines += ["", "- CQL: this distrl has no `CQLConfig`; d3rlpy alone."]
+    body = "\n".join(lines)
+    if args.write:
+        write_section("Offline RL: distrl vs d3rlpy", body)
+    else:
+        print(body)
+
+
+if __name__ == "__main__":
+    main()
