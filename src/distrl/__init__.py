@@ -9,10 +9,10 @@ from typing import TYPE_CHECKING, Any
 
 from distrl._version import __version__
 
-__all__ = ["APPO", "BC", "CQL", "DQN", "IMPALA", "IQL", "PPO", "REINFORCE", "SAC", "TD3BC", "__version__"]
+__all__ = ["APPO", "BC", "CQL", "DQN", "IMPALA", "IQL", "PPO", "REINFORCE", "SAC", "TD3", "TD3BC", "__version__"]
 
 if TYPE_CHECKING:
-    from distrl.api import APPO, BC, CQL, DQN, IMPALA, IQL, PPO, REINFORCE, SAC, TD3BC
+    from distrl.api import APPO, BC, CQL, DQN, IMPALA, IQL, PPO, REINFORCE, SAC, TD3, TD3BC
 
 
 def __getattr__(name: str) -> Any:

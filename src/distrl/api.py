@@ -538,7 +538,8 @@ class IMPALA(PPO):
 
 class OfflineModel(Model):
     """A policy learned from a dataset, not from the env (``--dataset``: a Minari dataset's id or path): :meth:`learn`
-    takes gradient steps, and the env only evaluates. It acts with its mode (a deterministic policy's action, a
+    takes gradient steps, and the env only evaluates (online, ``init_from`` an offline run or TD3: environment steps,
+    each with a gradient step). It acts with its mode (a deterministic policy's action, a
     Gaussian's mean, a categorical's most likely action)."""
 
     _trainer: OfflineTrainer
@@ -574,6 +575,13 @@ class IQL(OfflineModel):
     algo = "iql"
 
 
+class TD3(OfflineModel):
+    """TD3, online (``learn`` counts environment steps); ``init_from`` a TD3+BC run goes on from its networks.
+    Hyperparameters as :class:`~distrl.config.TD3Config`."""
+
+    algo = "td3"
+
+
 class CQL(OfflineModel):
     """Conservative Q-learning from a dataset (Box or Discrete actions); hyperparameters as
     :class:`~distrl.config.CQLConfig`."""
@@ -586,6 +594,7 @@ MODELS: dict[str, type[Model]] = {
     "td3bc": TD3BC,
     "iql": IQL,
     "cql": CQL,
+    "td3": TD3,
     "ppo": PPO,
     "appo": APPO,
     "impala": IMPALA,

@@ -9,7 +9,7 @@ import torch
 
 from distributed import run_ranks
 from distrl.cli import main
-from distrl.config import BCConfig, CQLConfig, IQLConfig, RunConfig, TD3BCConfig
+from distrl.config import BCConfig, CQLConfig, IQLConfig, RunConfig, TD3BCConfig, TD3Config
 from distrl.data.offline import write_dataset
 from distrl.data.recorder import record_episodes
 from distrl.envs.vector import make_env
@@ -215,6 +215,69 @@ def test_collect_writes_a_dataset_that_trains_bc_from_the_command_line(datasets,
     ],
 )
 def test_a_dataset_that_cannot_serve_is_one_line_and_no_run_directory(datasets, tmp_path, capsys, argv, says):
+    run_dir = tmp_path / "run"
+    assert main([*argv, "--datasets-dir", str(datasets), "--run-dir", str(run_dir)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("distrl: error: ") and says in err[0], err
+    assert not run_dir.exists()
+
+
+def test_iql_goes_on_online_from_an_offline_run_and_keeps_the_dataset_on_request(datasets, tmp_path):
+    """A short offline IQL run that does not reach the goal yet, then online from its weights: it starts where
+    the offline run ended (same weights, same evaluation) and learns to reach the goal from its own play."""
+    offline = trainer("iql", REACH, IQLConfig(dataset="reach/mixed-v0", **SMALL), datasets, 1000)
+    offline.train()
+    before, _ = offline.evaluate_now()
+    path = offline.write_checkpoint(tmp_path / "offline")
+    weights = offline.state_tensors()["algo/actor/net.0.weight"]
+    offline.close()
+    assert before < 0  # not there yet
+    online = trainer("iql", REACH, IQLConfig(init_from=str(path), **SMALL), datasets, 1000)
+    assert torch.equal(online.state_tensors()["algo/actor/net.0.weight"], weights)
+    assert online.evaluate_now()[0] == before
+    online.train()
+    after, _ = online.evaluate_now()
+    assert online.steps == 1000 and 0 < online.replay.size <= 1000  # its own transitions (reset steps are none)
+    online.close()
+    assert after > 0  # it reaches the goal now
+    kept = trainer(
+        "iql", REACH, IQLConfig(dataset="reach/mixed-v0", init_from=str(path), keep_dataset=True, **SMALL), datasets, 10
+    )
+    kept.train()
+    assert kept.replay.size > kept._load_data().size  # the dataset's transitions, then its own
+    kept.close()
+
+
+def test_td3_learns_online_from_scratch(datasets):
+    t = trainer("td3", REACH, TD3Config(learning_starts=300, **SMALL), datasets, 2000)
+    t.train()
+    mean, _ = t.evaluate_now()
+    t.close()
+    assert mean > 0  # it reaches the goal; uniformly random play returns about -3
+
+
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        (
+            ["train", "td3", REACH, "--init-from", "IQL_RUN"],
+            "holds a run of iql; td3 goes on from a run of td3bc or td3",
+        ),
+        (["train", "iql", REACH, "--dataset", "reach/mixed-v0", "--keep-dataset"], "keep_dataset=True is not allowed"),
+        (["train", "td3", REACH, "--strategy", "ddp", "--workers", "2"], "it runs in one process"),
+        (["train", "cql", "CartPole-v1", "--init-from", "IQL_RUN"], "online fine-tuning needs Box"),
+    ],
+)
+def test_online_mistakes_are_one_line_and_no_run_directory(datasets, tmp_path, capsys, argv, says):
+    iql_run = tmp_path / "iql"
+    t = OfflineTrainer(
+        RunConfig(algo="iql", env=REACH, total_steps=2, seed=0, quiet=True),
+        IQLConfig(dataset="reach/mixed-v0", datasets_dir=str(datasets), **SMALL),
+    )
+    t.train()
+    t.write_checkpoint(iql_run / "model")
+    t.close()
+    argv = [str(iql_run) if a == "IQL_RUN" else a for a in argv]
     run_dir = tmp_path / "run"
     assert main([*argv, "--datasets-dir", str(datasets), "--run-dir", str(run_dir)]) == 2
     err = capsys.readouterr().err.strip().splitlines()

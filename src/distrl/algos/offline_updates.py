@@ -28,6 +28,7 @@ from distrl.algos.offline import (
     iql_actor_loss,
     iql_critic_loss,
     iql_value_loss,
+    td3_actor_loss,
     td3_critic_loss,
     td3_target,
     td3bc_actor_loss,
@@ -37,6 +38,8 @@ from distrl.algos.sac import actor_loss, temperature_loss
 from distrl.config import BCConfig, CQLConfig, IQLConfig, OfflineConfig, TD3BCConfig
 from distrl.data.replay import Transitions
 from distrl.nets.offline import (
+    LOG_STD_MAX,
+    LOG_STD_MIN,
     CategoricalActor,
     DeterministicActor,
     GaussianActor,
@@ -58,6 +61,8 @@ class OfflineUpdate(Protocol):
     def act(self, obs: torch.Tensor) -> torch.Tensor:
         """The policy's deterministic actions ([-1, 1], or indices) for observations [B, obs_dim]."""
         ...
+
+    def after_broadcast(self, counters: torch.Tensor) -> None: ...
 
     def reseed(self, seed: int, segment: int) -> None: ...
 
@@ -180,10 +185,12 @@ class BCAlgo(_Counters):
 class TD3BCAlgo(_Counters):
     """TD3+BC: the critics' clipped double-Q step every gradient step; every ``policy_freq``-th the actor's step
     (:func:`~distrl.algos.offline.td3bc_actor_loss`, its Q scale the mean over every worker's samples) and the
-    targets' Polyak step."""
+    targets' Polyak step. With ``bc=False`` the actor's loss is TD3's own (:func:`~distrl.algos.offline.td3_actor_loss`)."""
 
-    def __init__(self, cfg: TD3BCConfig, obs_dim: int, action_dim: int, device: torch.device, seed: int):
-        self.cfg, self.action_dim, self.device = cfg, action_dim, device
+    def __init__(
+        self, cfg: TD3BCConfig, obs_dim: int, action_dim: int, device: torch.device, seed: int, bc: bool = True
+    ):
+        self.cfg, self.action_dim, self.device, self.bc = cfg, action_dim, device, bc
         net = (cfg.net_arch, cfg.activation)
         self.actor = Learned(
             _built(seed, lambda: DeterministicActor(obs_dim, action_dim, *net)), cfg.learning_rate, device
@@ -221,8 +228,11 @@ class TD3BCAlgo(_Counters):
             return metrics
         action = self.actor.module(batch.obs)
         q1_pi, _ = self.critic.module(batch.obs, action)
-        q_abs = sync.all_sum(np.array([float(q1_pi.detach().abs().sum()), float(batch.obs.shape[0])]))
-        actor_loss = td3bc_actor_loss(q1_pi, action, batch.actions, cfg.alpha, q_abs[0] / max(q_abs[1], 1.0))
+        if self.bc:
+            q_abs = sync.all_sum(np.array([float(q1_pi.detach().abs().sum()), float(batch.obs.shape[0])]))
+            actor_loss = td3bc_actor_loss(q1_pi, action, batch.actions, cfg.alpha, q_abs[0] / max(q_abs[1], 1.0))
+        else:
+            actor_loss = td3_actor_loss(q1_pi)
         actor_sums = self.actor.step(actor_loss, _stats(batch, actor_loss), sync)
         self.actor_target.follow(cfg.tau)
         self.critic_target.follow(cfg.tau)
@@ -233,11 +243,16 @@ class TD3BCAlgo(_Counters):
     def act(self, obs: torch.Tensor) -> torch.Tensor:
         return self.actor.module(obs)
 
+    @torch.no_grad()
+    def explore(self, obs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+        """TD3's exploration: the policy's action plus ``exploration_noise`` times the standard normal ``noise``."""
+        return (self.actor.module(obs) + self.cfg.exploration_noise * noise).clamp(-1.0, 1.0)
+
 
 class IQLAlgo(_Counters):
-    """IQL: the value function's expectile step, the critics' step bootstrapping from V(s') (computed before it),
-    the target critics' Polyak step, then the policy's advantage-weighted step (advantages from V before its
-    step), in the reference's order."""
+    """IQL: the value function's expectile step, the critics' step bootstrapping from V(s'), the target critics'
+    Polyak step, then the policy's advantage-weighted step. V(s') and the advantages use V as it was before its
+    step, as CORL's implementation does (the authors' code uses V after it; the two differ by one step of V)."""
 
     def __init__(self, cfg: IQLConfig, obs_dim: int, action_dim: int, device: torch.device, seed: int):
         self.cfg = cfg
@@ -283,6 +298,13 @@ class IQLAlgo(_Counters):
     @torch.no_grad()
     def act(self, obs: torch.Tensor) -> torch.Tensor:
         return self.actor.module(obs)
+
+    @torch.no_grad()
+    def explore(self, obs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+        """A sample of the Gaussian policy (clipped to [-1, 1]) for standard normal ``noise``."""
+        actor = self.actor.module
+        std = actor.log_std.clamp(LOG_STD_MIN, LOG_STD_MAX).exp()
+        return (actor(obs) + std * noise).clamp(-1.0, 1.0)
 
 
 class CQLAlgo(_Counters):
@@ -382,6 +404,11 @@ class CQLAlgo(_Counters):
     def act(self, obs: torch.Tensor) -> torch.Tensor:
         return self.actor.module(obs)
 
+    @torch.no_grad()
+    def explore(self, obs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+        """A sample of the squashed Gaussian policy for standard normal ``noise``."""
+        return self.actor.module.sample(obs, noise)[0]
+
 
 class DiscreteCQLAlgo(_Counters):
     """CQL(H) on double DQN for Discrete actions: the squared TD error against ``r + gamma Q'(s', argmax_a Q(s', a))``
@@ -433,9 +460,9 @@ def make_offline_algo(
     if algo == "bc":
         assert isinstance(cfg, BCConfig)
         return BCAlgo(cfg, obs_dim, actions, discrete, device, seed)
-    if algo == "td3bc":
+    if algo in ("td3bc", "td3"):
         assert isinstance(cfg, TD3BCConfig)
-        return TD3BCAlgo(cfg, obs_dim, actions, device, seed)
+        return TD3BCAlgo(cfg, obs_dim, actions, device, seed, bc=algo == "td3bc")
     if algo == "iql":
         assert isinstance(cfg, IQLConfig)
         return IQLAlgo(cfg, obs_dim, actions, device, seed)

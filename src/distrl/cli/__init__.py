@@ -26,7 +26,7 @@ from distrl.export import ExportFailed
 from distrl.run.preemption import Stopped
 from distrl.run.rundir import WriteFailed
 
-ALGOS = ("ppo", "appo", "impala", "sac", "dqn", "reinforce", "grpo", "bc", "td3bc", "iql", "cql")
+ALGOS = ("ppo", "appo", "impala", "sac", "dqn", "reinforce", "grpo", "td3", "bc", "td3bc", "iql", "cql")
 
 
 def _flowing_help() -> None:

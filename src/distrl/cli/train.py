@@ -17,6 +17,7 @@ import tyro
 from distrl.cli import ALGOS
 from distrl.config import (
     OFFLINE_CONFIGS,
+    ONLINE_ONLY,
     APPOConfig,
     BCConfig,
     ConfigError,
@@ -31,6 +32,7 @@ from distrl.config import (
     SACConfig,
     StrategyConfig,
     TD3BCConfig,
+    TD3Config,
     check_decoupled,
     unknown_algo,
 )
@@ -120,6 +122,13 @@ class IQLTrainArgs(TrainFlags):
 
 
 @dataclass(frozen=True)
+class TD3TrainArgs(TrainFlags):
+    run: RunConfig
+    strategy: StrategyConfig
+    td3: TD3Config
+
+
+@dataclass(frozen=True)
 class CQLTrainArgs(TrainFlags):
     run: RunConfig
     strategy: StrategyConfig
@@ -138,6 +147,7 @@ TRAIN_ARGS = {
     "td3bc": TD3BCTrainArgs,
     "iql": IQLTrainArgs,
     "cql": CQLTrainArgs,
+    "td3": TD3TrainArgs,
 }
 
 
@@ -294,6 +304,8 @@ def check_strategy(algo: str, strategy: str) -> None:
         )
     if strategy == "decoupled":
         check_decoupled(algo)
+    if algo in ONLINE_ONLY and strategy != "single":
+        raise ConfigError(f"strategy={strategy!r} is not available for {algo}: it runs in one process (single)")
     if algo in OFFLINE_CONFIGS and strategy not in ("single", "ddp"):
         raise ConfigError(
             f"strategy={strategy!r} is not available for {algo}: it learns from a dataset, under single or ddp"

@@ -43,7 +43,16 @@ from distrl.config.base import (
 )
 from distrl.config.dqn import DQNConfig
 from distrl.config.grpo import GRPOConfig
-from distrl.config.offline import OFFLINE_CONFIGS, BCConfig, CQLConfig, IQLConfig, OfflineConfig, TD3BCConfig
+from distrl.config.offline import (
+    OFFLINE_CONFIGS,
+    ONLINE_ONLY,
+    BCConfig,
+    CQLConfig,
+    IQLConfig,
+    OfflineConfig,
+    TD3BCConfig,
+    TD3Config,
+)
 from distrl.config.run import DECOUPLED_ALGOS, RunConfig, StrategyConfig, check_decoupled, parse_env_kwargs, scaled
 from distrl.config.vtrace import APPOConfig, IMPALAConfig
 
@@ -71,6 +80,7 @@ __all__ = [
     "Launcher",
     "OFFLINE_CONFIGS",
     "OfflineConfig",
+    "ONLINE_ONLY",
     "OnWorkerError",
     "PPOConfig",
     "Precision",
@@ -83,6 +93,7 @@ __all__ = [
     "Strategy",
     "StrategyConfig",
     "TD3BCConfig",
+    "TD3Config",
     "Tracker",
     "VecMode",
     "call_as",

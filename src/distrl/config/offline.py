@@ -1,4 +1,5 @@
-"""Configuration of the offline algorithms, which learn from a fixed dataset: BC, TD3+BC, IQL and CQL.
+"""Configuration of the offline algorithms, which learn from a fixed dataset: BC, TD3+BC, IQL and CQL; and of
+their online fine-tuning (``init_from``) and TD3, which share their networks and updates.
 
 Each names its dataset (``--dataset``: a Minari dataset id or path, read from local storage only) and counts its
 run in gradient steps: ``--total-steps`` is the number of gradient steps, not of environment steps (none are
@@ -37,9 +38,34 @@ class OfflineConfig:
     normalize_obs: bool = False
     """Standardise observations by the dataset's mean and standard deviation (TD3+BC's state normalisation);
     evaluation applies the same statistics."""
+    init_from: str = ""
+    """Go on online from this offline run (its directory or a checkpoint): its weights, optimizer state and
+    observation statistics, then this run steps the env (td3bc, iql, cql; td3 from a td3bc run). --total-steps then
+    counts environment steps, each followed by one gradient step on a replay buffer of what the run has seen."""
+    keep_dataset: bool = False
+    """With init_from: the replay buffer starts with the dataset's transitions (--dataset), as IQL's fine-tuning
+    does; without it, with the run's own experience alone."""
+    buffer_size: int = 1_000_000
+    """Replay capacity in transitions, online."""
+    exploration_noise: float = 0.1
+    """Online, a deterministic policy's (TD3's) Gaussian exploration noise, actions in [-1, 1]; the stochastic
+    policies (IQL's, CQL's) sample themselves."""
+
+    @property
+    def online(self) -> bool:
+        """Whether the run steps the env (and its --total-steps counts environment steps)."""
+        return bool(self.init_from)
 
     def __post_init__(self) -> None:
-        require_positive(self, "n_envs", "batch_size", "learning_rate")
+        require_positive(self, "n_envs", "batch_size", "learning_rate", "buffer_size")
+        require(self.exploration_noise >= 0, "exploration_noise", self.exploration_noise, ">= 0")
+        require(
+            not self.keep_dataset or bool(self.init_from),
+            "keep_dataset",
+            self.keep_dataset,
+            "False without init_from",
+            "it keeps the dataset in an online run's replay",
+        )
         require(self.episodes_per_chunk >= 0, "episodes_per_chunk", self.episodes_per_chunk, ">= 0")
         require(
             len(self.net_arch) > 0 and all(h > 0 for h in self.net_arch),
@@ -81,6 +107,26 @@ class TD3BCConfig(OfflineConfig):
         require_fraction(self, "tau", inclusive_zero=False)
         require(self.policy_noise >= 0, "policy_noise", self.policy_noise, ">= 0")
         require(self.noise_clip >= 0, "noise_clip", self.noise_clip, ">= 0")
+
+
+@dataclass(frozen=True)
+class TD3Config(TD3BCConfig):
+    """TD3 (Fujimoto, van Hoof and Meger 2018, arXiv:1802.09477), online: clipped double Q, delayed policy updates,
+    target policy smoothing, Gaussian exploration. From scratch it plays uniformly random actions for
+    ``learning_starts`` steps first; with --init-from a TD3+BC run it goes on from that run's networks."""
+
+    learning_rate: float = 1e-3
+    normalize_obs: bool = False
+    learning_starts: int = 10_000
+    """Environment steps of uniformly random actions before learning starts (none with --init-from)."""
+
+    @property
+    def online(self) -> bool:
+        return True
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        require(self.learning_starts >= 0, "learning_starts", self.learning_starts, ">= 0")
 
 
 @dataclass(frozen=True)
@@ -140,10 +186,13 @@ class CQLConfig(OfflineConfig):
         require_fraction(self, "tau", inclusive_zero=False)
 
 
+ONLINE_ONLY = ("td3",)
+"""The algorithms of this family that learn online only (from scratch, or --init-from an offline run)."""
 OFFLINE_CONFIGS: dict[str, type[OfflineConfig]] = {
     "bc": BCConfig,
     "td3bc": TD3BCConfig,
     "iql": IQLConfig,
     "cql": CQLConfig,
+    "td3": TD3Config,
 }
 """The offline algorithms, by name."""

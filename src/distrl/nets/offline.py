@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 LOG_STD_MIN, LOG_STD_MAX = -20.0, 2.0
-"""The range of a Gaussian policy's log standard deviation (IQL's reference)."""
+"""The range of a policy's log standard deviation (CORL's IQL and SAC; the IQL authors' code clips at -5)."""
 
 
 def mlp(sizes: tuple[int, ...], activation: str) -> nn.Sequential:

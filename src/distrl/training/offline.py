@@ -1,6 +1,10 @@
 """The offline loop (BC, TD3+BC, IQL, CQL): draw a batch from the dataset → one gradient step → log → evaluate →
 checkpoint. No environment step is taken but the evaluation's: ``steps`` counts gradient steps.
 
+Online (``--init-from`` an offline run, or ``td3``): the loop steps the env with the policy's exploration, keeps
+what it sees in a replay buffer (with ``--keep-dataset``, after the dataset's transitions) and takes one gradient
+step per environment step on a batch drawn from it; ``steps`` then counts environment steps. One process only.
+
 Each worker loads its shard of the dataset's episodes (:meth:`~distrl.data.offline.OfflineData.load`) when
 training starts, not before: a model loaded to be evaluated or exported needs no dataset. Every worker draws the
 same global batch (:class:`~distrl.data.offline.GlobalSampler`) and trains on the part it holds, so a ddp run
@@ -23,15 +27,18 @@ from distrl.algos.offline_updates import make_offline_algo
 from distrl.algos.protocols import Sync
 from distrl.config import OFFLINE_CONFIGS, ConfigError, OfflineConfig, RunConfig, StrategyConfig
 from distrl.data.offline import GlobalSampler, OfflineData, check_spaces, open_dataset
-from distrl.data.replay import Transitions
+from distrl.data.replay import ReplayBuffer, Transitions
 from distrl.envs.names import shown_name
+from distrl.run import checkpoint
 from distrl.training.common import TrainerBase
 from distrl.training.state import section
 
 OBS_STD_FLOOR = 1e-3
 """Added to the dataset's standard deviation of each observation dimension (TD3+BC's)."""
-CONTINUOUS_ONLY = ("td3bc", "iql")
-"""The offline algorithms whose policies act in Box spaces only."""
+CONTINUOUS_ONLY = ("td3bc", "iql", "td3")
+"""The algorithms of this family whose policies act in Box spaces only."""
+GOES_ON_FROM = {"td3bc": ("td3bc",), "td3": ("td3bc", "td3"), "iql": ("iql",), "cql": ("cql",)}
+"""The runs each algorithm goes on from online (--init-from), by their algorithm."""
 
 
 class OfflineTrainer(TrainerBase):
@@ -63,6 +70,15 @@ class OfflineTrainer(TrainerBase):
         self.obs_mean = torch.zeros(self.obs_dim, dtype=torch.float32, device=self.device)
         self.obs_std = torch.ones(self.obs_dim, dtype=torch.float32, device=self.device)
         self.data: OfflineData | None = None
+        self.replay: ReplayBuffer | None = None
+        if cfg.online:
+            if self.sync.world_size > 1:
+                self.close()
+                raise ConfigError(
+                    f"strategy={self.strategy.strategy!r} is not available online: {run.algo} online runs in one process"
+                )
+            if cfg.init_from:
+                self._go_on_from(Path(cfg.init_from))
         self.start_segment()
 
     @classmethod
@@ -76,8 +92,10 @@ class OfflineTrainer(TrainerBase):
             raise ConfigError(
                 f"env={name!r} has a {type(action_space).__name__} action space; offline needs Box or Discrete"
             )
-        if not cfg.dataset:
+        if not cfg.dataset and (not cfg.online or cfg.keep_dataset):
             raise ConfigError("dataset='' is not allowed: name a Minari dataset, --dataset ID (or a dataset's path)")
+        if cfg.online and not isinstance(action_space, spaces.Box):
+            raise ConfigError(f"env={name!r} has a Discrete action space; online fine-tuning needs Box")
 
     @classmethod
     def check_env(cls, run: RunConfig, cfg: Any) -> None:
@@ -93,10 +111,35 @@ class OfflineTrainer(TrainerBase):
                     f"env={shown_name(env.env_id)!r} has a {type(env.single_action_space).__name__} action space; "
                     f"{run.algo} needs Box (bc clones Discrete actions too)"
                 )
-            dataset = open_dataset(cfg.dataset, cfg.datasets_dir or None)
-            check_spaces(dataset, env.single_observation_space, env.single_action_space, env.env_id)
+            if cfg.dataset:
+                dataset = open_dataset(cfg.dataset, cfg.datasets_dir or None)
+                check_spaces(dataset, env.single_observation_space, env.single_action_space, env.env_id)
+            if cfg.init_from:
+                _, state = checkpoint.load(checkpoint.newest_intact(Path(cfg.init_from)))
+                if state.get("algo") not in GOES_ON_FROM[run.algo]:
+                    raise ConfigError(
+                        f"init_from={cfg.init_from!r} holds a run of {state.get('algo')}; {run.algo} goes on from a run "
+                        f"of {' or '.join(GOES_ON_FROM[run.algo])}"
+                    )
         finally:
             env.close()
+
+    def _go_on_from(self, path: Path) -> None:
+        """The offline run's networks, their optimizers and its observation statistics; the step count starts
+        at 0 (the online run's)."""
+        tensors, state = checkpoint.load(checkpoint.newest_intact(path))
+        if state.get("algo") not in GOES_ON_FROM[self.algo_name]:
+            raise ConfigError(
+                f"init_from={str(path)!r} holds a run of {state.get('algo')}; {self.algo_name} goes on from a run of "
+                f"{' or '.join(GOES_ON_FROM[self.algo_name])}"
+            )
+        try:
+            self.load_state_tensors(tensors, path)
+        except (KeyError, ValueError, RuntimeError) as exc:
+            raise ConfigError(
+                f"init_from={str(path)!r} does not fit this run's networks (--net-arch?): {exc}"
+            ) from None
+        self.report(f"went on from {path}: its networks and observation statistics, online now")
 
     # ---- the loop ----
 
@@ -122,6 +165,8 @@ class OfflineTrainer(TrainerBase):
     def train(self, total_steps: int | None = None, stop_at: int | None = None) -> dict[str, Any]:
         total = total_steps if total_steps is not None else self.run.total_steps
         limit = min(total, stop_at) if stop_at is not None else total
+        if self.cfg.online:
+            return self._train_online(total, limit)
         data = self._load_data()
         while self.steps < limit:
             start = time.perf_counter()
@@ -135,12 +180,65 @@ class OfflineTrainer(TrainerBase):
                 break
         return self.summary()
 
-    def _prepared(self, batch: Transitions) -> Transitions:
-        """Observations as the networks see them (standardised), Box actions in [-1, 1]."""
+    def _train_online(self, total: int, limit: int) -> dict[str, Any]:
+        cfg = self.cfg
+        replay = self._online_replay()
+        starts = getattr(cfg, "learning_starts", 0) if not cfg.init_from else 0
+        n = cfg.n_envs
+        while self.steps < limit:
+            start = time.perf_counter()
+            if self.steps < starts:
+                actions = self.noise_rng.uniform(-1.0, 1.0, (n, *self.low.shape)).astype(np.float32)
+            else:
+                noise = torch.from_numpy(self.noise_rng.standard_normal((n, *self.low.shape), dtype=np.float32))
+                obs = self._normalized(torch.as_tensor(self.obs, device=self.device))
+                actions = self.algo.explore(obs, noise.to(self.device)).cpu().numpy()
+            step = self.env.step(self.to_env(actions))
+            next_obs = step.obs.astype(self.obs_dtype)
+            replay.add(self.obs, actions, step.reward, next_obs, step.terminated.astype(np.float32), step.valid)
+            self.obs = next_obs
+            self.steps += n
+            episodes, votes = self.count_episodes(len(step.episode_returns))
+            update_start = time.perf_counter()
+            metrics: dict[str, float] = {}
+            if self.steps >= starts:
+                batch = replay.sample(cfg.batch_size, self.sample_rng, self.device)
+                metrics = self.algo.update(
+                    self._prepared(dataclasses.replace(batch, rows=None), scaled=True), self.sync, cfg.batch_size
+                )
+            self._end_iteration(start, update_start, updated=bool(metrics))
+            self._log(step.episode_returns.tolist(), step.episode_lengths.tolist(), episodes, metrics)
+            if self.end_of_iteration(n, votes, self.steps < total):
+                break
+        return self.summary()
+
+    def _online_replay(self) -> ReplayBuffer:
+        """The online run's replay: with ``keep_dataset``, the dataset's transitions first (Box actions in [-1, 1])."""
+        if self.replay is None:
+            cfg = self.cfg
+            action_shape = self.low.shape
+            self.replay = ReplayBuffer(cfg.buffer_size, self.obs_shape, action_shape, self.obs_dtype)
+            if cfg.keep_dataset:
+                data = self._load_data()
+                scaled = self._scaled(torch.from_numpy(data.actions)).numpy()
+                every = np.ones(data.size, dtype=bool)
+                self.replay.add(data.obs, scaled, data.rewards, data.next_obs, data.terminated, every)
+        return self.replay
+
+    def to_env(self, actions: np.ndarray) -> np.ndarray:
+        """Actions in [-1, 1] in the env's bounds."""
+        return self.low + 0.5 * (actions + 1.0) * (self.high - self.low)
+
+    def _scaled(self, actions: torch.Tensor) -> torch.Tensor:
+        """Box actions in the env's bounds in [-1, 1]."""
+        low, high = torch.from_numpy(self.low).to(actions.device), torch.from_numpy(self.high).to(actions.device)
+        return (2.0 * (actions.float() - low) / (high - low) - 1.0).clamp(-1.0, 1.0)
+
+    def _prepared(self, batch: Transitions, scaled: bool = False) -> Transitions:
+        """Observations as the networks see them (standardised), Box actions in [-1, 1] (``scaled``: already)."""
         actions = batch.actions
-        if not self.discrete:
-            low, high = torch.from_numpy(self.low).to(self.device), torch.from_numpy(self.high).to(self.device)
-            actions = (2.0 * (actions.float() - low) / (high - low) - 1.0).clamp(-1.0, 1.0)
+        if not self.discrete and not scaled:
+            actions = self._scaled(actions)
         return dataclasses.replace(
             batch,
             obs=self._normalized(batch.obs),
@@ -154,15 +252,17 @@ class OfflineTrainer(TrainerBase):
 
     def act_for_eval(self, obs: np.ndarray, starts: np.ndarray) -> np.ndarray:
         actions = self.algo.act(self._normalized(torch.as_tensor(obs, device=self.device))).cpu().numpy()
-        if self.discrete:
-            return actions
-        return self.low + 0.5 * (actions + 1.0) * (self.high - self.low)
+        return actions if self.discrete else self.to_env(actions)
 
     def start_segment(self) -> None:
         """Batches and in-step noise from streams keyed by (seed, step count): a resumed run draws what it would
         have drawn."""
         self.sampler = GlobalSampler(self.run.seed, self.steps)
         self.algo.reseed(self.run.seed, self.steps)
+        if self.cfg.online:  # the env restarts too, and the exploration's and the replay's streams
+            self.obs = self.env.reset(seed=self.run.seed + self.steps).astype(self.obs_dtype)
+            self.noise_rng = np.random.default_rng([self.run.seed, self.steps, 1])
+            self.sample_rng = np.random.default_rng([self.run.seed, self.steps, 2])
 
     # ---- state ----
 

@@ -23,6 +23,7 @@ TRAINERS: dict[str, Any] = {
     "td3bc": OfflineTrainer,
     "iql": OfflineTrainer,
     "cql": OfflineTrainer,
+    "td3": OfflineTrainer,
 }
 
 
