@@ -362,9 +362,8 @@ class CQLAlgo(_Counters):
             next_action, _ = self.actor.module.sample(batch.next_obs, eps_next)
             next_q1, next_q2 = self.critic_target.module(batch.next_obs, next_action)
             y = td3_target(batch.rewards, batch.terminated, next_q1, next_q2, cfg.gamma)
-            repeated = batch.obs.unsqueeze(1).expand(b, n, batch.obs.shape[1])
-            here, log_prob_here = self.actor.module.sample(repeated, eps_here)
-            there, log_prob_there = self.actor.module.sample(batch.next_obs.unsqueeze(1).expand_as(repeated), eps_there)
+            here, log_prob_here = self.actor.module.sample(batch.obs, eps_here)  # n actions per state, one pass
+            there, log_prob_there = self.actor.module.sample(batch.next_obs, eps_there)
         q1, q2 = self.critic.module(batch.obs, batch.actions)
         sampled = torch.cat([random_actions, here, there], dim=1)  # [b, 3n, A], evaluated at s
         sq1, sq2 = self.critic.module(batch.obs.unsqueeze(1).expand(b, 3 * n, batch.obs.shape[1]), sampled)

@@ -86,8 +86,11 @@ class SquashedGaussianActor(nn.Module):
 
     def sample(self, obs: torch.Tensor, eps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Reparameterised actions ``tanh(mean + std eps)`` [..., A] for noise ``eps`` (standard normal, the shape of
-        the actions) and their log-densities [...], with tanh's change of variables."""
+        the actions) and their log-densities [...], with tanh's change of variables. ``eps`` [B, N, A] for ``obs``
+        [B, D] draws N actions per state from one forward pass."""
         out = self.net(obs)
+        if eps.dim() == obs.dim() + 1:
+            out = out.unsqueeze(-2)
         mean, log_std = out[..., : self.action_dim], out[..., self.action_dim :].clamp(LOG_STD_MIN, LOG_STD_MAX)
         u = mean + log_std.exp() * eps
         action = torch.tanh(u)
