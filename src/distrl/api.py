@@ -296,10 +296,13 @@ class Model:
         random: bool = False,
         n_envs: int = 1,
         seed: int | None = None,
+        stream: int = 0,
     ) -> list[dict[str, Any]]:
         """Whole episodes of this policy in the run's env, at least ``steps`` transitions, as an offline dataset
         stores them (see :func:`distrl.data.recorder.record_episodes`): its mode (``deterministic``), samples, or
-        either mixed with uniformly random actions (``epsilon``); ``random`` plays uniformly random actions."""
+        either mixed with uniformly random actions (``epsilon``); ``random`` plays uniformly random actions. The
+        episodes start from ``seed`` (default: the run's evaluation seed) plus 1000 ``stream``: recordings of
+        different streams differ."""
         trainer = self._trainer
         if steps <= 0:
             raise ConfigError(f"steps={steps} is not allowed: must be > 0")
@@ -310,7 +313,7 @@ class Model:
                 f"env={trainer.env_id!r} has {type(trainer.env.single_observation_space).__name__} observations: "
                 "datasets are recorded from Box and Discrete observations"
             )
-        seed = trainer.run.seed + EVAL_SEED_OFFSET if seed is None else seed
+        seed = (trainer.run.seed + EVAL_SEED_OFFSET if seed is None else seed) + 1000 * stream
         env = make_run_env(trainer.run, n_envs, trainer.env_id, evaluation=True)
         rng = np.random.default_rng([seed, 3])  # the policy's samples; the env's streams are keyed (seed, i, ...)
         state = None
@@ -548,7 +551,19 @@ class OfflineModel(Model):
         raise ConfigError(f"deterministic=False is not available for {self.algo}: its policy acts with its mode")
 
     def _graph(self, stochastic: bool) -> graph.ActingGraph:
-        raise ConfigError(f"export is not available for {self.algo} yet: evaluate it, or act with predict()")
+        if stochastic:
+            raise ConfigError(f"stochastic=True is not available for {self.algo}: its policy acts with its mode")
+        trainer = self._trainer
+        policy = trainer.algo.policy
+        standardised = trainer.cfg.normalize_obs
+        return graph.offline_graph(
+            policy.module,
+            policy.params,
+            trainer.env.single_observation_space,
+            trainer.env.single_action_space,
+            trainer.obs_mean if standardised else None,
+            trainer.obs_std if standardised else None,
+        )
 
     def _actions(
         self, obs: np.ndarray, noise: np.ndarray | None, state: Any = None, starts: np.ndarray | None = None

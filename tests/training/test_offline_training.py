@@ -9,7 +9,7 @@ import torch
 
 from distributed import run_ranks
 from distrl.cli import main
-from distrl.config import BCConfig, CQLConfig, IQLConfig, RunConfig, TD3BCConfig, TD3Config
+from distrl.config import BCConfig, ConfigError, CQLConfig, IQLConfig, RunConfig, TD3BCConfig, TD3Config
 from distrl.data.offline import write_dataset
 from distrl.data.recorder import record_episodes
 from distrl.envs.vector import make_env
@@ -283,3 +283,45 @@ def test_online_mistakes_are_one_line_and_no_run_directory(datasets, tmp_path, c
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("distrl: error: ") and says in err[0], err
     assert not run_dir.exists()
+
+
+@pytest.mark.heavy
+def test_collect_with_two_workers_writes_both_workers_episodes_reproducibly(datasets, tmp_path):
+    import minari
+
+    run_dir = tmp_path / "bc"
+    flags = ["--datasets-dir", str(datasets), "--total-steps", "200", "--net-arch", "32", "32", "--quiet"]
+    assert (
+        main(["train", "bc", "CartPole-v1", "--dataset", "cartpole/expert-v0", *flags, "--run-dir", str(run_dir)]) == 0
+    )
+    out = ["--datasets-dir", str(datasets), "--steps", "400", "--workers", "2", "--epsilon", "0.5", "--seed", "1"]
+    for name in ("cartpole/two-a-v0", "cartpole/two-b-v0"):
+        assert main(["collect", str(run_dir), "--out", name, *out]) == 0
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MINARI_DATASETS_PATH", str(datasets))
+        a, b = (list(minari.load_dataset(n).iterate_episodes()) for n in ("cartpole/two-a-v0", "cartpole/two-b-v0"))
+    assert sum(len(e.actions) for e in a) >= 400
+    assert len(a) == len(b) and all(np.array_equal(x.actions, y.actions) for x, y in zip(a, b))  # reproducible
+    starts = {tuple(e.observations[0]) for e in a}
+    assert len(starts) > 1  # the two workers' streams start from different states
+
+
+@pytest.mark.parametrize(
+    "cls, env, dataset",
+    [
+        ("TD3BC", REACH, "reach/expert-v0"),
+        ("BC", "CartPole-v1", "cartpole/expert-v0"),
+        ("CQL", "CartPole-v1", "cartpole/expert-v0"),
+    ],
+)
+def test_an_offline_policy_exports_to_a_graph_that_acts_as_it_does(datasets, tmp_path, cls, env, dataset):
+    pytest.importorskip("onnxruntime")
+    import distrl
+
+    model = getattr(distrl, cls)(env, dataset=dataset, datasets_dir=str(datasets), net_arch=(32, 32))
+    model.learn(50)
+    written = model.export(tmp_path / "policy.onnx")  # checked against the model on 256 observations as it is written
+    assert written.path.stat().st_size > 0
+    with pytest.raises(ConfigError, match="stochastic=True is not available"):
+        model.export(tmp_path / "noisy.onnx", stochastic=True)
+    model.close()

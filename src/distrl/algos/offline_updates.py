@@ -62,6 +62,11 @@ class OfflineUpdate(Protocol):
         """The policy's deterministic actions ([-1, 1], or indices) for observations [B, obs_dim]."""
         ...
 
+    @property
+    def policy(self) -> Learned:
+        """The module that acts: its mode's action in [-1, 1] (Box), or values to take the argmax of (Discrete)."""
+        ...
+
     def after_broadcast(self, counters: torch.Tensor) -> None: ...
 
     def reseed(self, seed: int, segment: int) -> None: ...
@@ -151,6 +156,11 @@ class _Counters:
 
     def reseed(self, seed: int, segment: int) -> None:
         return None
+
+    @property
+    def policy(self) -> Learned:
+        """The module that acts (the actor; a Q network for discrete CQL)."""
+        return self.learned["actor"]
 
 
 class BCAlgo(_Counters):
@@ -421,6 +431,10 @@ class DiscreteCQLAlgo(_Counters):
         self.q_target = Target(self.q, device)
         self.learned = {"q": self.q}
         self.gradient_steps = 0
+
+    @property
+    def policy(self) -> Learned:
+        return self.q
 
     def _targets(self) -> dict[str, Target]:
         return {"q_target": self.q_target}

@@ -220,6 +220,8 @@ class ActionHead(nn.Module):
         if self.kind == "gaussian":
             action = out if noise is None else out + self.std * noise
             return torch.maximum(torch.minimum(action, self.high), self.low).reshape([-1, *self.shape])
+        if self.kind == "bounded":  # an action in [-1, 1] already (the offline algorithms' policies)
+            return (self.low + 0.5 * (out + 1.0) * (self.high - self.low)).reshape([-1, *self.shape])
         half = out.shape[1] // 2
         mean = out[:, :half]
         if noise is not None:
@@ -376,6 +378,43 @@ def sac_graph(
     inputs = obs_ports + ([_noise_port(spec, sac=True)] if stochastic else [])
     head = ActionHead(spec, "squashed")
     return ActingGraph(inputs, [_action_port(spec)], body, head, None, len(obs_ports), 0, stochastic)
+
+
+class StandardisedBody(nn.Module):
+    """An offline algorithm's policy module on the flat observation, standardised by the dataset's statistics where
+    the run standardised it: its mode's action in [-1, 1], or logits (Q-values) to take the argmax of."""
+
+    def __init__(self, policy: nn.Module, mean: torch.Tensor | None, std: torch.Tensor | None):
+        super().__init__()
+        self.policy = policy
+        self.standardise = mean is not None
+        if mean is not None and std is not None:
+            self.register_buffer("mean", mean.detach().cpu().float())
+            self.register_buffer("std", std.detach().cpu().float())
+
+    def forward(self, obs: list[torch.Tensor]) -> torch.Tensor:
+        x = obs[0]
+        x = x.reshape(x.shape[0], -1).float()
+        if self.standardise:
+            x = (x - self.mean) / self.std
+        return self.policy(x)
+
+
+def offline_graph(
+    policy: nn.Module,
+    params: ParamBuffer,
+    observation_space: spaces.Space,
+    action_space: spaces.Space,
+    mean: torch.Tensor | None,
+    std: torch.Tensor | None,
+) -> ActingGraph:
+    """The graph of an offline algorithm's policy (BC, TD3, TD3+BC, IQL, CQL): its mode's action scaled to the
+    bounds, or the most likely (greedy) choice."""
+    spec = action_spec(action_space)
+    obs_ports = observation_ports(observation_space)
+    body = StandardisedBody(weighted_copy(policy, params), mean, std)
+    head = ActionHead(spec, "categorical" if isinstance(action_space, spaces.Discrete) else "bounded")
+    return ActingGraph(obs_ports, [_action_port(spec)], body, head, None, len(obs_ports), 0, False)
 
 
 class QStreams(nn.Module):

@@ -21,7 +21,7 @@ from distrl._version import __version__
 from distrl.config import ConfigError
 from distrl.envs.vector import VecEnv
 from distrl.export import ExportFailed
-from distrl.export.graph import ActingGraph, graph_observations
+from distrl.export.graph import ActingGraph, StandardisedBody, graph_observations
 from distrl.run.logs import write_json_atomic
 
 Format = Literal["onnx", "torchscript"]
@@ -292,8 +292,17 @@ ACTIONS = {
         "tanh(mean + std * noise) (noise standard normal) scaled to the bounds",
     ),
     "greedy": ("the argmax of the Q values (ties to the lowest index), plus the space's start", ""),
+    "bounded": ("the policy's action in [-1, 1] (its tanh output) scaled to the bounds", ""),
 }
 """What the graph makes of its head outputs, for the metadata: (deterministic, with noise) by action kind."""
+
+
+def _normalisation(graph: ActingGraph) -> str:
+    if graph.normalise is not None:
+        return "clip((obs - mean) / std) with the run's final statistics, inside the graph"
+    if isinstance(graph.body, StandardisedBody) and graph.body.standardise:
+        return "(obs - mean) / std with the dataset's statistics, inside the graph"
+    return "none"
 
 
 def _metadata(graph: ActingGraph, fmt: Format, env: VecEnv, check: Check, about: dict[str, Any]) -> dict[str, Any]:
@@ -311,11 +320,7 @@ def _metadata(graph: ActingGraph, fmt: Format, env: VecEnv, check: Check, about:
             "as the run's environment gives them after its wrappers, in distrl's stored form: float32 vectors, "
             "uint8 images (unscaled), int64 Discrete values, a Dict as one input per key"
         ),
-        "normalisation": (
-            "clip((obs - mean) / std) with the run's final statistics, inside the graph"
-            if graph.normalise is not None
-            else "none"
-        ),
+        "normalisation": _normalisation(graph),
         "actions": ACTIONS[graph.head.kind][graph.stochastic],
         "check": {
             "observations": check.observations,
