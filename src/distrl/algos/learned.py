@@ -26,12 +26,15 @@ class Learned:
         self.module = module
         self.params: ParamBuffer = bind_module(module, device)
         self.optimizer = ClippedAdam(self.params, lr, eps=1e-8, max_grad_norm=max_grad_norm)
+        self._leaves = [p for p in module.parameters() if p.requires_grad]
 
     def step(self, loss: torch.Tensor, stats: torch.Tensor, sync: Sync, lr: float | None = None) -> list[float]:
         """Backward ``loss`` (summed over this worker's samples), sum the gradient and ``stats`` (float64, the
         sample count first) over workers and step on the mean; the summed statistics."""
         self.params.grad.zero_()
-        loss.backward()
+        # this module's gradient alone: a loss through another learned module (an actor's, through the critic) does
+        # not pay for that module's weight gradients
+        loss.backward(inputs=self._leaves)
         sync.gradients(self.params.grad, stats)
         sums = stats.tolist()
         if sums[0] > 0:

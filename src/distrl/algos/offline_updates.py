@@ -237,7 +237,7 @@ class TD3BCAlgo(_Counters):
         if self.gradient_steps % cfg.policy_freq:
             return metrics
         action = self.actor.module(batch.obs)
-        q1_pi, _ = self.critic.module(batch.obs, action)
+        q1_pi = self.critic.module.first(batch.obs, action)
         if self.bc:
             q_abs = sync.all_sum(np.array([float(q1_pi.detach().abs().sum()), float(batch.obs.shape[0])]))
             actor_loss = td3bc_actor_loss(q1_pi, action, batch.actions, cfg.alpha, q_abs[0] / max(q_abs[1], 1.0))

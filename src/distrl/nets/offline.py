@@ -134,6 +134,10 @@ class TwinCritic(nn.Module):
         x = torch.cat([obs, actions], dim=-1)
         return self.q1(x).squeeze(-1), self.q2(x).squeeze(-1)
 
+    def first(self, obs: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        """The first critic's values alone (TD3's actor follows it)."""
+        return self.q1(torch.cat([obs, actions], dim=-1)).squeeze(-1)
+
 
 class ValueNet(nn.Module):
     """V(s), an MLP."""
