@@ -126,7 +126,7 @@ LAYERS = {
     "distrl.config": 0,
     "distrl._version": 0,
 }
-ROOT_MODULES = {"__init__.py", "__main__.py", "api.py", "_version.py"}
+ROOT_MODULES = {"__init__.py", "__main__.py", "_version.py"}
 
 
 def part_of(module: str) -> str:

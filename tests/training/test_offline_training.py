@@ -266,6 +266,7 @@ def test_td3_learns_online_from_scratch(datasets):
         (["train", "iql", REACH, "--dataset", "reach/mixed-v0", "--keep-dataset"], "keep_dataset=True is not allowed"),
         (["train", "td3", REACH, "--strategy", "ddp", "--workers", "2"], "it runs in one process"),
         (["train", "cql", "CartPole-v1", "--init-from", "IQL_RUN"], "online fine-tuning needs Box"),
+        (["train", "bc", REACH, "--dataset", "reach/mixed-v0", "--init-from", "IQL_RUN"], "not available for bc"),
     ],
 )
 def test_online_mistakes_are_one_line_and_no_run_directory(datasets, tmp_path, capsys, argv, says):

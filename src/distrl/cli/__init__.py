@@ -144,7 +144,7 @@ def _dispatch(argv: list[str]) -> int:
 
         return export_command(rest)
     if command == "collect":
-        from distrl.cli.runs import collect_command
+        from distrl.cli.collect import collect_command
 
         return collect_command(rest)
     if command == "trust":

@@ -41,6 +41,17 @@ GOES_ON_FROM = {"td3bc": ("td3bc",), "td3": ("td3bc", "td3"), "iql": ("iql",), "
 """The runs each algorithm goes on from online (--init-from), by their algorithm."""
 
 
+def check_goes_on_from(algo: str, init_from: str, state: dict[str, Any]) -> None:
+    """Refuse, in one line, an --init-from run that ``algo`` does not go on from (``state``: its checkpoint's)."""
+    if algo not in GOES_ON_FROM:
+        raise ConfigError(f"init_from={init_from!r} is not available for {algo}: {', '.join(GOES_ON_FROM)} go online")
+    if state.get("algo") not in GOES_ON_FROM[algo]:
+        raise ConfigError(
+            f"init_from={init_from!r} holds a run of {state.get('algo')}; {algo} goes on from a run of "
+            f"{' or '.join(GOES_ON_FROM[algo])}"
+        )
+
+
 class OfflineTrainer(TrainerBase):
     """Trains an offline algorithm (``run.algo``: bc, td3bc, iql or cql) on a Minari dataset; the main worker logs,
     evaluates in the env and checkpoints."""
@@ -71,14 +82,16 @@ class OfflineTrainer(TrainerBase):
         self.obs_std = torch.ones(self.obs_dim, dtype=torch.float32, device=self.device)
         self.data: OfflineData | None = None
         self.replay: ReplayBuffer | None = None
-        if cfg.online:
-            if self.sync.world_size > 1:
-                self.close()
+        try:
+            if cfg.online and self.sync.world_size > 1:
                 raise ConfigError(
                     f"strategy={self.strategy.strategy!r} is not available online: {run.algo} online runs in one process"
                 )
             if cfg.init_from:
                 self._go_on_from(Path(cfg.init_from))
+        except BaseException:
+            self.close()
+            raise
         self.start_segment()
 
     @classmethod
@@ -116,11 +129,7 @@ class OfflineTrainer(TrainerBase):
                 check_spaces(dataset, env.single_observation_space, env.single_action_space, env.env_id)
             if cfg.init_from:
                 _, state = checkpoint.load(checkpoint.newest_intact(Path(cfg.init_from)))
-                if state.get("algo") not in GOES_ON_FROM[run.algo]:
-                    raise ConfigError(
-                        f"init_from={cfg.init_from!r} holds a run of {state.get('algo')}; {run.algo} goes on from a run "
-                        f"of {' or '.join(GOES_ON_FROM[run.algo])}"
-                    )
+                check_goes_on_from(run.algo, cfg.init_from, state)
         finally:
             env.close()
 
@@ -128,11 +137,7 @@ class OfflineTrainer(TrainerBase):
         """The offline run's networks, their optimizers and its observation statistics; the step count starts
         at 0 (the online run's)."""
         tensors, state = checkpoint.load(checkpoint.newest_intact(path))
-        if state.get("algo") not in GOES_ON_FROM[self.algo_name]:
-            raise ConfigError(
-                f"init_from={str(path)!r} holds a run of {state.get('algo')}; {self.algo_name} goes on from a run of "
-                f"{' or '.join(GOES_ON_FROM[self.algo_name])}"
-            )
+        check_goes_on_from(self.algo_name, str(path), state)
         try:
             self.load_state_tensors(tensors, path)
         except (KeyError, ValueError, RuntimeError) as exc:

@@ -1,10 +1,7 @@
-"""The Python API, in the spirit of stable-baselines3.
+"""The model every algorithm's Python API shares: build, learn, predict, evaluate, record, export, save and load.
 
->>> model = PPO("CartPole-v1", seed=0, n_envs=8).learn(100_000)   # doctest: +SKIP
->>> model = PPO("MlpPolicy", "CartPole-v1").learn(total_timesteps=100_000)  # doctest: +SKIP
->>> model.save("cartpole-ppo"); model = PPO.load("cartpole-ppo")    # doctest: +SKIP
->>> action, _ = model.predict(obs, deterministic=True)             # doctest: +SKIP
->>> SAC("Pendulum-v1", learning_rate=1e-3).learn(20_000).evaluate(10)  # doctest: +SKIP
+:data:`MODELS` maps each algorithm to its class; the modules that define them (``algorithms``, ``offline``) add
+theirs, and ``distrl.api`` imports them all before anything is loaded.
 """
 
 from __future__ import annotations
@@ -16,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 from gymnasium import spaces
 
 from distrl.config import ConfigError, RunConfig, split_by_config
@@ -33,10 +29,6 @@ from distrl.run import checkpoint, trust
 from distrl.run.logs import Console
 from distrl.training import (
     EVAL_SEED_OFFSET,
-    DQNTrainer,
-    OfflineTrainer,
-    OffPolicyTrainer,
-    OnPolicyTrainer,
     TrainerBase,
     configs_from_checkpoint,
     make_trainer,
@@ -428,195 +420,8 @@ class Model:
         self._trainer.close()
 
 
-class PPO(Model):
-    """Proximal Policy Optimization; hyperparameters as :class:`~distrl.config.PPOConfig`."""
-
-    algo = "ppo"
-    _trainer: OnPolicyTrainer
-
-    @property
-    def recurrent(self) -> bool:
-        return self._trainer.agent.recurrent
-
-    def _noise(self, rng: np.random.Generator, n: int) -> np.ndarray:
-        return self._trainer.agent.spec.draw_noise(rng, (n,))
-
-    def _graph(self, stochastic: bool) -> graph.ActingGraph:
-        trainer = self._trainer
-        space = trainer.env.single_observation_space
-        return graph.policy_graph(trainer.agent, space, trainer.obs_normalizer, stochastic)
-
-    def _actions(
-        self, obs: np.ndarray, noise: np.ndarray | None, state: Any = None, starts: np.ndarray | None = None
-    ) -> tuple[np.ndarray, Any]:
-        agent = self._trainer.agent
-        obs = self._trainer.policy_obs(obs)
-        if not agent.recurrent:
-            return agent.env_action(agent.act(obs, noise)), None
-        initial = agent.initial_state(len(obs))
-        if state is None:
-            state_t, starts = initial, np.ones(len(obs), dtype=bool)
-        else:
-            state_t = tuple(
-                torch.as_tensor(np.asarray(s), dtype=i.dtype).to(agent.device) for s, i in zip(state, initial)
-            )
-            if len(state) != len(initial) or any(s.shape != i.shape for s, i in zip(state_t, initial)):
-                raise ConfigError(
-                    f"state of shapes {[np.shape(s) for s in state]} is not allowed for {len(obs)} observation(s): "
-                    f"{[tuple(i.shape) for i in initial]}, the state predict returned for as many observations"
-                )
-        starts = np.zeros(len(obs), dtype=bool) if starts is None else starts
-        actions, _, _, next_state = agent.act_state(obs, noise, state_t, starts)
-        return agent.env_action(actions), tuple(s.cpu().numpy() for s in next_state)
-
-
-class SAC(Model):
-    """Soft Actor-Critic; hyperparameters as :class:`~distrl.config.SACConfig`."""
-
-    algo = "sac"
-    _trainer: OffPolicyTrainer
-
-    def _noise(self, rng: np.random.Generator, n: int) -> np.ndarray:
-        return rng.standard_normal((n, self._trainer.action_dim), dtype=np.float32)
-
-    def _graph(self, stochastic: bool) -> graph.ActingGraph:
-        trainer = self._trainer
-        env = trainer.env
-        return graph.sac_graph(trainer.algo.actor, env.single_observation_space, env.single_action_space, stochastic)
-
-    def _actions(
-        self, obs: np.ndarray, noise: np.ndarray | None, state: Any = None, starts: np.ndarray | None = None
-    ) -> tuple[np.ndarray, Any]:
-        trainer = self._trainer
-        return trainer.to_env(trainer.algo.actor.act(obs, noise)), None
-
-
-class DQN(Model):
-    """Deep Q-Network; hyperparameters as :class:`~distrl.config.DQNConfig`. Non-deterministic predictions are
-    epsilon-greedy with the run's current exploration rate, as stable-baselines3's are."""
-
-    algo = "dqn"
-    _trainer: DQNTrainer
-
-    def _noise(self, rng: np.random.Generator, n: int) -> np.ndarray:
-        return rng.random((n, 2))  # per observation: the coin, then the random action's uniform draw
-
-    def _graph(self, stochastic: bool) -> graph.ActingGraph:
-        if stochastic:
-            raise ConfigError("stochastic=True is not available for dqn: its policy is the greedy one (argmax Q)")
-        trainer = self._trainer
-        env = trainer.env
-        return graph.q_graph(trainer.algo.q, env.single_observation_space, env.single_action_space)
-
-    def _actions(
-        self, obs: np.ndarray, noise: np.ndarray | None, state: Any = None, starts: np.ndarray | None = None
-    ) -> tuple[np.ndarray, Any]:
-        trainer = self._trainer
-        greedy = trainer.algo.q.act(obs)
-        if noise is not None:
-            randoms = np.minimum((noise[:, 1] * trainer.n_actions).astype(np.int64), trainer.n_actions - 1)
-            greedy = np.where(noise[:, 0] < trainer.exploration_rate, randoms, greedy)
-        return greedy + trainer.action_start, None
-
-
-class REINFORCE(PPO):
-    """REINFORCE; hyperparameters as :class:`~distrl.config.REINFORCEConfig` (its policy acts like PPO's)."""
-
-    algo = "reinforce"
-
-
-class APPO(PPO):
-    """Asynchronous PPO on V-trace targets; hyperparameters as :class:`~distrl.config.APPOConfig`. Trained here in
-    one process (the command line spreads it over actors: ``distrl train appo ENV``)."""
-
-    algo = "appo"
-
-
-class IMPALA(PPO):
-    """IMPALA's V-trace actor-critic; hyperparameters as :class:`~distrl.config.IMPALAConfig`. Trained here in one
-    process (the command line spreads it over actors: ``distrl train impala ENV``)."""
-
-    algo = "impala"
-
-
-class OfflineModel(Model):
-    """A policy learned from a dataset, not from the env (``--dataset``: a Minari dataset's id or path): :meth:`learn`
-    takes gradient steps, and the env only evaluates (online, ``init_from`` an offline run or TD3: environment steps,
-    each with a gradient step). It acts with its mode (a deterministic policy's action, a
-    Gaussian's mean, a categorical's most likely action)."""
-
-    _trainer: OfflineTrainer
-
-    def _noise(self, rng: np.random.Generator, n: int) -> np.ndarray:
-        raise ConfigError(f"deterministic=False is not available for {self.algo}: its policy acts with its mode")
-
-    def _graph(self, stochastic: bool) -> graph.ActingGraph:
-        if stochastic:
-            raise ConfigError(f"stochastic=True is not available for {self.algo}: its policy acts with its mode")
-        trainer = self._trainer
-        policy = trainer.algo.policy
-        standardised = trainer.cfg.normalize_obs
-        return graph.offline_graph(
-            policy.module,
-            policy.params,
-            trainer.env.single_observation_space,
-            trainer.env.single_action_space,
-            trainer.obs_mean if standardised else None,
-            trainer.obs_std if standardised else None,
-        )
-
-    def _actions(
-        self, obs: np.ndarray, noise: np.ndarray | None, state: Any = None, starts: np.ndarray | None = None
-    ) -> tuple[np.ndarray, Any]:
-        return self._trainer.act_for_eval(obs, np.ones(len(obs), dtype=bool)), None
-
-
-class BC(OfflineModel):
-    """Behaviour cloning from a dataset; hyperparameters as :class:`~distrl.config.BCConfig`:
-    ``BC("Pendulum-v1", dataset="pendulum/expert-v0").learn(20_000)``."""
-
-    algo = "bc"
-
-
-class TD3BC(OfflineModel):
-    """TD3+BC from a dataset; hyperparameters as :class:`~distrl.config.TD3BCConfig`."""
-
-    algo = "td3bc"
-
-
-class IQL(OfflineModel):
-    """Implicit Q-learning from a dataset; hyperparameters as :class:`~distrl.config.IQLConfig`."""
-
-    algo = "iql"
-
-
-class TD3(OfflineModel):
-    """TD3, online (``learn`` counts environment steps); ``init_from`` a TD3+BC run goes on from its networks.
-    Hyperparameters as :class:`~distrl.config.TD3Config`."""
-
-    algo = "td3"
-
-
-class CQL(OfflineModel):
-    """Conservative Q-learning from a dataset (Box or Discrete actions); hyperparameters as
-    :class:`~distrl.config.CQLConfig`."""
-
-    algo = "cql"
-
-
-MODELS: dict[str, type[Model]] = {
-    "bc": BC,
-    "td3bc": TD3BC,
-    "iql": IQL,
-    "cql": CQL,
-    "td3": TD3,
-    "ppo": PPO,
-    "appo": APPO,
-    "impala": IMPALA,
-    "sac": SAC,
-    "dqn": DQN,
-    "reinforce": REINFORCE,
-}
+MODELS: dict[str, type[Model]] = {}
+"""Each algorithm's model class, by name (filled by the modules that define them)."""
 
 
 BEHAVIOUR = ("deterministic", "epsilon", "random")
