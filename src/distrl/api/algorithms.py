@@ -10,11 +10,7 @@ import torch
 from distrl.api.model import MODELS, Model
 from distrl.config import ConfigError
 from distrl.export import graph
-from distrl.training import (
-    DQNTrainer,
-    OffPolicyTrainer,
-    OnPolicyTrainer,
-)
+from distrl.training import DQNTrainer, OffPolicyTrainer, OnPolicyTrainer
 
 
 class PPO(Model):

@@ -10,9 +10,7 @@ import numpy as np
 from distrl.api.model import MODELS, Model
 from distrl.config import ConfigError
 from distrl.export import graph
-from distrl.training import (
-    OfflineTrainer,
-)
+from distrl.training import OfflineTrainer
 
 
 class OfflineModel(Model):
