@@ -326,3 +326,32 @@ def test_an_offline_policy_exports_to_a_graph_that_acts_as_it_does(datasets, tmp
     with pytest.raises(ConfigError, match="stochastic=True is not available"):
         model.export(tmp_path / "noisy.onnx", stochastic=True)
     model.close()
+
+
+def test_a_resumed_online_run_with_its_replay_ends_where_an_unstopped_one_does(datasets, tmp_path):
+    from distrl.run import checkpoint
+
+    def run(name):
+        run_cfg = RunConfig(algo="td3", env=REACH, total_steps=240, seed=2, quiet=True, checkpoint_every=120)
+        return OfflineTrainer(
+            run_cfg, TD3Config(learning_starts=50, save_replay=True, **SMALL), run_dir=tmp_path / name
+        )
+
+    whole = run("whole")
+    whole.train()
+    first = run("cut")
+    first.train(stop_at=120)  # at its checkpoint, the replay beside it
+    first.close()
+    latest = checkpoint.find_latest(tmp_path / "cut")
+    assert (latest / "replay.safetensors").exists()
+    resumed = run("cut")
+    resumed.load_checkpoint(latest)
+    assert resumed.replay is not None and 100 < resumed.replay.size <= 120  # its steps, reset steps left out
+    resumed.train()
+    ends = [t.state_tensors() for t in (whole, resumed)]
+    for name, value in ends[0].items():
+        assert torch.equal(ends[1][name], value), name
+    at_checkpoint = checkpoint.load(latest)[0]["algo/actor/net.0.weight"]
+    assert not torch.equal(ends[0]["algo/actor/net.0.weight"], at_checkpoint)  # it trained after the checkpoint
+    whole.close()
+    resumed.close()

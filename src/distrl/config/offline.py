@@ -50,6 +50,8 @@ class OfflineConfig:
     exploration_noise: float = 0.1
     """Online, a deterministic policy's (TD3's) Gaussian exploration noise, actions in [-1, 1]; the stochastic
     policies (IQL's, CQL's) sample themselves."""
+    save_replay: bool = False
+    """Online: store the replay buffer with each checkpoint (safetensors), so that --resume goes on exactly."""
 
     @property
     def online(self) -> bool:

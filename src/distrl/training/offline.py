@@ -31,6 +31,7 @@ from distrl.data.replay import ReplayBuffer, Transitions
 from distrl.envs.names import shown_name
 from distrl.run import checkpoint
 from distrl.training.common import TrainerBase
+from distrl.training.off_policy import REPLAY_FILE
 from distrl.training.state import section
 
 OBS_STD_FLOOR = 1e-3
@@ -221,14 +222,20 @@ class OfflineTrainer(TrainerBase):
         """The online run's replay: with ``keep_dataset``, the dataset's transitions first (Box actions in [-1, 1])."""
         if self.replay is None:
             cfg = self.cfg
-            action_shape = self.low.shape
-            self.replay = ReplayBuffer(cfg.buffer_size, self.obs_shape, action_shape, self.obs_dtype)
+            self.replay = self._empty_replay()
             if cfg.keep_dataset:
                 data = self._load_data()
                 scaled = self._scaled(torch.from_numpy(data.actions)).numpy()
                 every = np.ones(data.size, dtype=bool)
                 self.replay.add(data.obs, scaled, data.rewards, data.next_obs, data.terminated, every)
         return self.replay
+
+    def _empty_replay(self) -> ReplayBuffer:
+        return ReplayBuffer(self.cfg.buffer_size, self.obs_shape, self.low.shape, self.obs_dtype)
+
+    def after_checkpoint(self, path: Path) -> None:
+        if self.cfg.online and self.cfg.save_replay and self.replay is not None:
+            self.replay.save(path / REPLAY_FILE)
 
     def to_env(self, actions: np.ndarray) -> np.ndarray:
         """Actions in [-1, 1] in the env's bounds."""
@@ -282,6 +289,9 @@ class OfflineTrainer(TrainerBase):
         stats = section(tensors, "obs_norm")
         self.obs_mean.copy_(stats["mean"])
         self.obs_std.copy_(stats["std"])
+        if self.cfg.online and self.cfg.save_replay and (path / REPLAY_FILE).exists():  # a resumed online run's
+            self.replay = self._empty_replay()
+            self.replay.load(path / REPLAY_FILE)
 
     def broadcast_tensors(self) -> list[torch.Tensor]:
         return self.algo.broadcast_tensors()
