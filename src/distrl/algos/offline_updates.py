@@ -13,12 +13,12 @@ global batch): the same noise meets the same sample wherever it is.
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Protocol
 
 import numpy as np
 import torch
 
-from distrl.algos.learned import Learned, Target
+from distrl.algos.learned import BatchNoise, Learned, Networks, Target, batch_stats, seeded
 from distrl.algos.offline import (
     bc_categorical_loss,
     bc_deterministic_loss,
@@ -78,92 +78,7 @@ class OfflineUpdate(Protocol):
     def broadcast_tensors(self) -> list[torch.Tensor]: ...
 
 
-def _count(batch: Transitions) -> torch.Tensor:
-    return torch.tensor(float(batch.obs.shape[0]), dtype=torch.float64)
-
-
-def _stats(batch: Transitions, *values: torch.Tensor) -> torch.Tensor:
-    """The sample count, then ``values`` (sums over this worker's samples), as one float64 tensor for the sync."""
-    return torch.stack([_count(batch), *(v.detach().double() for v in values)])
-
-
-class _Noise:
-    """Standard normal (or uniform) draws for a whole global batch from a generator every worker seeds alike; each
-    worker keeps the rows of its samples (``batch.rows``, their positions in the global batch)."""
-
-    def __init__(self, device: torch.device):
-        self.device = device
-        self.generator = torch.Generator(device=device)
-
-    def reseed(self, seed: int, segment: int, salt: int) -> None:
-        self.generator.manual_seed(int(np.random.SeedSequence([seed, segment, salt]).generate_state(1)[0]))
-
-    def normal(self, batch: Transitions, batch_size: int, *shape: int) -> torch.Tensor:
-        drawn = torch.randn((batch_size, *shape), generator=self.generator, device=self.device)
-        return drawn if batch.rows is None else drawn[torch.as_tensor(batch.rows, device=self.device)]
-
-    def uniform(self, batch: Transitions, batch_size: int, *shape: int) -> torch.Tensor:
-        """Uniform in [-1, 1]."""
-        drawn = torch.rand((batch_size, *shape), generator=self.generator, device=self.device).mul_(2.0).sub_(1.0)
-        return drawn if batch.rows is None else drawn[torch.as_tensor(batch.rows, device=self.device)]
-
-
-def _built(seed: int, make: Any) -> Any:
-    """``make()``, with torch's global generator (which ``nn.Linear`` initialises from) seeded and restored."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        return make()
-
-
-class _Counters:
-    """The steps an algorithm counts itself, kept in checkpoints and the start-up broadcast."""
-
-    learned: dict[str, Learned]
-    gradient_steps: int
-
-    def _counters(self) -> torch.Tensor:
-        steps = [learned.optimizer.steps for learned in self.learned.values()]
-        return torch.tensor([self.gradient_steps, *steps], dtype=torch.float64)
-
-    def after_broadcast(self, counters: torch.Tensor) -> None:
-        values = counters.tolist()
-        self.gradient_steps = int(values[0])
-        for learned, steps in zip(self.learned.values(), values[1:]):
-            learned.optimizer.steps = int(steps)
-
-    def broadcast_tensors(self) -> list[torch.Tensor]:
-        tensors = [t for learned in self.learned.values() for t in learned.broadcast_tensors()]
-        return [*tensors, *(t.params.data for t in self._targets().values()), self._counters()]
-
-    def _targets(self) -> dict[str, Target]:
-        return {}
-
-    def state_tensors(self) -> dict[str, torch.Tensor]:
-        tensors: dict[str, torch.Tensor] = {}
-        for name, learned in self.learned.items():
-            tensors.update(learned.state_tensors(name))
-        for name, target in self._targets().items():
-            tensors.update(target.state_tensors(name))
-        tensors["gradient_steps"] = torch.tensor([self.gradient_steps], dtype=torch.int64)
-        return tensors
-
-    def load_state_tensors(self, tensors: dict[str, torch.Tensor]) -> None:
-        for name, learned in self.learned.items():
-            learned.load_state_tensors(tensors, name)
-        for name, target in self._targets().items():
-            target.load_state_tensors(tensors, name)
-        self.gradient_steps = int(tensors["gradient_steps"][0])
-
-    def reseed(self, seed: int, segment: int) -> None:
-        return None
-
-    @property
-    def policy(self) -> Learned:
-        """The module that acts (the actor; a Q network for discrete CQL)."""
-        return self.learned["actor"]
-
-
-class BCAlgo(_Counters):
+class BCAlgo(Networks):
     """Behaviour cloning: :func:`~distrl.algos.offline.bc_deterministic_loss` for Box actions (a tanh policy),
     :func:`~distrl.algos.offline.bc_categorical_loss` for Discrete ones."""
 
@@ -171,7 +86,7 @@ class BCAlgo(_Counters):
         self.discrete = discrete
         make = CategoricalActor if discrete else DeterministicActor
         self.actor = Learned(
-            _built(seed, lambda: make(obs_dim, actions, cfg.net_arch, cfg.activation)), cfg.learning_rate, device
+            seeded(seed, lambda: make(obs_dim, actions, cfg.net_arch, cfg.activation)), cfg.learning_rate, device
         )
         self.learned = {"actor": self.actor}
         self.gradient_steps = 0
@@ -182,7 +97,7 @@ class BCAlgo(_Counters):
             loss = bc_categorical_loss(out, batch.actions)
         else:
             loss = bc_deterministic_loss(out, batch.actions)
-        sums = self.actor.step(loss, _stats(batch, loss), sync)
+        sums = self.actor.step(loss, batch_stats(batch, loss), sync)
         self.gradient_steps += 1
         return {"losses/bc_loss": sums[1] / max(sums[0], 1.0)}
 
@@ -192,7 +107,7 @@ class BCAlgo(_Counters):
         return out.argmax(-1) if self.discrete else out
 
 
-class TD3BCAlgo(_Counters):
+class TD3BCAlgo(Networks):
     """TD3+BC: the critics' clipped double-Q step every gradient step; every ``policy_freq``-th the actor's step
     (:func:`~distrl.algos.offline.td3bc_actor_loss`, its Q scale the mean over every worker's samples) and the
     targets' Polyak step. With ``bc=False`` the actor's loss is TD3's own (:func:`~distrl.algos.offline.td3_actor_loss`)."""
@@ -203,15 +118,15 @@ class TD3BCAlgo(_Counters):
         self.cfg, self.action_dim, self.device, self.bc = cfg, action_dim, device, bc
         net = (cfg.net_arch, cfg.activation)
         self.actor = Learned(
-            _built(seed, lambda: DeterministicActor(obs_dim, action_dim, *net)), cfg.learning_rate, device
+            seeded(seed, lambda: DeterministicActor(obs_dim, action_dim, *net)), cfg.learning_rate, device
         )
         self.critic = Learned(
-            _built(seed + 1, lambda: TwinCritic(obs_dim, action_dim, *net)), cfg.learning_rate, device
+            seeded(seed + 1, lambda: TwinCritic(obs_dim, action_dim, *net)), cfg.learning_rate, device
         )
         self.actor_target, self.critic_target = Target(self.actor, device), Target(self.critic, device)
         self.learned = {"actor": self.actor, "critic": self.critic}
         self.gradient_steps = 0
-        self.noise = _Noise(device)
+        self.noise = BatchNoise(device)
         self.reseed(seed, 0)
 
     def _targets(self) -> dict[str, Target]:
@@ -230,7 +145,7 @@ class TD3BCAlgo(_Counters):
             y = td3_target(batch.rewards, batch.terminated, next_q1, next_q2, cfg.gamma)
         q1, q2 = self.critic.module(batch.obs, batch.actions)
         critic_loss = td3_critic_loss(q1, q2, y)
-        sums = self.critic.step(critic_loss, _stats(batch, critic_loss, q1.sum()), sync)
+        sums = self.critic.step(critic_loss, batch_stats(batch, critic_loss, q1.sum()), sync)
         self.gradient_steps += 1
         count = max(sums[0], 1.0)
         metrics = {"losses/critic_loss": sums[1] / count, "losses/q_mean": sums[2] / count}
@@ -243,7 +158,7 @@ class TD3BCAlgo(_Counters):
             actor_loss = td3bc_actor_loss(q1_pi, action, batch.actions, cfg.alpha, q_abs[0] / max(q_abs[1], 1.0))
         else:
             actor_loss = td3_actor_loss(q1_pi)
-        actor_sums = self.actor.step(actor_loss, _stats(batch, actor_loss), sync)
+        actor_sums = self.actor.step(actor_loss, batch_stats(batch, actor_loss), sync)
         self.actor_target.follow(cfg.tau)
         self.critic_target.follow(cfg.tau)
         metrics["losses/actor_loss"] = actor_sums[1] / count
@@ -259,7 +174,7 @@ class TD3BCAlgo(_Counters):
         return (self.actor.module(obs) + self.cfg.exploration_noise * noise).clamp(-1.0, 1.0)
 
 
-class IQLAlgo(_Counters):
+class IQLAlgo(Networks):
     """IQL: the value function's expectile step, the critics' step bootstrapping from V(s'), the target critics'
     Polyak step, then the policy's advantage-weighted step. V(s') and the advantages use V as it was before its
     step, as CORL's implementation does (the authors' code uses V after it; the two differ by one step of V)."""
@@ -267,11 +182,11 @@ class IQLAlgo(_Counters):
     def __init__(self, cfg: IQLConfig, obs_dim: int, action_dim: int, device: torch.device, seed: int):
         self.cfg = cfg
         net = (cfg.net_arch, cfg.activation)
-        self.actor = Learned(_built(seed, lambda: GaussianActor(obs_dim, action_dim, *net)), cfg.learning_rate, device)
+        self.actor = Learned(seeded(seed, lambda: GaussianActor(obs_dim, action_dim, *net)), cfg.learning_rate, device)
         self.critic = Learned(
-            _built(seed + 1, lambda: TwinCritic(obs_dim, action_dim, *net)), cfg.learning_rate, device
+            seeded(seed + 1, lambda: TwinCritic(obs_dim, action_dim, *net)), cfg.learning_rate, device
         )
-        self.value = Learned(_built(seed + 2, lambda: ValueNet(obs_dim, *net)), cfg.learning_rate, device)
+        self.value = Learned(seeded(seed + 2, lambda: ValueNet(obs_dim, *net)), cfg.learning_rate, device)
         self.critic_target = Target(self.critic, device)
         self.learned = {"actor": self.actor, "critic": self.critic, "value": self.value}
         self.gradient_steps = 0
@@ -287,14 +202,14 @@ class IQLAlgo(_Counters):
             next_v = self.value.module(batch.next_obs)
         v = self.value.module(batch.obs)
         value_loss = iql_value_loss(q_min, v, cfg.expectile)
-        value_sums = self.value.step(value_loss, _stats(batch, value_loss, v.sum()), sync)
+        value_sums = self.value.step(value_loss, batch_stats(batch, value_loss, v.sum()), sync)
         q1, q2 = self.critic.module(batch.obs, batch.actions)
         critic_loss = iql_critic_loss(q1, q2, batch.rewards, batch.terminated, next_v, cfg.gamma)
-        critic_sums = self.critic.step(critic_loss, _stats(batch, critic_loss, q1.sum()), sync)
+        critic_sums = self.critic.step(critic_loss, batch_stats(batch, critic_loss, q1.sum()), sync)
         self.critic_target.follow(cfg.tau)
         log_prob = self.actor.module.log_prob(batch.obs, batch.actions)
         actor_loss = iql_actor_loss(log_prob, q_min, v.detach(), cfg.beta, cfg.max_weight)
-        actor_sums = self.actor.step(actor_loss, _stats(batch, actor_loss), sync)
+        actor_sums = self.actor.step(actor_loss, batch_stats(batch, actor_loss), sync)
         self.gradient_steps += 1
         count = max(value_sums[0], 1.0)
         return {
@@ -317,7 +232,7 @@ class IQLAlgo(_Counters):
         return (actor(obs) + std * noise).clamp(-1.0, 1.0)
 
 
-class CQLAlgo(_Counters):
+class CQLAlgo(Networks):
     """CQL(H) on SAC for Box actions, in the reference's order: the entropy coefficient's step, the policy's
     (SAC's actor loss against the critics), then the critics' (the TD loss plus the conservative penalty
     :func:`~distrl.algos.offline.cql_penalty`, weighted by ``conservative_weight``, times alpha' when it is learned
@@ -327,10 +242,10 @@ class CQLAlgo(_Counters):
     def __init__(self, cfg: CQLConfig, obs_dim: int, action_dim: int, device: torch.device, seed: int):
         self.cfg, self.action_dim = cfg, action_dim
         net = (cfg.net_arch, cfg.activation)
-        actor = _built(seed, lambda: SquashedGaussianActor(obs_dim, action_dim, *net))
+        actor = seeded(seed, lambda: SquashedGaussianActor(obs_dim, action_dim, *net))
         self.actor = Learned(actor, cfg.actor_learning_rate, device)
         self.critic = Learned(
-            _built(seed + 1, lambda: TwinCritic(obs_dim, action_dim, *net)), cfg.learning_rate, device
+            seeded(seed + 1, lambda: TwinCritic(obs_dim, action_dim, *net)), cfg.learning_rate, device
         )
         self.log_alpha = Learned(LogScalar(1.0), cfg.learning_rate, device)
         self.critic_target = Target(self.critic, device)
@@ -341,7 +256,7 @@ class CQLAlgo(_Counters):
             self.learned["log_alpha_prime"] = self.log_alpha_prime
         self.target_entropy = -float(action_dim)
         self.gradient_steps = 0
-        self.noise = _Noise(device)
+        self.noise = BatchNoise(device)
         self.reseed(seed, 0)
 
     def _targets(self) -> dict[str, Target]:
@@ -361,11 +276,11 @@ class CQLAlgo(_Counters):
         action, log_prob = self.actor.module.sample(batch.obs, eps_pi)
         log_alpha = self.log_alpha.module()
         alpha_loss = temperature_loss(log_alpha, log_prob.detach(), self.target_entropy)
-        self.log_alpha.step(alpha_loss, _stats(batch, alpha_loss), sync)
+        self.log_alpha.step(alpha_loss, batch_stats(batch, alpha_loss), sync)
         alpha = float(log_alpha.detach().exp())  # the value before its step, as SAC's
         q1_pi, q2_pi = self.critic.module(batch.obs, action)
         policy_loss = actor_loss(log_prob, q1_pi, q2_pi, alpha)
-        actor_sums = self.actor.step(policy_loss, _stats(batch, policy_loss, log_prob.sum()), sync)
+        actor_sums = self.actor.step(policy_loss, batch_stats(batch, policy_loss, log_prob.sum()), sync)
 
         # the critics: TD loss and the conservative penalty
         with torch.no_grad():
@@ -392,11 +307,11 @@ class CQLAlgo(_Counters):
             prime_loss = cql_alpha_loss(
                 log_alpha_prime, weight * 0.5 * (penalties[0] + penalties[1]), b, weight * cfg.target_action_gap
             )
-            self.log_alpha_prime.step(prime_loss, _stats(batch, prime_loss), sync)
+            self.log_alpha_prime.step(prime_loss, batch_stats(batch, prime_loss), sync)
         else:
             conservative = weight * (penalties[0] + penalties[1])
         loss = critic_loss + conservative
-        sums = self.critic.step(loss, _stats(batch, critic_loss, penalties[0] + penalties[1], q1.sum()), sync)
+        sums = self.critic.step(loss, batch_stats(batch, critic_loss, penalties[0] + penalties[1], q1.sum()), sync)
         self.critic_target.follow(cfg.tau)
         self.gradient_steps += 1
         count = max(sums[0], 1.0)
@@ -419,14 +334,14 @@ class CQLAlgo(_Counters):
         return self.actor.module.sample(obs, noise)[0]
 
 
-class DiscreteCQLAlgo(_Counters):
+class DiscreteCQLAlgo(Networks):
     """CQL(H) on double DQN for Discrete actions: the squared TD error against ``r + gamma Q'(s', argmax_a Q(s', a))``
     plus ``conservative_weight`` times :func:`~distrl.algos.offline.cql_discrete_penalty`; the target network
     follows by Polyak steps."""
 
     def __init__(self, cfg: CQLConfig, obs_dim: int, n_actions: int, device: torch.device, seed: int):
         self.cfg = cfg
-        q = _built(seed, lambda: QNetwork(obs_dim, n_actions, cfg.net_arch, cfg.activation))
+        q = seeded(seed, lambda: QNetwork(obs_dim, n_actions, cfg.net_arch, cfg.activation))
         self.q = Learned(q, cfg.learning_rate, device)
         self.q_target = Target(self.q, device)
         self.learned = {"q": self.q}
@@ -450,7 +365,7 @@ class DiscreteCQLAlgo(_Counters):
         td_loss = (taken - y).square().sum()
         penalty = cql_discrete_penalty(q_all, batch.actions)
         sums = self.q.step(
-            td_loss + cfg.conservative_weight * penalty, _stats(batch, td_loss, penalty, taken.sum()), sync
+            td_loss + cfg.conservative_weight * penalty, batch_stats(batch, td_loss, penalty, taken.sum()), sync
         )
         self.q_target.follow(cfg.tau)
         self.gradient_steps += 1

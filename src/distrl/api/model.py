@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -219,13 +220,8 @@ class Model:
         )
         return (actions[0] if single else actions), state
 
-    def evaluate(
-        self, n_episodes: int = 10, deterministic: bool = True, seed: int | None = None
-    ) -> tuple[float, float]:
-        """Mean and std of the return over ``n_episodes`` episodes."""
-        trainer = self._trainer
-        env = make_run_env(trainer.run, n_episodes, trainer.env_id, evaluation=True)
-        rng = np.random.default_rng(seed)
+    def _acting(self, deterministic: bool, rng: np.random.Generator) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
+        """``act(obs, starts)`` for a batch of environments, carrying a recurrent policy's state from call to call."""
         state = None
 
         def act(obs: np.ndarray, starts: np.ndarray) -> np.ndarray:
@@ -233,6 +229,15 @@ class Model:
             actions, state = self._act(obs, deterministic, rng, state, starts)
             return actions
 
+        return act
+
+    def evaluate(
+        self, n_episodes: int = 10, deterministic: bool = True, seed: int | None = None
+    ) -> tuple[float, float]:
+        """Mean and std of the return over ``n_episodes`` episodes."""
+        trainer = self._trainer
+        env = make_run_env(trainer.run, n_episodes, trainer.env_id, evaluation=True)
+        act = self._acting(deterministic, np.random.default_rng(seed))
         try:
             seed = trainer.run.seed + EVAL_SEED_OFFSET if seed is None else seed
             returns = evaluate(act, env, seed)
@@ -307,14 +312,8 @@ class Model:
             )
         seed = (trainer.run.seed + EVAL_SEED_OFFSET if seed is None else seed) + 1000 * stream
         env = make_run_env(trainer.run, n_envs, trainer.env_id, evaluation=True)
-        rng = np.random.default_rng([seed, 3])  # the policy's samples; the env's streams are keyed (seed, i, ...)
-        state = None
-
-        def act(obs: np.ndarray, starts: np.ndarray) -> np.ndarray:
-            nonlocal state
-            actions, state = self._act(obs, deterministic, rng, state, starts)
-            return actions
-
+        # the policy's samples; the env's streams are keyed (seed, i, ...)
+        act = self._acting(deterministic, np.random.default_rng([seed, 3]))
         try:
             return record_episodes(env, act, steps, seed, epsilon, random)
         finally:

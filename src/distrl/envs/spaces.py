@@ -226,6 +226,11 @@ def check_observation_space(space: spaces.Space) -> None:
         raise unsupported_observation(space)
 
 
+def to_bounds(actions: np.ndarray, low: np.ndarray, high: np.ndarray) -> np.ndarray:
+    """Actions in [-1, 1] (a tanh policy's) rescaled to a Box's bounds ``[low, high]``."""
+    return low + 0.5 * (actions + 1.0) * (high - low)
+
+
 def stored_layout(space: spaces.Space) -> tuple[tuple[int, ...], np.dtype]:
     """Shape and dtype of one observation as distrl stores it: images as uint8, Discrete as int64,
     Dict as packed uint8 rows, every other Box as float32 (as networks consume vectors)."""

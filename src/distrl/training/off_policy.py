@@ -18,7 +18,7 @@ from distrl.config import ConfigError, RunConfig, SACConfig, StrategyConfig
 from distrl.data.replay import CompactReplayBuffer, ReplayBuffer, Transitions
 from distrl.data.replay_memory import check_replay_memory
 from distrl.envs.names import shown_name
-from distrl.envs.spaces import check_observation_space, stored_layout
+from distrl.envs.spaces import check_observation_space, stored_layout, to_bounds
 from distrl.nets.factory import PolicySource, make_sac_networks
 from distrl.training.common import TrainerBase
 from distrl.training.replay_learner import ReplaySource, learn_from_actors
@@ -127,7 +127,7 @@ class OffPolicyTrainer(ReplayOwner, TrainerBase):
 
     def to_env(self, action: np.ndarray) -> np.ndarray:
         """Rescale actions from [-1, 1] to the env's bounds."""
-        return self.low + 0.5 * (action + 1.0) * (self.high - self.low)
+        return to_bounds(action, self.low, self.high)
 
     def start_segment(self) -> None:
         """Restart environments, exploration noise, replay sampling and update noise from the step count."""

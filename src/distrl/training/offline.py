@@ -29,6 +29,7 @@ from distrl.config import OFFLINE_CONFIGS, ConfigError, OfflineConfig, RunConfig
 from distrl.data.offline import GlobalSampler, OfflineData, check_spaces, open_dataset
 from distrl.data.replay import ReplayBuffer, Transitions
 from distrl.envs.names import shown_name
+from distrl.envs.spaces import to_bounds
 from distrl.run import checkpoint
 from distrl.training.common import TrainerBase
 from distrl.training.off_policy import REPLAY_FILE
@@ -78,6 +79,7 @@ class OfflineTrainer(TrainerBase):
         actions = int(space.n) if isinstance(space, spaces.Discrete) else int(np.prod(space.shape))
         if isinstance(space, spaces.Box):
             self.low, self.high = space.low.astype(np.float32), space.high.astype(np.float32)
+            self._bounds = (torch.from_numpy(self.low).to(self.device), torch.from_numpy(self.high).to(self.device))
         self.algo = make_offline_algo(self.algo_name, cfg, self.obs_dim, actions, self.discrete, self.device, run.seed)
         self.obs_mean = torch.zeros(self.obs_dim, dtype=torch.float32, device=self.device)
         self.obs_std = torch.ones(self.obs_dim, dtype=torch.float32, device=self.device)
@@ -225,7 +227,7 @@ class OfflineTrainer(TrainerBase):
             self.replay = self._empty_replay()
             if cfg.keep_dataset:
                 data = self._load_data()
-                scaled = self._scaled(torch.from_numpy(data.actions)).numpy()
+                scaled = self._scaled(torch.from_numpy(data.actions)).cpu().numpy()
                 every = np.ones(data.size, dtype=bool)
                 self.replay.add(data.obs, scaled, data.rewards, data.next_obs, data.terminated, every)
         return self.replay
@@ -239,12 +241,12 @@ class OfflineTrainer(TrainerBase):
 
     def to_env(self, actions: np.ndarray) -> np.ndarray:
         """Actions in [-1, 1] in the env's bounds."""
-        return self.low + 0.5 * (actions + 1.0) * (self.high - self.low)
+        return to_bounds(actions, self.low, self.high)
 
     def _scaled(self, actions: torch.Tensor) -> torch.Tensor:
-        """Box actions in the env's bounds in [-1, 1]."""
-        low, high = torch.from_numpy(self.low).to(actions.device), torch.from_numpy(self.high).to(actions.device)
-        return (2.0 * (actions.float() - low) / (high - low) - 1.0).clamp(-1.0, 1.0)
+        """Box actions in the env's bounds in [-1, 1] (the inverse of :meth:`to_env`)."""
+        low, high = self._bounds
+        return (2.0 * (actions.to(self.device, torch.float32) - low) / (high - low) - 1.0).clamp(-1.0, 1.0)
 
     def _prepared(self, batch: Transitions, scaled: bool = False) -> Transitions:
         """Observations as the networks see them (standardised), Box actions in [-1, 1] (``scaled``: already)."""
