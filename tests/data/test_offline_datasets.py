@@ -246,3 +246,15 @@ def test_without_minari_the_error_says_what_to_install(monkeypatch):
         ConfigError, match=r"^offline datasets: reading or writing one needs the minari package \(pip install minari\)"
     ):
         open_dataset("cartpole/random-v0")
+
+
+def test_a_relative_datasets_dir_writes_and_reads_back(written, tmp_path, monkeypatch):
+    """``--datasets-dir ds`` as a user types it: Minari's writer, given a relative folder, joined it to itself when
+    it sized the files it wrote; distrl hands it an absolute one."""
+    _, datasets = written
+    env_id, episodes = datasets[PENDULUM]
+    monkeypatch.chdir(tmp_path)
+    env = gym.make(env_id)
+    path = write_dataset("pendulum/rel-v0", episodes, env_id, env.observation_space, env.action_space, "x", "ds")
+    assert path == str(tmp_path / "ds" / "pendulum/rel-v0")
+    assert open_dataset("pendulum/rel-v0", "ds").total_episodes == len(episodes)

@@ -355,3 +355,66 @@ def test_a_resumed_online_run_with_its_replay_ends_where_an_unstopped_one_does(d
     assert not torch.equal(ends[0]["algo/actor/net.0.weight"], at_checkpoint)  # it trained after the checkpoint
     whole.close()
     resumed.close()
+
+
+def test_sac_goes_on_from_a_cql_run_acting_and_valuing_as_it_did(datasets, tmp_path):
+    """SAC from a CQL run that standardised its observations: SAC's networks see the env's observations as they
+    come, with the standardisation taken into their first layers, and act, value and weigh entropy as CQL's did;
+    with --keep-dataset its replay starts with the CQL run's dataset, actions in [-1, 1]."""
+    from distrl.config import SACConfig
+    from distrl.training import OffPolicyTrainer
+
+    offline = trainer("cql", REACH, CQLConfig(dataset="reach/mixed-v0", normalize_obs=True, **SMALL), datasets, 30)
+    offline.train()
+    path = offline.write_checkpoint(tmp_path / "cql")
+    assert offline.obs_std.min() > 0 and not torch.allclose(offline.obs_mean, torch.zeros_like(offline.obs_mean))
+    run = RunConfig(algo="sac", env=REACH, total_steps=64, seed=0, quiet=True)
+    sac = OffPolicyTrainer(
+        run, SACConfig(init_from=str(path), keep_dataset=True, learning_starts=32, net_arch=(64, 64))
+    )
+    obs = np.random.default_rng(0).normal(size=(16, offline.obs_dim)).astype(np.float32) * 3.0
+    np.testing.assert_allclose(sac.act_for_eval(obs, None), offline.act_for_eval(obs, None), atol=1e-5)
+    actions = torch.rand(16, 1) * 2 - 1
+    normalized = offline._normalized(torch.from_numpy(obs))
+    for theirs, ours in ((offline.algo.critic, sac.algo.critic), (offline.algo.critic_target, sac.algo.critic_target)):
+        q1, q2 = theirs.module(normalized, actions)
+        mine = ours.forward(torch.from_numpy(obs), actions)
+        torch.testing.assert_close(mine.q1, q1.detach(), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(mine.q2, q2.detach(), atol=1e-5, rtol=1e-5)
+    assert sac.algo.alpha == pytest.approx(float(offline.algo.log_alpha.module().detach().exp()), rel=1e-6)
+    data = offline._load_data()
+    assert sac.replay.size == data.size
+    rows = sac.replay.take(np.arange(data.size))
+    np.testing.assert_array_equal(rows.obs.numpy(), data.obs)
+    torch.testing.assert_close(rows.actions, offline._scaled(torch.from_numpy(data.actions)))
+    offline.close()
+    before = sac.algo.actor.params.data.clone()
+    sac.train()  # 31 steps of CQL's policy alone, then a gradient step after each
+    assert data.size + 50 < sac.replay.size <= data.size + 64 and sac.algo.gradient_steps == 33  # reset steps are none
+    assert not torch.equal(sac.algo.actor.params.data, before)
+    sac.close()
+
+
+def test_sac_refuses_a_run_it_cannot_go_on_from_in_one_line(datasets, tmp_path, capsys):
+    iql = trainer("iql", REACH, IQLConfig(dataset="reach/mixed-v0", **SMALL), datasets, 2)
+    iql.train()
+    iql.write_checkpoint(tmp_path / "iql" / "model")
+    iql.close()
+    cql = trainer("cql", REACH, CQLConfig(dataset="reach/mixed-v0", **SMALL), datasets, 2)
+    cql.train()
+    cql.write_checkpoint(tmp_path / "cql" / "model")
+    cql.close()
+    for argv, says in (
+        (["--init-from", str(tmp_path / "iql")], "holds a run of iql; sac goes on from a run of cql"),
+        (["--init-from", str(tmp_path / "cql")], "has networks (64, 64) (relu); this run's are net_arch=(256, 256)"),
+        (["--keep-dataset"], "keep_dataset=True is not allowed"),
+        (
+            ["--init-from", str(tmp_path / "cql"), "--net-arch", "64", "64", "--strategy", "actor-learner"],
+            "sac goes on from a CQL run under single or ddp",
+        ),
+    ):
+        run_dir = tmp_path / "run"
+        assert main(["train", "sac", REACH, *argv, "--run-dir", str(run_dir)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("distrl: error: ") and says in err[0], err
+        assert not run_dir.exists()

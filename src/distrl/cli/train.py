@@ -324,6 +324,10 @@ def _train(
     is what each runs), or run its learner here, fed by this process (``single``) or by workers (``actor-learner``,
     ``pipeline``). A worker that failed, a reward function that did or a Ray node that went down is told on one line,
     with exit status 1."""
+    if algo == "sac" and cfg.init_from:  # before any process starts
+        from distrl.training.init_from import check_strategy as check_init_from
+
+        check_init_from(cfg.init_from, strategy.strategy)
     if strategy.strategy in ("ddp", "decoupled"):
         run_ddp(run, strategy, cfg, resume_path, [*command, "--run-dir", run.run_dir])
         return 0

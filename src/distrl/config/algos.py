@@ -202,6 +202,12 @@ class SACConfig:
     the networks' outputs in closed form, as algos/fused_sac.py does it, held to the plain losses by tests; False
     runs the plain losses in algos/sac.py through autograd, about 10% fewer steps a second on Pendulum-v1. The same
     numbers either way, to float rounding."""
+    init_from: str = ""
+    """Start from a CQL run (its directory or a checkpoint): its policy, critics, target critics and entropy
+    coefficient, with its observation standardisation taken into their first layers; Adam starts afresh, and the
+    first learning_starts steps are played by that policy, not at random. The networks' sizes must be the run's."""
+    keep_dataset: bool = False
+    """With init_from: the replay buffer starts with the transitions of the dataset the CQL run trained on."""
 
     def __post_init__(self) -> None:
         require_positive(
@@ -236,6 +242,20 @@ class SACConfig:
             "net_arch",
             self.net_arch,
             "one or more positive layer sizes",
+        )
+        require(
+            not self.keep_dataset or bool(self.init_from),
+            "keep_dataset",
+            self.keep_dataset,
+            "False without init_from",
+            "it keeps a CQL run's dataset in the replay",
+        )
+        require(
+            not (self.keep_dataset and self.optimize_memory_usage),
+            "keep_dataset",
+            self.keep_dataset,
+            "False with optimize_memory_usage",
+            "the compact buffer holds whole vector steps, not a dataset's transitions",
         )
         self.entropy_setting()  # validates ent_coef
 

@@ -80,12 +80,13 @@ def _minari_datasets_path(root: Path) -> Iterator[None]:
 
 def _datasets_root(datasets_dir: str | None) -> Path:
     """Where dataset ids live: ``datasets_dir``, else Minari's own choice (``MINARI_DATASETS_PATH``, else
-    ``~/.minari/datasets``)."""
+    ``~/.minari/datasets``), made absolute: Minari's writer joins a relative folder to itself when it sizes the
+    files it wrote."""
     if datasets_dir is not None:
-        return Path(datasets_dir).expanduser()
+        return Path(datasets_dir).expanduser().absolute()
     from minari.storage import get_dataset_path
 
-    return get_dataset_path()
+    return Path(get_dataset_path()).absolute()
 
 
 def _local_ids(root: Path) -> list[str]:

@@ -231,6 +231,11 @@ def to_bounds(actions: np.ndarray, low: np.ndarray, high: np.ndarray) -> np.ndar
     return low + 0.5 * (actions + 1.0) * (high - low)
 
 
+def from_bounds(actions: np.ndarray, low: np.ndarray, high: np.ndarray) -> np.ndarray:
+    """Actions in a Box's bounds ``[low, high]`` in [-1, 1], clipped: the inverse of :func:`to_bounds`."""
+    return np.clip(2.0 * (actions - low) / (high - low) - 1.0, -1.0, 1.0).astype(np.float32)
+
+
 def stored_layout(space: spaces.Space) -> tuple[tuple[int, ...], np.dtype]:
     """Shape and dtype of one observation as distrl stores it: images as uint8, Discrete as int64,
     Dict as packed uint8 rows, every other Box as float32 (as networks consume vectors)."""

@@ -206,6 +206,29 @@ class MLP:
             weight.copy_(torch.empty(weight.shape).uniform_(-bound, bound, generator=generator))
             bias.copy_(torch.empty(bias.shape).uniform_(-bound, bound, generator=generator))
 
+    @torch.no_grad()
+    def copy_linears(
+        self, linears: list[torch.nn.Linear], in_mean: torch.Tensor | None = None, in_std: torch.Tensor | None = None
+    ) -> None:
+        """Take the weights of ``torch.nn.Linear`` layers, in order, the shapes of this MLP's.
+
+        With ``in_mean`` and ``in_std`` (of the first ``len(in_mean)`` inputs), the layers were trained on those
+        inputs standardised, ``(x - mean) / std``; the first layer takes the standardisation in, so that this MLP
+        of the raw inputs computes what they computed: ``W ((x - m) / s) + b = (W / s) x + (b - W (m / s))``.
+        """
+        if len(linears) != len(self.weights):
+            raise ValueError(f"{len(linears)} linear layers for an MLP of {len(self.weights)}")
+        for weight, bias, linear in zip(self.weights, self.biases, linears):
+            if linear.weight.t().shape != weight.shape:
+                raise ValueError(f"a layer of {tuple(linear.weight.t().shape)} for one of {tuple(weight.shape)}")
+            weight.copy_(linear.weight.t())  # this MLP keeps [in, out]
+            bias.copy_(linear.bias)
+        if in_mean is not None and in_std is not None:
+            n = len(in_mean)
+            first = self.weights[0]
+            self.biases[0].sub_((in_mean / in_std).to(first.dtype) @ first[:n])
+            first[:n].div_(in_std.to(first.dtype).unsqueeze(1))
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         last = len(self.weights) - 1
         for i in range(last + 1):

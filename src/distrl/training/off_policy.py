@@ -18,7 +18,7 @@ from distrl.config import ConfigError, RunConfig, SACConfig, StrategyConfig
 from distrl.data.replay import CompactReplayBuffer, ReplayBuffer, Transitions
 from distrl.data.replay_memory import check_replay_memory
 from distrl.envs.names import shown_name
-from distrl.envs.spaces import check_observation_space, stored_layout, to_bounds
+from distrl.envs.spaces import check_observation_space, from_bounds, stored_layout, to_bounds
 from distrl.nets.factory import PolicySource, make_sac_networks
 from distrl.training.common import TrainerBase
 from distrl.training.replay_learner import ReplaySource, learn_from_actors
@@ -110,7 +110,41 @@ class OffPolicyTrainer(ReplayOwner, TrainerBase):
         )
         self.env_offset = self.sync.rank * cfg.n_envs
         self.keeps_worker_state = cfg.save_replay  # under ddp each rank keeps its own buffer in checkpoints
+        if cfg.init_from:
+            try:
+                self._go_on_from(cfg.init_from)
+            except BaseException:
+                self.close()
+                raise
         self.start_segment()
+
+    @classmethod
+    def check_env(cls, run: RunConfig, cfg: Any) -> None:
+        """With ``init_from``, the run it names too, before any run directory is made: a CQL run with networks of
+        this run's sizes."""
+        super().check_env(run, cfg)
+        if cfg.init_from:
+            from distrl.training.init_from import check_goes_on_from, check_sac_fits, read_run
+
+            _, state = read_run(cfg.init_from)
+            check_goes_on_from("sac", cfg.init_from, state)
+            check_sac_fits(cfg, cfg.init_from, state)
+
+    def _go_on_from(self, init_from: str) -> None:
+        """A CQL run's networks (``training/init_from.py``), and with ``keep_dataset`` its dataset in the replay."""
+        from distrl.training.init_from import check_goes_on_from, check_strategy, dataset_of, read_run, sac_from_cql
+
+        check_strategy(init_from, self.strategy.strategy if self.actors is None else "actor-learner")
+        tensors, state = read_run(init_from)
+        check_goes_on_from("sac", init_from, state)
+        sac_from_cql(self.algo, tensors, state, init_from)
+        if self.cfg.keep_dataset:
+            data = dataset_of(state, init_from, self.sync.rank, self.sync.world_size)
+            every = np.ones(data.size, dtype=bool)
+            actions = from_bounds(data.actions, self.low, self.high)
+            self.replay.add(data.obs, actions, data.rewards, data.next_obs, data.terminated, every)
+        kept = f", its dataset's {self.replay.size:,} transitions in the replay" if self.cfg.keep_dataset else ""
+        self.report(f"went on from the CQL run {init_from}: its policy, critics and entropy coefficient{kept}")
 
     @classmethod
     def check_spaces(cls, env_id: str, observation_space: Any, action_space: Any, cfg: Any) -> None:
@@ -138,9 +172,11 @@ class OffPolicyTrainer(ReplayOwner, TrainerBase):
         self.algo.reseed(seed, self.sync.rank, self.steps)
 
     def _explore(self) -> np.ndarray:
-        """Actions in [-1, 1]: uniform before ``learning_starts``, then sampled from the policy."""
+        """Actions in [-1, 1]: uniform before ``learning_starts`` (unless the run went on from another), then
+        sampled from the policy."""
         shape = (self.action_dim,)
-        if self.steps < self.cfg.learning_starts * self.sync.world_size:  # steps count all workers
+        starting = self.steps < self.cfg.learning_starts * self.sync.world_size  # steps count all workers
+        if starting and not self.cfg.init_from:  # a run that goes on from CQL plays its policy from the start
             return np.stack([rng.uniform(-1.0, 1.0, shape) for rng in self.noise_rngs]).astype(np.float32)
         noise = np.stack([rng.standard_normal(shape, dtype=np.float32) for rng in self.noise_rngs])
         return self.algo.actor.act(self.obs, noise)

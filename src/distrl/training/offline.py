@@ -30,8 +30,8 @@ from distrl.data.offline import GlobalSampler, OfflineData, check_spaces, open_d
 from distrl.data.replay import ReplayBuffer, Transitions
 from distrl.envs.names import shown_name
 from distrl.envs.spaces import to_bounds
-from distrl.run import checkpoint
 from distrl.training.common import TrainerBase
+from distrl.training.init_from import check_goes_on_from, read_run
 from distrl.training.off_policy import REPLAY_FILE
 from distrl.training.state import section
 
@@ -39,19 +39,6 @@ OBS_STD_FLOOR = 1e-3
 """Added to the dataset's standard deviation of each observation dimension (TD3+BC's)."""
 CONTINUOUS_ONLY = ("td3bc", "iql", "td3")
 """The algorithms of this family whose policies act in Box spaces only."""
-GOES_ON_FROM = {"td3bc": ("td3bc",), "td3": ("td3bc", "td3"), "iql": ("iql",), "cql": ("cql",)}
-"""The runs each algorithm goes on from online (--init-from), by their algorithm."""
-
-
-def check_goes_on_from(algo: str, init_from: str, state: dict[str, Any]) -> None:
-    """Refuse, in one line, an --init-from run that ``algo`` does not go on from (``state``: its checkpoint's)."""
-    if algo not in GOES_ON_FROM:
-        raise ConfigError(f"init_from={init_from!r} is not available for {algo}: {', '.join(GOES_ON_FROM)} go online")
-    if state.get("algo") not in GOES_ON_FROM[algo]:
-        raise ConfigError(
-            f"init_from={init_from!r} holds a run of {state.get('algo')}; {algo} goes on from a run of "
-            f"{' or '.join(GOES_ON_FROM[algo])}"
-        )
 
 
 class OfflineTrainer(TrainerBase):
@@ -131,15 +118,14 @@ class OfflineTrainer(TrainerBase):
                 dataset = open_dataset(cfg.dataset, cfg.datasets_dir or None)
                 check_spaces(dataset, env.single_observation_space, env.single_action_space, env.env_id)
             if cfg.init_from:
-                _, state = checkpoint.load(checkpoint.newest_intact(Path(cfg.init_from)))
-                check_goes_on_from(run.algo, cfg.init_from, state)
+                check_goes_on_from(run.algo, cfg.init_from, read_run(cfg.init_from)[1])
         finally:
             env.close()
 
     def _go_on_from(self, path: Path) -> None:
         """The offline run's networks, their optimizers and its observation statistics; the step count starts
         at 0 (the online run's)."""
-        tensors, state = checkpoint.load(checkpoint.newest_intact(path))
+        tensors, state = read_run(str(path))
         check_goes_on_from(self.algo_name, str(path), state)
         try:
             self.load_state_tensors(tensors, path)
