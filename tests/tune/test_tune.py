@@ -368,3 +368,77 @@ def test_a_study_name_reused_for_another_budget_is_refused(tmp_path, capsys):
     study.set_user_attr("distrl", {"algo": "ppo", "env": "CartPole-v1", "budget_steps": 5})
     assert main(_tune(tmp_path, "--storage", storage, "--study", "s")) == 2
     assert "budget_steps=12288 differs from study 's'" in capsys.readouterr().err
+
+
+# ---- offline algorithms ----
+
+
+@pytest.fixture
+def cartpole_dataset(tmp_path):
+    """A CartPole dataset of random play, in tmp_path/datasets."""
+    from distrl.data.offline import write_dataset
+    from distrl.data.recorder import record_episodes
+    from distrl.envs.vector import make_env
+
+    env = make_env("CartPole-v1", 2)
+    try:
+        episodes = record_episodes(env, None, 600, seed=0, random=True)
+        spaces = env.single_observation_space, env.single_action_space
+        write_dataset("cartpole/random-v0", episodes, "CartPole-v1", *spaces, "random", str(tmp_path / "datasets"))
+    finally:
+        env.close()
+    return tmp_path / "datasets"
+
+
+@pytest.mark.multiprocess
+def test_an_offline_study_trains_every_trial_on_the_dataset_for_its_gradient_steps(tmp_path, cartpole_dataset):
+    space = {"learning_rate": {"type": "float", "low": 1e-4, "high": 3e-3, "log": True}, "net_arch": [[32]]}
+    flags = ["tune", "bc", "CartPole-v1", "--dataset", "cartpole/random-v0", "--datasets-dir", str(cartpole_dataset)]
+    flags += ["--trials", "2", "--budget-steps", "60", "--evaluations", "2", "--eval-episodes", "2", "--parallel", "2"]
+    flags += ["--study-dir", str(tmp_path / "study"), "--no-default-space", "--pruner", "none"]
+    flags += ["--space", str(_write(tmp_path / "space.json", space))]
+    assert main(flags) == 0
+    trials = _study(tmp_path, "bc-CartPole-v1").get_trials()
+    assert len(trials) == 2 and all(t.state == States.COMPLETE for t in trials)
+    for t in trials:
+        run = Path(t.user_attrs["run_dir"])
+        preset = json.loads((run / "preset.json").read_text())
+        assert preset["dataset"] == "cartpole/random-v0" and preset["datasets_dir"] == str(cartpole_dataset)
+        assert json.loads((run / "summary.json").read_text())["total_steps"] == 60  # gradient steps
+        assert json.loads((run / "config.json").read_text())["bc"]["learning_rate"] == t.params["learning_rate"]
+    best = json.loads((tmp_path / "study" / "best.json").read_text())
+    assert best["dataset"] == "cartpole/random-v0" and best["total_steps"] == 60
+
+
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        (["tune", "bc", "CartPole-v1"], "dataset='' is not allowed: every bc trial trains on a dataset"),
+        (["tune", "ppo", "CartPole-v1", "--dataset", "cartpole/random-v0"], "dataset='cartpole/random-v0' is not "),
+        (["tune", "iql", "Pendulum-v1", "--dataset", "cartpole/random-v0"], "has observation_space Box"),
+        (["tune", "bc", "CartPole-v1", "--dataset", "cartpole/none-v0"], "dataset='cartpole/none-v0' is not in"),
+        (
+            ["tune", "cql", "CartPole-v1", "--dataset", "cartpole/random-v0", "--scheduler", "pbt"],
+            "scheduler='pbt' is not available for cql",
+        ),
+    ],
+)
+def test_offline_study_mistakes_are_one_line_and_start_nothing(tmp_path, cartpole_dataset, capsys, argv, says):
+    assert main([*argv, "--datasets-dir", str(cartpole_dataset), "--study-dir", str(tmp_path / "study")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert says in err and len(err.splitlines()) == 1, err
+    assert not (tmp_path / "study").exists()
+
+
+@pytest.mark.parametrize("algo", ["bc", "td3bc", "iql", "cql"])
+def test_an_offline_default_space_samples_configs_the_algorithm_takes(algo):
+    from distrl.config import ALGO_CONFIGS
+
+    space = build_space(algo)
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    for _ in range(20):
+        values = space.values(study.ask(space.distributions).params)
+        cfg = ALGO_CONFIGS[algo](**values)  # refuses a value out of its range
+        assert 0 < cfg.learning_rate <= 3e-3 and cfg.batch_size in (64, 128, 256, 512)
+        if algo != "bc":
+            assert 0.95 <= cfg.gamma < 1

@@ -27,10 +27,10 @@ class TuneArgs:
     """Trials in the study, counting those an earlier run of the command finished (complete, pruned or
     failed); a study that has them all only writes its results again."""
     budget_steps: int = 50_000
-    """Environment steps of each trial (pbt: of each member): a PPO or SAC trial trains the whole iterations (n_steps or train_freq
-    times n_envs steps) that fit in it, and never more; a REINFORCE trial ends with the iteration (of whole
-    episodes) that reaches it. Too small a budget for one iteration per evaluation is refused (see
-    distrl.tune.budget)."""
+    """Environment steps of each trial (pbt: of each member); gradient steps for an offline algorithm's. A PPO or
+    SAC trial trains the whole iterations (n_steps or train_freq times n_envs steps) that fit in it, and never
+    more; a REINFORCE trial ends with the iteration (of whole episodes) that reaches it. Too small a budget for
+    one iteration per evaluation is refused (see distrl.tune.budget)."""
     parallel: int = 1
     """Trials running at once (a process each, or a Ray task each)."""
     storage: str = ""
@@ -67,6 +67,11 @@ class TuneArgs:
     reachable from its nodes (a database server), and the study directory shared for the run dirs."""
     trial_timeout_s: float = 21_600.0
     """A trial still running after this long is stopped and recorded as failed."""
+    dataset: str = ""
+    """The offline algorithms (bc, td3bc, iql, cql): the Minari dataset every trial trains on, as for train;
+    --budget-steps then counts gradient steps."""
+    datasets_dir: str = ""
+    """Where the dataset lives, as for train."""
     env_kwargs: tuple[str, ...] = ()
     """key=value arguments for the env's constructor, as for train."""
     wrappers: tuple[str, ...] = ()

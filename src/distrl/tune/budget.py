@@ -10,6 +10,7 @@ trial's ``total_steps`` is set so that it never trains past the budget:
 * sac and dqn: an iteration is ``train_freq × n_envs`` steps, kept like ppo's rollout. The budget counts the
   ``learning_starts`` steps of random actions too, and the space keeps the ``learning_starts`` below
   half of it: a trial learns for half its budget or more.
+* the offline algorithms (bc, td3bc, iql, cql): an iteration is one gradient step, and the budget counts them.
 * reinforce: an iteration is ``episodes_per_iter`` whole episodes, whose length is known only once
   they end. A trial starts iterations while it is under the budget, so its last one may end past it,
   by less than one iteration; the steps it trained are in its ``summary.json``.

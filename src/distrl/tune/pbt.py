@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from distrl.config import ConfigError
+from distrl.config import OFFLINE_CONFIGS, ConfigError
 from distrl.envs.names import resolve_env_id
 from distrl.run import checkpoint
 from distrl.training.presets import algo_configs, resolve_preset
@@ -71,6 +71,11 @@ class PBTStudy:
     """One PBT study: its space and members' settings checked before anything starts, then Tune's run."""
 
     def __init__(self, algo: str, env: str, args: TuneArgs):
+        if algo in OFFLINE_CONFIGS:
+            raise ConfigError(
+                f"scheduler='pbt' is not available for {algo}: an offline algorithm is tuned by the Optuna study "
+                "(--scheduler optuna)"
+            )
         self.tune = import_tune()
         self.algo, self.env, self.args = algo, env, args
         self.env_id = resolve_env_id(env)

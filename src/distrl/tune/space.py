@@ -2,8 +2,9 @@
 
 The default spaces are rl-baselines3-zoo's (``rl_zoo3/hyperparams_opt.py`` at commit 0a9df503,
 ``sample_ppo_params`` and ``sample_sac_params``) in distrl's field names. The zoo has no REINFORCE
-sampler; distrl's REINFORCE space is its own, on the same scales. Where distrl has no such field
-(the zoo's SAC ``log_std_init`` belongs to gSDE), the parameter is left out.
+sampler; distrl's REINFORCE space is its own, on the same scales, and so are the offline algorithms' (BC,
+TD3+BC, IQL, CQL: each paper's setting inside the range). Where distrl has no such field (the zoo's SAC
+``log_std_init`` belongs to gSDE), the parameter is left out.
 
 A space maps parameter names to specs:
 
@@ -83,6 +84,40 @@ DEFAULT_SPACES: dict[str, dict[str, Any]] = {
         "net_arch": ["tiny", "small", "medium"],
         "activation": ["tanh", "relu"],
     },
+    # The offline algorithms' spaces are distrl's own: each paper's setting inside a range on its own scale, the
+    # learning rate, the batch and the networks as for the online algorithms. A trial reads the study's --dataset.
+    "bc": {
+        "learning_rate": _log(1e-5, 3e-3),
+        "batch_size": [64, 128, 256, 512],
+        "net_arch": ["small", "medium", "big"],
+    },
+    "td3bc": {
+        "alpha": _log(0.5, 10.0),
+        "learning_rate": _log(1e-5, 1e-3),
+        "batch_size": [128, 256, 512],
+        "one_minus_gamma": _log(0.001, 0.05),
+        "tau": [0.001, 0.005, 0.01, 0.02],
+        "policy_noise": [0.1, 0.2, 0.3],
+        "net_arch": ["medium", "big"],
+    },
+    "iql": {
+        "expectile": {"type": "float", "low": 0.5, "high": 0.95},
+        "beta": _log(0.3, 10.0),
+        "learning_rate": _log(1e-5, 1e-3),
+        "batch_size": [128, 256, 512],
+        "one_minus_gamma": _log(0.001, 0.05),
+        "tau": [0.001, 0.005, 0.01, 0.02],
+        "net_arch": ["medium", "big"],
+    },
+    "cql": {
+        "conservative_weight": _log(0.5, 20.0),
+        "learning_rate": _log(1e-5, 1e-3),
+        "actor_learning_rate": _log(1e-5, 1e-3),
+        "batch_size": [128, 256, 512],
+        "one_minus_gamma": _log(0.001, 0.05),
+        "tau": [0.001, 0.005, 0.01, 0.02],
+        "net_arch": ["medium", "big"],
+    },
 }
 
 
@@ -145,6 +180,33 @@ def build_space(algo: str, path: str = "", defaults: bool = True) -> Space:
             check_types(ALGO_CONFIGS[algo], {name: spec})
             fixed[name] = tuple(spec) if isinstance(spec, list) else spec
     return Space(distributions, tied, fixed)
+
+
+def with_dataset(space: Space, algo: str, env_id: str, dataset: str, datasets_dir: str) -> Space:
+    """``space`` with an offline algorithm's dataset fixed for every trial (``--dataset``, opened and checked
+    against the env's spaces now, before the study starts); a one-line ConfigError for a dataset given to an
+    algorithm that takes none, or none given to one that does."""
+    from distrl.config import OFFLINE_CONFIGS
+
+    if algo not in OFFLINE_CONFIGS:
+        if dataset or datasets_dir:
+            raise ConfigError(
+                f"dataset={dataset!r} is not allowed for {algo}: only bc, td3bc, iql and cql train on one"
+            )
+        return space
+    if not dataset:
+        raise ConfigError(f"dataset='' is not allowed: every {algo} trial trains on a dataset: give --dataset ID")
+    from distrl.data.offline import check_spaces, open_dataset
+    from distrl.envs.vector import make_env
+
+    folder = str(Path(datasets_dir).absolute()) if datasets_dir else ""  # the trials run in other directories
+    opened = open_dataset(dataset, folder or None)
+    env = make_env(env_id, 1)
+    try:
+        check_spaces(opened, env.single_observation_space, env.single_action_space, env_id)
+    finally:
+        env.close()
+    return dataclasses.replace(space, fixed={**space.fixed, "dataset": dataset, "datasets_dir": folder})
 
 
 def _distribution(optuna: Any, name: str, spec: Any, where: str) -> Any:

@@ -24,7 +24,7 @@ from distrl.training.presets import algo_configs, resolve_preset
 from distrl.tune.args import TuneArgs
 from distrl.tune.budget import fit_space, trial_steps
 from distrl.tune.runners import ProcessTrials, RayTrials
-from distrl.tune.space import Space, build_space
+from distrl.tune.space import Space, build_space, with_dataset
 from distrl.tune.trial import PRESET_FILE, SPEC_FILE, make_pruner
 
 __all__ = ["TuneArgs", "Tuner", "tune_command"]
@@ -74,6 +74,7 @@ class Tuner:
         self.algo, self.env, self.args = algo, env, args
         self.env_id = resolve_env_id(env)
         self.space: Space = build_space(algo, args.space, defaults=not args.no_default_space)
+        self.space = with_dataset(self.space, algo, self.env_id, args.dataset, args.datasets_dir)
         self.run_values = {
             "env_kwargs": args.env_kwargs,
             "wrappers": args.wrappers,
