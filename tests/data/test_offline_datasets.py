@@ -258,3 +258,19 @@ def test_a_relative_datasets_dir_writes_and_reads_back(written, tmp_path, monkey
     path = write_dataset("pendulum/rel-v0", episodes, env_id, env.observation_space, env.action_space, "x", "ds")
     assert path == str(tmp_path / "ds" / "pendulum/rel-v0")
     assert open_dataset("pendulum/rel-v0", "ds").total_episodes == len(episodes)
+
+
+def test_a_shard_on_disk_holds_what_memory_does_and_its_moments(written, tmp_path):
+    root, _ = written
+    dataset = open_dataset(str(root / CARTPOLE))
+    for rank, world in ((0, 1), (1, 2), (6, 7)):  # the whole, a shard, an empty shard
+        in_memory = OfflineData.load(dataset, rank, world)
+        on_disk = OfflineData.load(dataset, rank, world, episodes_per_chunk=1, folder=tmp_path / f"r{rank}")
+        assert_same_data(on_disk, in_memory)
+        if in_memory.size:
+            assert all(isinstance(getattr(on_disk, f), np.memmap) for f in FIELDS)
+            assert not on_disk.obs.flags.writeable
+    whole = OfflineData.load(dataset, folder=tmp_path / "w")
+    obs = whole.obs.astype(np.float64)
+    expected = np.concatenate([[len(obs)], obs.sum(0), np.square(obs).sum(0)])
+    np.testing.assert_allclose(whole.moments(rows_per_read=7), expected, rtol=1e-12)

@@ -122,12 +122,12 @@ def test_iql_learns_from_mostly_random_data_with_a_few_good_episodes_where_cloni
     assert scores["bc"] < 0
 
 
-def ranks_train(rank, world, root, algo):
+def ranks_train(rank, world, root, algo, on_disk=False):
     from distrl.strategies.ddp import DistributedSync
 
     run_cfg = RunConfig(algo=algo, env="MountainCarContinuous-v0", total_steps=6, seed=0, quiet=True)
     cfg = {"td3bc": TD3BCConfig, "iql": IQLConfig, "cql": CQLConfig}[algo](
-        dataset="mcc/mixed-v0", datasets_dir=str(root), **SMALL
+        dataset="mcc/mixed-v0", datasets_dir=str(root), dataset_on_disk=on_disk, **SMALL
     )
     t = OfflineTrainer(run_cfg, cfg, sync=DistributedSync(torch.device("cpu"), 30))
     t.train()
@@ -136,9 +136,11 @@ def ranks_train(rank, world, root, algo):
     return {k: v for k, v in tensors.items() if not k.startswith("algo/gradient_steps")}
 
 
-@pytest.mark.parametrize("algo", ["td3bc", "iql", "cql"])
-def test_two_ranks_each_on_half_the_episodes_train_as_one_process_does(datasets, algo):
-    rank0, rank1 = run_ranks(ranks_train, 2, str(datasets), algo)
+@pytest.mark.parametrize("algo, on_disk", [("td3bc", False), ("iql", False), ("cql", False), ("td3bc", True)])
+def test_two_ranks_each_on_half_the_episodes_train_as_one_process_does(datasets, algo, on_disk):
+    """In memory, and with each rank's shard decoded into files (--dataset-on-disk) against one process in memory;
+    TD3+BC standardises observations by statistics summed over the ranks' shards."""
+    rank0, rank1 = run_ranks(ranks_train, 2, str(datasets), algo, on_disk)
     run_cfg = RunConfig(algo=algo, env="MountainCarContinuous-v0", total_steps=6, seed=0, quiet=True)
     cfg = {"td3bc": TD3BCConfig, "iql": IQLConfig, "cql": CQLConfig}[algo](
         dataset="mcc/mixed-v0", datasets_dir=str(datasets), **SMALL
@@ -418,3 +420,21 @@ def test_sac_refuses_a_run_it_cannot_go_on_from_in_one_line(datasets, tmp_path, 
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("distrl: error: ") and says in err[0], err
         assert not run_dir.exists()
+
+
+def test_a_dataset_on_disk_trains_as_in_memory_and_its_files_go_with_the_run(datasets, tmp_path):
+    ends = {}
+    for on_disk in (False, True):
+        cfg = TD3BCConfig(dataset="mcc/mixed-v0", datasets_dir=str(datasets), dataset_on_disk=on_disk, **SMALL)
+        run_cfg = RunConfig(algo="td3bc", env="MountainCarContinuous-v0", total_steps=8, seed=0, quiet=True)
+        t = OfflineTrainer(run_cfg, cfg, run_dir=tmp_path / str(on_disk))
+        t.train()
+        folder = tmp_path / str(on_disk) / ".dataset-rank0"
+        assert folder.is_dir() == on_disk
+        if on_disk:
+            assert isinstance(t.data.obs, np.memmap) and (folder / "obs.npy").stat().st_size > t.data.obs.nbytes
+        ends[on_disk] = t.state_tensors()
+        t.close()
+        assert not folder.exists()
+    for name, value in ends[False].items():
+        assert torch.equal(ends[True][name], value), name

@@ -25,6 +25,10 @@ class OfflineConfig:
     """Where Minari datasets live; empty: MINARI_DATASETS_PATH, else Minari's default (~/.minari/datasets)."""
     episodes_per_chunk: int = 0
     """Read the dataset this many episodes at a time (a dataset larger than one read); 0 reads it at once."""
+    dataset_on_disk: bool = False
+    """Decode the dataset once into files (numpy memory maps) in the run directory, removed when the run ends,
+    and draw the batches from them: memory then holds what the batches touch, not the dataset, which may be
+    larger than memory (it takes that much disk). The same batches and numbers as in memory."""
     n_envs: int = 1
     """Environments of the evaluation episodes (the only environment steps an offline run takes)."""
     batch_size: int = 256

@@ -173,6 +173,14 @@ def _layout(
     )
 
 
+def _allocate(folder: Path | None, name: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """An array to fill: in memory, or (with ``folder``) a ``.npy`` file there, mapped."""
+    if folder is None or 0 in shape:  # an empty shard stays in memory: there is nothing to map
+        return np.empty(shape, dtype=dtype)
+    folder.mkdir(parents=True, exist_ok=True)
+    return np.lib.format.open_memmap(folder / f"{name}.npy", mode="w+", dtype=dtype, shape=shape)
+
+
 def _episode_lengths(dataset: minari.MinariDataset) -> np.ndarray:
     """[E] int64: each episode's transitions, in ``dataset.episode_indices`` order.
 
@@ -221,12 +229,17 @@ class OfflineData:
         rank: int = 0,
         world_size: int = 1,
         episodes_per_chunk: int | None = None,
+        folder: Path | None = None,
     ) -> OfflineData:
         """Load the episodes at positions ``i`` of ``dataset.episode_indices`` with ``i % world_size == rank``.
 
         The arrays are allocated once at the shard's size (known from the episodes' lengths) and filled
         ``episodes_per_chunk`` episodes at a time (``None``: all in one read), so memory peaks at the shard plus one
         chunk of decoded episodes.
+
+        With ``folder`` the arrays are files there (numpy memory maps, opened read-only once written): memory then
+        holds one chunk while they are written, and afterwards what the batches touch, which the operating system
+        pages in and out. A shard larger than memory trains from them; the values are the same as in memory.
 
         Raises:
             ConfigError: the dataset has a space other than Box or Discrete, or an episode's data disagrees with
@@ -244,12 +257,17 @@ class OfflineData:
         firsts = np.cumsum(lengths) - lengths  # the global index of each episode's first transition
         mine = np.arange(rank, len(episodes), world_size)  # positions in episode order
         n = int(lengths[mine].sum())
-        obs = np.empty((n, *obs_shape), dtype=obs_dtype)
-        next_obs = np.empty((n, *obs_shape), dtype=obs_dtype)
-        actions = np.empty((n, *action_shape), dtype=action_dtype)
-        rewards = np.empty(n, dtype=np.float32)
-        terminated = np.empty(n, dtype=np.float32)
-        global_index = np.empty(n, dtype=np.int64)
+        layouts = {
+            "obs": ((n, *obs_shape), obs_dtype),
+            "next_obs": ((n, *obs_shape), obs_dtype),
+            "actions": ((n, *action_shape), action_dtype),
+            "rewards": ((n,), np.dtype(np.float32)),
+            "terminated": ((n,), np.dtype(np.float32)),
+            "global_index": ((n,), np.dtype(np.int64)),
+        }
+        arrays = {name: _allocate(folder, name, shape, dtype) for name, (shape, dtype) in layouts.items()}
+        obs, next_obs, actions = arrays["obs"], arrays["next_obs"], arrays["actions"]
+        rewards, terminated, global_index = arrays["rewards"], arrays["terminated"], arrays["global_index"]
         episode_returns: list[float] = []
 
         chunk = episodes_per_chunk or max(len(mine), 1)
@@ -273,7 +291,35 @@ class OfflineData:
                 global_index[rows] = firsts[position] + np.arange(steps)
                 episode_returns.append(float(np.sum(episode.rewards, dtype=np.float64)))
                 row += steps
-        return cls(obs, actions, rewards, next_obs, terminated, global_index, int(lengths.sum()), episode_returns)
+        if folder is not None:  # written: flushed, and read back read-only
+            for array in arrays.values():
+                if isinstance(array, np.memmap):
+                    array.flush()
+            arrays = {
+                name: np.load(folder / f"{name}.npy", mmap_mode="r") if isinstance(array, np.memmap) else array
+                for name, array in arrays.items()
+            }
+        return cls(
+            arrays["obs"],
+            arrays["actions"],
+            arrays["rewards"],
+            arrays["next_obs"],
+            arrays["terminated"],
+            arrays["global_index"],
+            int(lengths.sum()),
+            episode_returns,
+        )
+
+    def moments(self, rows_per_read: int = 65_536) -> np.ndarray:
+        """[1 + 2 D] float64: the count, the sum and the sum of squares of the observations' D values, read
+        ``rows_per_read`` rows at a time (the arrays may be files larger than memory)."""
+        flat = self.obs.reshape(self.size, -1)
+        sums = np.zeros((2, flat.shape[1]), dtype=np.float64)
+        for start in range(0, self.size, rows_per_read):
+            block = np.asarray(flat[start : start + rows_per_read], dtype=np.float64)
+            sums[0] += block.sum(0)
+            sums[1] += np.square(block).sum(0)
+        return np.concatenate([[self.size], sums[0], sums[1]])
 
     def locate(self, global_indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Where this shard holds those of ``global_indices`` [B] it has: their positions [M] int64 in

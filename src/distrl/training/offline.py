@@ -15,6 +15,8 @@ says so (kept in checkpoints, for evaluation); Box actions are rescaled to [-1, 
 from __future__ import annotations
 
 import dataclasses
+import shutil
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -71,6 +73,7 @@ class OfflineTrainer(TrainerBase):
         self.obs_mean = torch.zeros(self.obs_dim, dtype=torch.float32, device=self.device)
         self.obs_std = torch.ones(self.obs_dim, dtype=torch.float32, device=self.device)
         self.data: OfflineData | None = None
+        self._on_disk: Path | None = None
         self.replay: ReplayBuffer | None = None
         try:
             if cfg.online and self.sync.world_size > 1:
@@ -144,17 +147,35 @@ class OfflineTrainer(TrainerBase):
             cfg = self.cfg
             dataset = open_dataset(cfg.dataset, cfg.datasets_dir or None)
             check_spaces(dataset, self.env.single_observation_space, self.env.single_action_space, self.env_id)
-            self.data = OfflineData.load(dataset, self.sync.rank, self.sync.world_size, cfg.episodes_per_chunk or None)
+            chunk = cfg.episodes_per_chunk or None
+            self.data = OfflineData.load(dataset, self.sync.rank, self.sync.world_size, chunk, self._dataset_folder())
             if cfg.normalize_obs:
-                obs = self.data.obs.reshape(self.data.size, -1).astype(np.float64)
-                moments = np.concatenate([[len(obs)], obs.sum(0), np.square(obs).sum(0)])
-                total = self.sync.all_sum(moments)
+                total = self.sync.all_sum(self.data.moments())
                 count = max(total[0], 1.0)
                 mean = total[1 : 1 + self.obs_dim] / count
                 var = np.maximum(total[1 + self.obs_dim :] / count - mean**2, 0.0)
                 self.obs_mean.copy_(torch.from_numpy(mean))
                 self.obs_std.copy_(torch.from_numpy(np.sqrt(var) + OBS_STD_FLOOR))
         return self.data
+
+    def _dataset_folder(self) -> Path | None:
+        """With ``dataset_on_disk``, where this worker's decoded shard goes: beside the run's checkpoints (or in a
+        temporary folder for a run without a directory), removed by :meth:`release`."""
+        if not self.cfg.dataset_on_disk:
+            return None
+        if self.run_dir is not None:
+            self._on_disk = self.run_dir / f".dataset-rank{self.sync.rank}"
+            shutil.rmtree(self._on_disk, ignore_errors=True)  # a stopped run's, decoded again
+        else:
+            self._on_disk = Path(tempfile.mkdtemp(prefix="distrl-dataset-"))
+        return self._on_disk
+
+    def release(self) -> None:
+        super().release()
+        self.data = None  # the maps close with the arrays
+        if getattr(self, "_on_disk", None) is not None:
+            shutil.rmtree(self._on_disk, ignore_errors=True)
+            self._on_disk = None
 
     def train(self, total_steps: int | None = None, stop_at: int | None = None) -> dict[str, Any]:
         total = total_steps if total_steps is not None else self.run.total_steps
