@@ -143,15 +143,16 @@ def make_dataset(env_id: str, steps: int, root: str) -> tuple[int, int]:
     return sum(len(e["rewards"]) for e in episodes), len(episodes)
 
 
-def d3rlpy_dataset(root: str) -> tuple[Any, Any, Any]:
-    """The Minari dataset under ``root``, read with minari, as a d3rlpy ``MDPDataset``; and the action bounds."""
+def d3rlpy_dataset(root: str, dataset_id: str = DATASET_ID) -> tuple[Any, Any, Any]:
+    """The Minari dataset ``dataset_id`` under ``root``, read with minari, as a d3rlpy ``MDPDataset``; and the action
+    bounds."""
     import minari
     import numpy as np
     from d3rlpy.constants import ActionSpace
     from d3rlpy.dataset import MDPDataset
 
     os.environ["MINARI_DATASETS_PATH"] = root
-    dataset = minari.load_dataset(DATASET_ID)
+    dataset = minari.load_dataset(dataset_id)
     columns: dict[str, list] = {k: [] for k in ("observations", "actions", "rewards", "terminals", "timeouts")}
     for episode in dataset.iterate_episodes():
         steps = len(episode.rewards)
@@ -175,11 +176,11 @@ def d3rlpy_dataset(root: str) -> tuple[Any, Any, Any]:
 # ---- the two sides ----
 
 
-def distrl_config(algo: str, root: str) -> Any:
+def distrl_config(algo: str, root: str, dataset_id: str = DATASET_ID) -> Any:
     from distrl import config
 
     common = dict(
-        dataset=DATASET_ID, datasets_dir=root, batch_size=BATCH_SIZE, learning_rate=LEARNING_RATE, net_arch=HIDDEN
+        dataset=dataset_id, datasets_dir=root, batch_size=BATCH_SIZE, learning_rate=LEARNING_RATE, net_arch=HIDDEN
     )
     if algo == "bc":
         return config.BCConfig(**common)

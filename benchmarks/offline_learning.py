@@ -1,0 +1,253 @@
+"""Offline learning curves, distrl against d3rlpy, on a Minari dataset made here: the normalised return of the
+policy every ``--eval-every`` gradient steps, per algorithm and seed, for both libraries with the same networks and
+hyperparameters (those of ``offline_vs_d3rlpy.py``, the papers').
+
+    /tmp/d3venv/bin/python benchmarks/offline_learning.py --env Hopper-v5 --dataset hopper/medium-v0 \\
+        --datasets-dir DATASETS --algos td3bc iql --seeds 0 1 2 --steps 200000 --parallel 2
+    /tmp/d3venv/bin/python benchmarks/offline_learning.py --report --dataset hopper/medium-v0   # table and plot
+
+Runs go to ``docs/results/offline/<dataset>.json``, one record per (library, algorithm, seed) written as it
+finishes; a run already there is not run again, so a long comparison is made over several sittings. ``--parallel``
+runs that many children at once, each with one torch thread: these are learning figures, not timings.
+
+Each child trains on the whole dataset and evaluates the deterministic policy on ``--eval-episodes`` (10) episodes
+of the env, reset with seeds 0.. (the same on both sides), at step 0 and every ``--eval-every`` (10,000) gradient
+steps. distrl trains through ``OfflineTrainer.train(stop_at=...)`` and evaluates with its own evaluation; d3rlpy
+trains through ``update`` on ``sample_transition_batch`` (``fit``'s loop) and its policy acts through ``predict``
+in an env loop written here. The normalised return is D4RL's, ``100 (R - random) / (expert - random)`` with D4RL's
+reference returns for the env's family (Hopper: -20.3 and 3,234.3); they were measured on D4RL's v2 envs, and this
+runs Gymnasium's v5, so the figures are comparable between the two libraries here, and only roughly with papers.
+d3rlpy lives in a virtualenv of its own (see ``offline_vs_d3rlpy.py``); distrl runs in the same interpreter.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).parent
+RESULTS = HERE.parent / "docs" / "results" / "offline"
+REFERENCE = {"Hopper": (-20.272305, 3234.3), "HalfCheetah": (-280.178953, 12135.0), "Walker2d": (1.629008, 4592.3)}
+"""D4RL's random and expert returns per env family (d4rl/infos.py)."""
+NAMES = {"bc": "BC", "td3bc": "TD3+BC", "iql": "IQL", "cql": "CQL"}
+
+
+def normalised(env_id: str, value: float) -> float | None:
+    family = env_id.split("-")[0]
+    if family not in REFERENCE:
+        return None
+    low, high = REFERENCE[family]
+    return 100.0 * (value - low) / (high - low)
+
+
+def evaluate(act: Any, env_id: str, episodes: int) -> float:
+    """The mean return of ``act(obs) -> action`` over ``episodes`` episodes reset with seeds 0..episodes-1."""
+    import gymnasium as gym
+    import numpy as np
+
+    env = gym.make(env_id)
+    total = 0.0
+    for i in range(episodes):
+        obs, _ = env.reset(seed=i)
+        done = False
+        while not done:
+            obs, reward, terminated, truncated, _ = env.step(act(np.asarray(obs, np.float32)[None])[0])
+            total += float(reward)
+            done = terminated or truncated
+    env.close()
+    return total / episodes
+
+
+def run_distrl(algo: str, settings: dict) -> list[list[float]]:
+    from offline_vs_d3rlpy import distrl_config
+
+    from distrl.config import RunConfig
+    from distrl.training import OfflineTrainer
+
+    run = RunConfig(
+        algo=algo,
+        env=settings["env"],
+        total_steps=settings["steps"],
+        seed=settings["seed"],
+        quiet=True,
+        threads=1,
+        device="cpu",
+        preset="none",
+        eval_every=0,
+        eval_episodes=settings["eval_episodes"],
+    )
+    trainer = OfflineTrainer(run, distrl_config(algo, settings["root"], settings["dataset"]))
+    curve = []
+    try:
+        for stop in range(0, settings["steps"] + 1, settings["eval_every"]):
+            if stop:
+                trainer.train(stop_at=stop)
+            act = trainer.act_for_eval
+            curve.append([stop, evaluate(lambda obs: act(obs, None), settings["env"], settings["eval_episodes"])])
+    finally:
+        trainer.close()
+    return curve
+
+
+def run_d3rlpy(algo: str, settings: dict) -> list[list[float]]:
+    import d3rlpy
+    from d3rlpy.algos.utility import build_scalers_with_transition_picker
+    from offline_vs_d3rlpy import BATCH_SIZE, d3rlpy_config, d3rlpy_dataset
+
+    d3rlpy.seed(settings["seed"])
+    dataset, low, high = d3rlpy_dataset(settings["root"], settings["dataset"])
+    model = d3rlpy_config(algo, low, high).create(device="cpu:0")
+    build_scalers_with_transition_picker(model, dataset)
+    model.build_with_dataset(dataset)
+    curve, done = [], 0
+    for stop in range(0, settings["steps"] + 1, settings["eval_every"]):
+        while done < stop:
+            model.update(dataset.sample_transition_batch(BATCH_SIZE))
+            done += 1
+        curve.append([stop, evaluate(model.predict, settings["env"], settings["eval_episodes"])])
+    return curve
+
+
+def child(lib: str, algo: str, settings: dict) -> dict:
+    import torch
+
+    torch.set_num_threads(1)
+    start = time.time()
+    curve = (run_distrl if lib == "distrl" else run_d3rlpy)(algo, settings)
+    return {"lib": lib, "algo": algo, "seed": settings["seed"], "curve": curve, "wall_s": time.time() - start}
+
+
+def results_file(dataset: str) -> Path:
+    return RESULTS / (dataset.replace("/", "_") + ".json")
+
+
+def load(path: Path) -> dict:
+    return json.loads(path.read_text()) if path.exists() else {"runs": []}
+
+
+def run_all(args: argparse.Namespace) -> None:
+    path = results_file(args.dataset)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    done = {(r["lib"], r["algo"], r["seed"]) for r in load(path)["runs"]}
+    todo = [
+        (lib, algo, seed)
+        for seed in args.seeds
+        for algo in args.algos
+        for lib in args.libs
+        if (lib, algo, seed) not in done
+    ]
+    print(f"{len(done)} runs in {path}; {len(todo)} to run", flush=True)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(HERE), str(HERE.parent / "src")])}
+
+    def one(job: tuple[str, str, int]) -> None:
+        lib, algo, seed = job
+        settings = {
+            "env": args.env,
+            "dataset": args.dataset,
+            "root": str(Path(args.datasets_dir).absolute()),
+            "steps": args.steps,
+            "eval_every": args.eval_every,
+            "eval_episodes": args.eval_episodes,
+            "seed": seed,
+        }
+        out = subprocess.run(
+            [sys.executable, __file__, "--child", lib, algo, json.dumps(settings)],
+            capture_output=True,
+            text=True,
+            env=env,
+        )
+        if out.returncode != 0:
+            print(f"{lib} {algo} seed {seed} failed:\n{out.stderr[-3000:]}", flush=True)
+            return
+        record = {**json.loads(out.stdout.strip().splitlines()[-1]), **settings}
+        data = load(path)  # the threads write one at a time (the GIL holds through this block's few calls)
+        data["runs"].append(record)
+        path.write_text(json.dumps(data, indent=1) + "\n")
+        last = record["curve"][-1]
+        print(f"{lib} {algo} seed {seed}: return {last[1]:.1f} at {last[0]:,} ({record['wall_s'] / 60:.0f} min)")
+
+    with ThreadPoolExecutor(args.parallel) as pool:
+        list(pool.map(one, todo))
+
+
+def report(args: argparse.Namespace) -> None:
+    """The final normalised returns (mean ± standard deviation over seeds) per algorithm and library, and a plot of
+    the curves beside the results file."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    path = results_file(args.dataset)
+    runs = load(path)["runs"]
+    if not runs:
+        raise SystemExit(f"no runs in {path}")
+    env_id, steps = runs[0]["env"], max(r["curve"][-1][0] for r in runs)
+    known = normalised(env_id, 0.0) is not None
+
+    def score(value: float) -> float:  # the raw return where D4RL has no reference for the env
+        return normalised(env_id, value) if known else value  # type: ignore[return-value]
+
+    algos = [a for a in NAMES if any(r["algo"] == a for r in runs)]
+    lines = ["| algorithm | distrl | d3rlpy | seeds |", "|---|---|---|---|"]
+    fig, axes = plt.subplots(1, len(algos), figsize=(4.5 * len(algos), 3.5), squeeze=False)
+    for ax, algo in zip(axes[0], algos):
+        cells, seeds = [], set()
+        for lib, colour in (("distrl", "tab:blue"), ("d3rlpy", "tab:orange")):
+            mine = [r for r in runs if r["algo"] == algo and r["lib"] == lib and r["curve"][-1][0] == steps]
+            seeds |= {r["seed"] for r in mine}
+            finals = [score(r["curve"][-1][1]) for r in mine]
+            if not finals:
+                cells.append("n/a")
+            else:
+                sd = statistics.stdev(finals) if len(finals) > 1 else 0.0
+                cells.append(f"{statistics.mean(finals):.1f} ± {sd:.1f} ({' / '.join(f'{f:.1f}' for f in finals)})")
+            for k, r in enumerate(mine):
+                xs = [p[0] for p in r["curve"]]
+                ys = [score(p[1]) for p in r["curve"]]
+                ax.plot(xs, ys, color=colour, alpha=0.8, label=lib if k == 0 else None)
+        lines.append(f"| {NAMES[algo]} | {cells[0]} | {cells[1]} | {', '.join(map(str, sorted(seeds)))} |")
+        ax.set_title(f"{NAMES[algo]} on {args.dataset}")
+        ax.set_xlabel("gradient steps")
+        ax.set_ylabel("normalised return" if known else "return")
+        ax.legend()
+    fig.tight_layout()
+    png = path.with_suffix(".png")
+    fig.savefig(png, dpi=90)
+    print("\n".join(lines))
+    print(f"plot: {png}")
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--child":
+        print(json.dumps(child(sys.argv[2], sys.argv[3], json.loads(sys.argv[4]))))
+        return
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--env", default="Hopper-v5")
+    parser.add_argument("--dataset", required=True)
+    parser.add_argument("--datasets-dir", default=os.environ.get("MINARI_DATASETS_PATH", ""))
+    parser.add_argument("--algos", nargs="+", choices=list(NAMES), default=["td3bc", "iql"])
+    parser.add_argument("--libs", nargs="+", choices=["distrl", "d3rlpy"], default=["distrl", "d3rlpy"])
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    parser.add_argument("--steps", type=int, default=200_000)
+    parser.add_argument("--eval-every", type=int, default=10_000)
+    parser.add_argument("--eval-episodes", type=int, default=10)
+    parser.add_argument("--parallel", type=int, default=1)
+    parser.add_argument("--report", action="store_true", help="only the table and the plot of what is there")
+    args = parser.parse_args()
+    if args.report:
+        report(args)
+    else:
+        run_all(args)
+
+
+if __name__ == "__main__":
+    main()
