@@ -67,10 +67,9 @@ def evaluate(act: Any, env_id: str, episodes: int) -> float:
 
 
 def run_distrl(algo: str, settings: dict) -> list[list[float]]:
-    from offline_vs_d3rlpy import distrl_config
-
     from distrl.config import RunConfig
     from distrl.training import OfflineTrainer
+    from offline_vs_d3rlpy import distrl_config
 
     run = RunConfig(
         algo=algo,
@@ -85,13 +84,16 @@ def run_distrl(algo: str, settings: dict) -> list[list[float]]:
         eval_episodes=settings["eval_episodes"],
     )
     trainer = OfflineTrainer(run, distrl_config(algo, settings["root"], settings["dataset"]))
+
+    def greedy(obs: Any) -> Any:
+        return trainer.act_for_eval(obs, None)
+
     curve = []
     try:
         for stop in range(0, settings["steps"] + 1, settings["eval_every"]):
             if stop:
                 trainer.train(stop_at=stop)
-            act = trainer.act_for_eval
-            curve.append([stop, evaluate(lambda obs: act(obs, None), settings["env"], settings["eval_episodes"])])
+            curve.append([stop, evaluate(greedy, settings["env"], settings["eval_episodes"])])
     finally:
         trainer.close()
     return curve
@@ -100,6 +102,7 @@ def run_distrl(algo: str, settings: dict) -> list[list[float]]:
 def run_d3rlpy(algo: str, settings: dict) -> list[list[float]]:
     import d3rlpy
     from d3rlpy.algos.utility import build_scalers_with_transition_picker
+
     from offline_vs_d3rlpy import BATCH_SIZE, d3rlpy_config, d3rlpy_dataset
 
     d3rlpy.seed(settings["seed"])
