@@ -24,7 +24,7 @@ class OfflineConfig:
     datasets_dir: str = ""
     """Where Minari datasets live; empty: MINARI_DATASETS_PATH, else Minari's default (~/.minari/datasets)."""
     episodes_per_chunk: int = 0
-    """Read the dataset this many episodes at a time (a dataset larger than one read); 0 reads it at once."""
+    """Read the dataset this many episodes at a time; 0: as many as hold about 64 MiB decoded."""
     dataset_on_disk: bool = False
     """Decode the dataset once into files (numpy memory maps) in the run directory, removed when the run ends,
     and draw the batches from them: memory then holds what the batches touch, not the dataset, which may be

@@ -33,6 +33,9 @@ if TYPE_CHECKING:
     from minari.data_collector import EpisodeBuffer
 
 DATASETS_PATH_VARIABLE = "MINARI_DATASETS_PATH"
+CHUNK_BYTES = 64 * 2**20
+"""What one read of a dataset's episodes decodes, about, unless told how many episodes to read at a time: Minari's
+reader holds what it reads (and more, in its Arrow buffers) until the read is consumed."""
 """The environment variable Minari reads, at every call, for the folder that holds its datasets."""
 
 DATA_FORMAT = "arrow"
@@ -234,8 +237,8 @@ class OfflineData:
         """Load the episodes at positions ``i`` of ``dataset.episode_indices`` with ``i % world_size == rank``.
 
         The arrays are allocated once at the shard's size (known from the episodes' lengths) and filled
-        ``episodes_per_chunk`` episodes at a time (``None``: all in one read), so memory peaks at the shard plus one
-        chunk of decoded episodes.
+        ``episodes_per_chunk`` episodes at a time (``None``: as many as hold about :data:`CHUNK_BYTES` decoded,
+        from the episodes' mean length), so memory peaks at the shard plus one chunk of decoded episodes.
 
         With ``folder`` the arrays are files there (numpy memory maps, opened read-only once written): memory then
         holds one chunk while they are written, and afterwards what the batches touch, which the operating system
@@ -248,7 +251,7 @@ class OfflineData:
         if not 0 <= rank < world_size:
             raise ValueError(f"rank={rank} must be in [0, world_size={world_size})")
         if episodes_per_chunk is not None and episodes_per_chunk < 1:
-            raise ValueError(f"episodes_per_chunk={episodes_per_chunk} must be at least 1 (or None: all at once)")
+            raise ValueError(f"episodes_per_chunk={episodes_per_chunk} must be at least 1 (or None: by size)")
         obs_shape, obs_dtype = _layout(dataset, "observation_space", dataset.observation_space, None)
         action_shape, action_dtype = _layout(dataset, "action_space", dataset.action_space, np.float32)
 
@@ -270,7 +273,9 @@ class OfflineData:
         rewards, terminated, global_index = arrays["rewards"], arrays["terminated"], arrays["global_index"]
         episode_returns: list[float] = []
 
-        chunk = episodes_per_chunk or max(len(mine), 1)
+        row_bytes = sum(int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize for shape, dtype in layouts.values())
+        mean_length = float(lengths[mine].mean()) if len(mine) else 1.0
+        chunk = episodes_per_chunk or max(1, int(CHUNK_BYTES // max(mean_length * row_bytes, 1.0)))
         row = 0
         for start in range(0, len(mine), chunk):
             positions = mine[start : start + chunk]
@@ -310,10 +315,12 @@ class OfflineData:
             episode_returns,
         )
 
-    def moments(self, rows_per_read: int = 65_536) -> np.ndarray:
+    def moments(self, rows_per_read: int | None = None) -> np.ndarray:
         """[1 + 2 D] float64: the count, the sum and the sum of squares of the observations' D values, read
-        ``rows_per_read`` rows at a time (the arrays may be files larger than memory)."""
+        ``rows_per_read`` rows at a time (default: about 16 MiB of float64 values; the arrays may be files larger
+        than memory)."""
         flat = self.obs.reshape(self.size, -1)
+        rows_per_read = rows_per_read or max(1, 2**21 // max(flat.shape[1], 1))
         sums = np.zeros((2, flat.shape[1]), dtype=np.float64)
         for start in range(0, self.size, rows_per_read):
             block = np.asarray(flat[start : start + rows_per_read], dtype=np.float64)
