@@ -181,52 +181,80 @@ def run_all(args: argparse.Namespace) -> None:
         list(pool.map(one, todo))
 
 
-def report(args: argparse.Namespace) -> None:
-    """The final normalised returns (mean ± standard deviation over seeds) per algorithm and library, and a plot of
-    the curves beside the results file."""
+def summary_lines(runs: list[dict]) -> list[str]:
+    """What a results file says: how the runs were made, and the final normalised returns (mean ± standard
+    deviation over the seeds that finished, each seed's in brackets) per algorithm and library."""
+    first = runs[0]
+    env_id, steps = first["env"], max(r["curve"][-1][0] for r in runs)
+    known = normalised(env_id, 0.0) is not None
+    lines = [
+        f"`python benchmarks/offline_learning.py --env {env_id} --dataset {first['dataset']} --steps {steps}`: "
+        f"{'normalised return (D4RL reference returns)' if known else 'return'} after {steps:,} gradient steps, "
+        f"the deterministic policy over {first['eval_episodes']} episodes; distrl and d3rlpy with the same networks "
+        "and hyperparameters (the papers', see benchmarks/offline_vs_d3rlpy.py), one torch thread each.",
+        "",
+        "| algorithm | distrl | d3rlpy | seeds |",
+        "|---|---|---|---|",
+    ]
+    for algo in [a for a in NAMES if any(r["algo"] == a for r in runs)]:
+        cells, seeds = [], set()
+        for lib in ("distrl", "d3rlpy"):
+            mine = sorted(
+                (r for r in runs if r["algo"] == algo and r["lib"] == lib and r["curve"][-1][0] == steps),
+                key=lambda r: r["seed"],
+            )
+            seeds |= {r["seed"] for r in mine}
+            finals = [_score(env_id, r["curve"][-1][1]) for r in mine]
+            if not finals:
+                cells.append("n/a")
+                continue
+            sd = statistics.stdev(finals) if len(finals) > 1 else 0.0
+            cells.append(f"{statistics.mean(finals):.1f} ± {sd:.1f} ({' / '.join(f'{f:.1f}' for f in finals)})")
+        lines.append(f"| {NAMES[algo]} | {cells[0]} | {cells[1]} | {', '.join(map(str, sorted(seeds)))} |")
+    return lines
+
+
+def _score(env_id: str, value: float) -> float:
+    """The normalised return, or the return where D4RL has no reference for the env."""
+    score = normalised(env_id, value)
+    return value if score is None else score
+
+
+def draw_curves(runs: list[dict], png: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    env_id, dataset = runs[0]["env"], runs[0]["dataset"]
+    algos = [a for a in NAMES if any(r["algo"] == a for r in runs)]
+    fig, axes = plt.subplots(1, len(algos), figsize=(4.5 * len(algos), 3.5), squeeze=False)
+    for ax, algo in zip(axes[0], algos):
+        for lib, colour in (("distrl", "tab:blue"), ("d3rlpy", "tab:orange")):
+            mine = [r for r in runs if r["algo"] == algo and r["lib"] == lib]
+            for k, r in enumerate(mine):
+                xs = [p[0] for p in r["curve"]]
+                ax.plot(
+                    xs, [_score(env_id, p[1]) for p in r["curve"]], color=colour, alpha=0.8, label=None if k else lib
+                )
+        ax.set_title(f"{NAMES[algo]} on {dataset}")
+        ax.set_xlabel("gradient steps")
+        ax.set_ylabel("normalised return" if normalised(env_id, 0.0) is not None else "return")
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(png, dpi=90)
+    plt.close(fig)
+
+
+def report(args: argparse.Namespace) -> None:
+    """The table and the plot of the curves (beside the results file) of what the results file holds."""
     path = results_file(args.dataset)
     runs = load(path)["runs"]
     if not runs:
         raise SystemExit(f"no runs in {path}")
-    env_id, steps = runs[0]["env"], max(r["curve"][-1][0] for r in runs)
-    known = normalised(env_id, 0.0) is not None
-
-    def score(value: float) -> float:  # the raw return where D4RL has no reference for the env
-        return normalised(env_id, value) if known else value  # type: ignore[return-value]
-
-    algos = [a for a in NAMES if any(r["algo"] == a for r in runs)]
-    lines = ["| algorithm | distrl | d3rlpy | seeds |", "|---|---|---|---|"]
-    fig, axes = plt.subplots(1, len(algos), figsize=(4.5 * len(algos), 3.5), squeeze=False)
-    for ax, algo in zip(axes[0], algos):
-        cells, seeds = [], set()
-        for lib, colour in (("distrl", "tab:blue"), ("d3rlpy", "tab:orange")):
-            mine = [r for r in runs if r["algo"] == algo and r["lib"] == lib and r["curve"][-1][0] == steps]
-            seeds |= {r["seed"] for r in mine}
-            finals = [score(r["curve"][-1][1]) for r in mine]
-            if not finals:
-                cells.append("n/a")
-            else:
-                sd = statistics.stdev(finals) if len(finals) > 1 else 0.0
-                cells.append(f"{statistics.mean(finals):.1f} ± {sd:.1f} ({' / '.join(f'{f:.1f}' for f in finals)})")
-            for k, r in enumerate(mine):
-                xs = [p[0] for p in r["curve"]]
-                ys = [score(p[1]) for p in r["curve"]]
-                ax.plot(xs, ys, color=colour, alpha=0.8, label=lib if k == 0 else None)
-        lines.append(f"| {NAMES[algo]} | {cells[0]} | {cells[1]} | {', '.join(map(str, sorted(seeds)))} |")
-        ax.set_title(f"{NAMES[algo]} on {args.dataset}")
-        ax.set_xlabel("gradient steps")
-        ax.set_ylabel("normalised return" if known else "return")
-        ax.legend()
-    fig.tight_layout()
-    png = path.with_suffix(".png")
-    fig.savefig(png, dpi=90)
-    print("\n".join(lines))
-    print(f"plot: {png}")
+    print("\n".join(summary_lines(runs)))
+    draw_curves(runs, path.with_suffix(".png"))
+    print(f"plot: {path.with_suffix('.png')}")
 
 
 def main() -> None:

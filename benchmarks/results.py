@@ -521,6 +521,37 @@ def pbt_section() -> list[str]:
     return ["## Population-based training against random search", "", *lines] if lines else []
 
 
+def offline_section(draw: bool) -> list[str]:
+    """How the offline datasets were made (docs/results/offline/DATASETS.md) and, per dataset, distrl's and
+    d3rlpy's learning on it (benchmarks/offline_learning.py's results files and their curves)."""
+    folder = RESULTS / "offline"
+    notes, files = folder / "DATASETS.md", sorted(folder.glob("*.json"))
+    if not notes.is_file() and not files:
+        return []
+    from offline_learning import draw_curves, summary_lines
+
+    lines = ["## Offline RL: datasets made with distrl, and learning against d3rlpy", ""]
+    if notes.is_file():
+        lines += [notes.read_text().strip(), ""]
+    for path in files:
+        runs = json.loads(path.read_text())["runs"]
+        if not runs:
+            continue
+        if draw:
+            draw_curves(runs, path.with_suffix(".png"))
+        dataset = runs[0]["dataset"]
+        lines += [
+            f"### {dataset}",
+            "",
+            *summary_lines(runs),
+            "",
+            f"![{dataset}: learning curves](results/offline/{path.with_suffix('.png').name})",
+            f"Raw figures: [results/offline/{path.name}](results/offline/{path.name}).",
+            "",
+        ]
+    return lines
+
+
 def lag_section() -> list[str]:
     """APPO with lagged actors against lag 0 (benchmarks/appo_lag.py's kept result)."""
     path = RESULTS / "appo_lag.json"
@@ -607,6 +638,7 @@ def page_text(draw: bool = True) -> str:
         *lag_section(),
         *spread_section(runs),
         *selfplay_section(),
+        *offline_section(draw),
         "## Speedup against ideal, per strategy",
         "",
         *scaling_section(),
