@@ -391,6 +391,7 @@ def cartpole_dataset(tmp_path):
 
 
 @pytest.mark.multiprocess
+@pytest.mark.heavy
 def test_an_offline_study_trains_every_trial_on_the_dataset_for_its_gradient_steps(tmp_path, cartpole_dataset):
     space = {"learning_rate": {"type": "float", "low": 1e-4, "high": 3e-3, "log": True}, "net_arch": [[32]]}
     flags = ["tune", "bc", "CartPole-v1", "--dataset", "cartpole/random-v0", "--datasets-dir", str(cartpole_dataset)]
