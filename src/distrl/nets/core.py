@@ -182,7 +182,7 @@ class MLP:
         self.biases = [params.view(f"{prefix}.{i}.bias") for i in range(n)]
         self.weight_grads = [params.grad_view(f"{prefix}.{i}.weight") for i in range(n)]
         self.bias_grads = [params.grad_view(f"{prefix}.{i}.bias") for i in range(n)]
-        self._act = fast_tanh if activation == "tanh" else torch.relu
+        self._act = fast_tanh if activation == "tanh" else torch.Tensor.relu_  # on a layer's own new output
         self.matmul_dtype = matmul_dtype if matmul_dtype != torch.float32 else None
 
     def _layer(self, x: torch.Tensor, i: int) -> torch.Tensor:
@@ -286,11 +286,11 @@ class MLP:
                 grad = grad.mm(self.weights_t[i])
             else:
                 grad = grad.to(low).mm(self.weights_t[i].to(low)).float()
-            if i > 0:  # inputs[i] is the activation output of layer i - 1
+            if i > 0:  # inputs[i] is the activation output of layer i - 1; grad is a new product, ours to change
                 if self.activation == "tanh":
-                    grad = torch.ops.aten.tanh_backward(grad, inputs[i])
+                    torch.ops.aten.tanh_backward.grad_input(grad, inputs[i], grad_input=grad)
                 else:
-                    grad = torch.ops.aten.threshold_backward(grad, inputs[i], 0.0)
+                    torch.ops.aten.threshold_backward.grad_input(grad, inputs[i], 0.0, grad_input=grad)
         return grad
 
     def numpy_forward(self) -> NumpyMLP:
