@@ -68,8 +68,8 @@ class TuneArgs:
     trial_timeout_s: float = 21_600.0
     """A trial still running after this long is stopped and recorded as failed."""
     dataset: str = ""
-    """The offline algorithms (bc, td3bc, iql, cql): the Minari dataset every trial trains on, as for train;
-    --budget-steps then counts gradient steps."""
+    """The offline algorithms (bc, td3bc, iql, cql): the Minari dataset every trial trains on, as for train; the
+    budget then counts gradient steps."""
     datasets_dir: str = ""
     """Where the dataset lives, as for train."""
     env_kwargs: tuple[str, ...] = ()
