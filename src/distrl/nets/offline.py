@@ -133,8 +133,12 @@ class TwinCritic(nn.Module):
         self.q2 = mlp((obs_dim + action_dim, *net_arch, 1), activation)
 
     def forward(self, obs: torch.Tensor, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Q1 and Q2 [...] of observations and actions [..., D] and [..., A]. Inputs of more than two dimensions
+        (CQL's sampled actions, [B, N, A]) go through the layers as one [B N, D + A] matrix: the layers' outputs are
+        then whole tensors, not views, which an in-place ReLU would make autograd copy."""
         x = torch.cat([obs, actions], dim=-1)
-        return self.q1(x).squeeze(-1), self.q2(x).squeeze(-1)
+        flat = x.reshape(-1, x.shape[-1])
+        return self.q1(flat).view(x.shape[:-1]), self.q2(flat).view(x.shape[:-1])
 
     def first(self, obs: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
         """The first critic's values alone (TD3's actor follows it)."""
