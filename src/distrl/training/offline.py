@@ -31,7 +31,7 @@ from distrl.config import OFFLINE_CONFIGS, ConfigError, OfflineConfig, RunConfig
 from distrl.data.offline import GlobalSampler, OfflineData, check_spaces, open_dataset
 from distrl.data.replay import ReplayBuffer, Transitions
 from distrl.envs.names import shown_name
-from distrl.envs.spaces import to_bounds
+from distrl.envs.spaces import from_bounds, to_bounds
 from distrl.training.common import TrainerBase
 from distrl.training.init_from import check_goes_on_from, read_run
 from distrl.training.off_policy import REPLAY_FILE
@@ -234,8 +234,8 @@ class OfflineTrainer(TrainerBase):
             self.replay = self._empty_replay()
             if cfg.keep_dataset:
                 data = self._load_data()
-                scaled = self._scaled(torch.from_numpy(data.actions)).cpu().numpy()
                 every = np.ones(data.size, dtype=bool)
+                scaled = from_bounds(data.actions, self.low, self.high)
                 self.replay.add(data.obs, scaled, data.rewards, data.next_obs, data.terminated, every)
         return self.replay
 
