@@ -188,6 +188,12 @@ class RunConfig:
     """On the CPU, treat subnormal floats (below about 1.2e-38) as zero. Adam's second-moment
     estimates decay into that range, where x86 arithmetic is tens of times slower (an Adam step
     measured 1.5 ms instead of 0.14 ms)."""
+    keep_freed_memory: bool = True
+    """On Linux (glibc), fix the C allocator's mmap and trim thresholds at 32 and 64 MiB, so that memory a
+    step frees stays in the process for the next step instead of coming back as fresh pages from the
+    kernel (up to 850 page faults a gradient step on 256-wide layers, and 15% of its speed). The cost: freed
+    memory up to 64 MiB at the heap's top stays with the process. Set for the whole process once a run
+    starts."""
     track: tuple[Tracker, ...] = ()
     """Experiment trackers that get what TensorBoard gets, the config and the summary: wandb, mlflow,
     or both as --track wandb --track mlflow. Where they write is their own setting (WANDB_MODE,

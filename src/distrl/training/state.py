@@ -22,6 +22,7 @@ from distrl.envs.names import named_code
 from distrl.run import checkpoint, preemption, trust
 from distrl.run.logs import MONITOR_FILE, Console, RunLogger, write_json_atomic
 from distrl.run.quiet import route_to_run_log
+from distrl.training.malloc import keep_freed_memory
 from distrl.training.precision import bf16_emulated_note
 
 
@@ -34,9 +35,12 @@ def resolve_device(device: str) -> torch.device:
 
 
 def set_cpu_options(run: RunConfig) -> None:
-    """This process's torch CPU settings for a run: intra-op threads and subnormal flushing."""
+    """This process's CPU settings for a run: torch's intra-op threads and subnormal flushing, and the C
+    allocator's thresholds (:mod:`distrl.training.malloc`)."""
     torch.set_num_threads(run.threads)  # default 1: for small networks a second thread only contends
     torch.set_flush_denormal(run.flush_denormal)
+    if run.keep_freed_memory:
+        keep_freed_memory()
 
 
 def resumed_line(at: str, path: Path) -> str:
