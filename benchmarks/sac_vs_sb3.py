@@ -2,6 +2,7 @@
 
     python benchmarks/sac_vs_sb3.py            # writes its section of docs/benchmarks.md
     python benchmarks/sac_vs_sb3.py --quick
+    python benchmarks/sac_vs_sb3.py --faults 5   # distrl with and without its allocator thresholds, no docs
 
 Identical hyperparameters (rl-baselines3-zoo's Pendulum-v1 SAC: learning rate 1e-3, the
 rest SB3's defaults: 256x256 ReLU networks, batch 256, buffer 1e6, 100 random steps,
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import platform
+import resource
 import time
 
 from harness import (
@@ -85,19 +87,49 @@ def _sb3(seed: int):
     return SAC("MlpPolicy", make_vec_env("Pendulum-v1", n_envs=1, seed=seed), seed=seed, device="cpu", verbose=0, **HP)
 
 
+def _minor_faults() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
 def _sps(lib: str, seed: int, steps: int, threads: int) -> dict:
+    """Steps per second after learning starts, and the minor page faults a step took (fresh pages from the
+    kernel). ``distrl-glibc`` leaves glibc's allocator thresholds as glibc adjusts them (--no-keep-freed-memory)."""
     warmup = 500  # past learning_starts: every measured step includes a gradient step
     if lib.startswith("distrl"):
-        trainer = _distrl(seed, threads, "bf16" if lib == "distrl-bf16" else "fp32")
+        trainer = _distrl(
+            seed, threads, "bf16" if lib == "distrl-bf16" else "fp32", keep_freed_memory=lib != "distrl-glibc"
+        )
         trainer.train(stop_at=warmup)
-        s0, t0 = trainer.steps, trainer.train_s
+        s0, t0, f0 = trainer.steps, trainer.train_s, _minor_faults()
         trainer.train(stop_at=warmup + steps)
-        return {"sps": (trainer.steps - s0) / (trainer.train_s - t0)}
+        done = trainer.steps - s0
+        return {"sps": done / (trainer.train_s - t0), "faults_per_step": (_minor_faults() - f0) / done}
     model = _sb3(seed)
     model.learn(warmup)
-    start = time.perf_counter()
+    start, f0 = time.perf_counter(), _minor_faults()
     model.learn(steps, reset_num_timesteps=False)
-    return {"sps": steps / (time.perf_counter() - start)}
+    return {"sps": steps / (time.perf_counter() - start), "faults_per_step": (_minor_faults() - f0) / steps}
+
+
+def faults(repeats: int, steps: int) -> None:
+    """distrl with its allocator thresholds (the default) and with glibc's own, alternating: SPS and faults."""
+    runs: dict[str, list[dict]] = {"distrl": [], "distrl-glibc": []}
+    for seed in range(repeats):
+        order = list(runs) if seed % 2 == 0 else list(reversed(runs))
+        for lib in order:
+            runs[lib].append(measure(__file__, lib, "sps", seed, f"1:{steps}"))
+            print(
+                f"  {lib:13s} seed {seed}: {runs[lib][-1]['sps']:.1f} SPS, "
+                f"{runs[lib][-1]['faults_per_step']:.1f} page faults a step",
+                flush=True,
+            )
+    for lib, results in runs.items():
+        sps = [r["sps"] for r in results]
+        per_step = [r["faults_per_step"] for r in results]
+        print(
+            f"{lib}: SPS median {median(sps):.1f} {[round(v, 1) for v in sps]}; "
+            f"page faults a step {[round(v, 1) for v in per_step]}"
+        )
 
 
 def _ceiling(repeats: int) -> dict:
@@ -138,9 +170,15 @@ def main() -> None:
         return
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument(
+        "--faults", type=int, metavar="REPEATS", help="only distrl with and without its allocator thresholds"
+    )
     args = parser.parse_args()
     repeats = 2 if args.quick else 3
     steps = 1_000 if args.quick else 3_000
+    if args.faults:
+        faults(args.faults, steps)
+        return
     rows = []
     for label, task, arg, key, higher, mine in [
         ("SPS, 1 thread each", "sps", f"1:{steps}", "sps", True, "distrl"),
