@@ -27,6 +27,7 @@ ROOT = Path(__file__).parents[1]
 STRATEGIES = {
     "single": [],
     "ddp --workers 2": ["--strategy", "ddp", "--workers", "2"],
+    "decoupled --workers 2": ["--strategy", "decoupled", "--workers", "2"],
     "actor-learner --workers 2": ["--strategy", "actor-learner", "--workers", "2"],
     "pipeline --workers 2": ["--strategy", "pipeline", "--workers", "2"],
 }
