@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import platform
+import statistics
 import subprocess
 import sys
 
@@ -46,7 +47,7 @@ def test_freed_memory_stays_in_the_process_for_the_next_allocations() -> None:
     result = json.loads(out.stdout)
     assert result["took"] is True
     assert not result["torch"]  # a process can set it before torch allocates anything
-    assert min(result["default"]) > 500  # 4 MiB of fresh pages a round: 1,024 pages
+    assert statistics.median(result["default"]) > 500  # 4 MiB of fresh pages a round: 1,024 pages
     assert max(result["kept"]) < 20
 
 
