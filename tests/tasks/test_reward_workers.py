@@ -220,8 +220,12 @@ def test_workers_end_with_their_parent_and_a_call_cut_short_by_ctrl_c_is_killed(
     pid_file = tmp_path / "pids"
     script = textwrap.dedent(
         f"""
-        import _thread, os, threading, time
+        import _thread, os, signal, threading, time
         from distrl.tasks.rewards import RewardSet
+
+        # Ctrl-C's handler as a terminal's interpreter has it: an ignored SIGINT survives exec, and a parent
+        # started with it ignored never sees the interrupt below (the test then waited out its 120 s once)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
         def interrupt_once_both_called():
             while not os.path.exists({str(pid_file)!r}) or len(open({str(pid_file)!r}).readlines()) < 2:
