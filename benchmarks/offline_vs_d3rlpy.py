@@ -191,8 +191,9 @@ def distrl_config(algo: str, root: str, dataset_id: str = DATASET_ID) -> Any:
     return config.CQLConfig(**common, gamma=GAMMA, tau=TAU, target_action_gap=None, **CQL)
 
 
-def run_distrl(algo: str, env_id: str, root: str, seed: int, steps: int, warmup: int) -> float:
-    """distrl's gradient steps per second over ``steps`` steps after ``warmup``."""
+def run_distrl(algo: str, env_id: str, root: str, seed: int, steps: int, warmup: int, device: str = "cpu") -> float:
+    """distrl's gradient steps per second over ``steps`` steps after ``warmup`` (on a GPU: until its last kernel
+    has run)."""
     from distrl.config import RunConfig
     from distrl.training import OfflineTrainer
 
@@ -203,15 +204,17 @@ def run_distrl(algo: str, env_id: str, root: str, seed: int, steps: int, warmup:
         seed=seed,
         quiet=True,
         threads=1,
-        device="cpu",
+        device=device,
         preset="none",
         eval_every=0,
     )
     trainer = OfflineTrainer(run, distrl_config(algo, root))
     try:
         trainer.train(stop_at=warmup)  # loads the dataset, then the warm-up steps
+        synchronize(device)
         start = time.perf_counter()
         trainer.train(stop_at=warmup + steps)
+        synchronize(device)
         elapsed = time.perf_counter() - start
         assert trainer.steps == warmup + steps, trainer.steps
     finally:
@@ -272,7 +275,7 @@ def d3rlpy_config(algo: str, low: Any, high: Any) -> Any:
     )
 
 
-def run_d3rlpy(algo: str, root: str, seed: int, steps: int, warmup: int) -> float:
+def run_d3rlpy(algo: str, root: str, seed: int, steps: int, warmup: int, device: str = "cpu:0") -> float:
     """d3rlpy's gradient steps per second over ``steps`` steps after ``warmup``: ``update`` on a sampled batch, as
     ``fit``'s loop calls it."""
     import d3rlpy
@@ -280,15 +283,25 @@ def run_d3rlpy(algo: str, root: str, seed: int, steps: int, warmup: int) -> floa
 
     d3rlpy.seed(seed)
     dataset, low, high = d3rlpy_dataset(root)
-    model = d3rlpy_config(algo, low, high).create(device="cpu:0")
+    model = d3rlpy_config(algo, low, high).create(device=device)
     build_scalers_with_transition_picker(model, dataset)  # as fit does: the observation scaler's statistics
     model.build_with_dataset(dataset)
     for _ in range(warmup):
         model.update(dataset.sample_transition_batch(BATCH_SIZE))
+    synchronize(device)
     start = time.perf_counter()
     for _ in range(steps):
         model.update(dataset.sample_transition_batch(BATCH_SIZE))
+    synchronize(device)
     return steps / (time.perf_counter() - start)
+
+
+def synchronize(device: str) -> None:
+    """Wait for the GPU's queued work, where ``device`` is one."""
+    if device.startswith("cuda"):
+        import torch
+
+        torch.cuda.synchronize()
 
 
 def child(lib: str, algo: str, seed: int, arg: str) -> dict:

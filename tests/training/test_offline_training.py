@@ -214,6 +214,10 @@ def test_collect_writes_a_dataset_that_trains_bc_from_the_command_line(datasets,
             ["train", "iql", "MountainCarContinuous-v0", "--dataset", "mcc/expert-v0", "--strategy", "pipeline"],
             "pipeline",
         ),
+        (
+            ["train", "cql", "CartPole-v1", "--dataset", "cartpole/expert-v0", "--precision", "bf16"],
+            "precision='bf16' is not available for cql (allowed: fp32)",
+        ),
     ],
 )
 def test_a_dataset_that_cannot_serve_is_one_line_and_no_run_directory(datasets, tmp_path, capsys, argv, says):
@@ -269,6 +273,7 @@ def test_td3_learns_online_from_scratch(datasets):
         (["train", "td3", REACH, "--strategy", "ddp", "--workers", "2"], "it runs in one process"),
         (["train", "cql", "CartPole-v1", "--init-from", "IQL_RUN"], "online fine-tuning needs Box"),
         (["train", "bc", REACH, "--dataset", "reach/mixed-v0", "--init-from", "IQL_RUN"], "not available for bc"),
+        (["train", "td3", REACH, "--precision", "bf16"], "precision='bf16' is not available for td3"),
     ],
 )
 def test_online_mistakes_are_one_line_and_no_run_directory(datasets, tmp_path, capsys, argv, says):

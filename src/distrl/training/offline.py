@@ -43,6 +43,14 @@ CONTINUOUS_ONLY = ("td3bc", "iql", "td3")
 """The algorithms of this family whose policies act in Box spaces only."""
 
 
+def check_precision(run: RunConfig) -> None:
+    """These networks train in float32 only: bfloat16 would save nothing on MLPs this small, on CPU or GPU."""
+    if run.precision != "fp32":
+        raise ConfigError(
+            f"precision={run.precision!r} is not available for {run.algo} (allowed: fp32): its MLPs train in float32"
+        )
+
+
 class OfflineTrainer(TrainerBase):
     """Trains an offline algorithm (``run.algo``: bc, td3bc, iql or cql) on a Minari dataset; the main worker logs,
     evaluates in the env and checkpoints."""
@@ -62,6 +70,7 @@ class OfflineTrainer(TrainerBase):
     ):
         if run.algo in OFFLINE_CONFIGS:
             self.algo_name = run.algo
+        check_precision(run)
         super().__init__(run, cfg, sync, run_dir, log, strategy, requested, device)
         space = self.env.single_action_space
         self.discrete = isinstance(space, spaces.Discrete)
@@ -107,6 +116,7 @@ class OfflineTrainer(TrainerBase):
     def check_env(cls, run: RunConfig, cfg: Any) -> None:
         """The env and the dataset, before any run directory is made: the dataset opens from local storage and
         its spaces are the env's."""
+        check_precision(run)
         super().check_env(run, cfg)
         from distrl.envs.vector import make_run_env
 
