@@ -9,7 +9,9 @@ test suite needs a GPU).
    tensor's largest value.
 2. Gradient steps per second at the papers' sizes (256 x 256, batch 256) on a Pendulum dataset of random play, on
    the GPU and on one CPU thread of the same machine, as ``benchmarks/offline_vs_d3rlpy.py`` times them; with
-   ``--d3rlpy`` (d3rlpy importable) d3rlpy's updates on the GPU beside them.
+   ``--d3rlpy`` (d3rlpy importable) d3rlpy's updates on the GPU beside them. Each library keeps its own float32
+   matrix precision: distrl torch's default (``highest``); d3rlpy ``high`` (TensorFloat-32), which importing it sets
+   for the whole process on a CUDA machine, so the script sets each before the library's run.
 3. Command-line runs with ``--device cuda``: TD3 online, ``collect`` from it, the four offline algorithms on the
    collected dataset, TD3+BC under ddp (one rank, NCCL), SAC going on from the CQL run and IQL from the IQL run
    with the dataset kept; each one's summary.
@@ -83,6 +85,7 @@ def largest_difference(cpu: dict[str, torch.Tensor], gpu: dict[str, torch.Tensor
 
 def same_updates(roots: dict[str, str], device: str, results: dict) -> None:
     cpu_noise()
+    torch.set_float32_matmul_precision("highest")  # no TensorFloat-32, whatever the environment asks
     for algo, env_id in (
         ("bc", "Pendulum-v1"),
         ("bc", "CartPole-v1"),
@@ -110,12 +113,14 @@ def speeds(root: str, device: str, with_d3rlpy: bool, results: dict) -> None:
     for algo in ("bc", "td3bc", "iql", "cql"):
         row: dict = {}
         try:
+            torch.set_float32_matmul_precision("highest")  # torch's default, which distrl keeps
             row[f"distrl_{device}"] = bench.run_distrl(algo, "Pendulum-v1", root, 0, 2000, 200, device=device)
             torch.set_num_threads(1)
             cpu_steps = 100 if algo == "cql" else 500
             row["distrl_cpu_1_thread"] = bench.run_distrl(algo, "Pendulum-v1", root, 0, cpu_steps, 20, device="cpu")
             torch.set_num_threads(os.cpu_count() or 1)
             if with_d3rlpy:
+                torch.set_float32_matmul_precision("high")  # what importing d3rlpy sets on a CUDA machine
                 row[f"d3rlpy_{device}"] = bench.run_d3rlpy(algo, root, 0, 2000, 200, device=f"{device}:0")
         except Exception as exc:  # noqa: BLE001
             row["error"] = f"{type(exc).__name__}: {exc}"
@@ -148,7 +153,10 @@ def command_line(out: Path, device: str, results: dict) -> None:
     cuda = ["--device", device]
     td3, cql, iql = out / "td3", out / "cql", out / "iql"
     runs = {
-        "td3 online": ["train", "td3", "Pendulum-v1", *cuda, "--total-steps", "6000", "--run-dir", str(td3)],
+        "td3 online": [
+            "train", "td3", "Pendulum-v1", *cuda, "--total-steps", "6000", "--learning-starts", "1000",
+            "--run-dir", str(td3),
+        ],
         "collect": ["collect", str(td3), "--steps", "20000", "--out", "pendulum/td3-v0", "--datasets-dir", datasets],
         **{
             f"{algo} offline": [
@@ -196,6 +204,8 @@ def main() -> int:
         "cuda": torch.version.cuda,
         "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         "cpus": os.cpu_count(),
+        "float32_matmul_precision": torch.get_float32_matmul_precision(),
+        "tf32_environment": {k: v for k, v in os.environ.items() if "TF32" in k},
     }
     print(json.dumps(results), flush=True)
     roots = {env_id: str(out / "random" / env_id) for env_id in ("Pendulum-v1", "CartPole-v1")}

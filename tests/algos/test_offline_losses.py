@@ -300,3 +300,17 @@ def test_cql_alpha_loss_halves_sum_to_the_whole():
     whole = cql_alpha_loss(log_alpha, penalty.sum(), 4, 0.5)
     parts = cql_alpha_loss(log_alpha, penalty[:2].sum(), 2, 0.5) + cql_alpha_loss(log_alpha, penalty[2:].sum(), 2, 0.5)
     assert float(parts) == pytest.approx(float(whole), rel=1e-12)
+
+
+def test_batch_statistics_stay_on_the_batchs_device():
+    """The sample count joins the losses' sums on their device (a CUDA batch once met a count made on the CPU and
+    every offline step failed there); the meta device stands in for a GPU."""
+    from distrl.algos.learned import batch_stats
+    from distrl.data.replay import Transitions
+
+    obs = torch.empty(5, 3, device="meta")
+    batch = Transitions(obs, torch.empty(5, 1, device="meta"), torch.empty(5, device="meta"), obs, obs[:, 0])
+    stats = batch_stats(batch, torch.empty((), device="meta"), torch.empty((), device="meta"))
+    assert stats.device.type == "meta" and stats.shape == (3,) and stats.dtype == torch.float64
+    cpu = Transitions(torch.zeros(5, 3), torch.zeros(5, 1), torch.zeros(5), torch.zeros(5, 3), torch.zeros(5))
+    assert batch_stats(cpu, torch.tensor(2.5)).tolist() == [5.0, 2.5]

@@ -80,7 +80,7 @@ class Target:
 
 
 def _count(batch: Transitions) -> torch.Tensor:
-    return torch.tensor(float(batch.obs.shape[0]), dtype=torch.float64)
+    return torch.tensor(float(batch.obs.shape[0]), dtype=torch.float64, device=batch.obs.device)
 
 
 def batch_stats(batch: Transitions, *values: torch.Tensor) -> torch.Tensor:
