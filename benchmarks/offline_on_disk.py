@@ -149,7 +149,7 @@ def memory_cgroup(limit_mb: int) -> Iterator[Callable[[], None] | None]:
 
 
 def make_dataset(root: Path, transitions: int, obs_dim: int) -> float:
-    from distrl.data.offline import write_dataset
+    from distrl.data.minari_store import write_dataset
     from distrl.data.recorder import record_episodes
     from distrl.envs.vector import make_env
 

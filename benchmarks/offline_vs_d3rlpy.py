@@ -18,7 +18,7 @@ offline path does not use gymnasium)::
 
 The dataset is made here, nothing is downloaded: ``--dataset-steps`` (50,000) transitions of uniformly random
 actions in ``--env`` (Pendulum-v1, or Hopper-v5 where mujoco is importable), recorded by
-:func:`distrl.data.recorder.record_episodes` and written by :func:`distrl.data.offline.write_dataset` as a Minari
+:func:`distrl.data.recorder.record_episodes` and written by :func:`distrl.data.minari_store.write_dataset` as a Minari
 dataset under a temporary ``MINARI_DATASETS_PATH``. distrl reads it as any run does; d3rlpy's child reads the same
 dataset back with ``minari.load_dataset`` and converts its episodes to ``d3rlpy.dataset.MDPDataset(observations,
 actions, rewards, terminals, timeouts)``: a truncated episode keeps its final observation as one more row (a zero
@@ -122,7 +122,7 @@ def distrl_has(algo: str) -> bool:
 def make_dataset(env_id: str, steps: int, root: str) -> tuple[int, int]:
     """Record ``steps`` transitions of uniformly random actions in ``env_id`` as Minari dataset :data:`DATASET_ID`
     under ``root``; the transitions and episodes written."""
-    from distrl.data.offline import write_dataset
+    from distrl.data.minari_store import write_dataset
     from distrl.data.recorder import record_episodes
     from distrl.envs.vector import make_env
 

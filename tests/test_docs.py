@@ -82,7 +82,7 @@ def test_every_train_command_in_the_docs_parses_and_passes_the_checks_before_a_r
 
 def random_dataset(env_id: str, dataset_id: str) -> None:
     """A small Minari dataset of uniformly random play in ``env_id``, in ``MINARI_DATASETS_PATH``."""
-    from distrl.data.offline import write_dataset
+    from distrl.data.minari_store import write_dataset
     from distrl.data.recorder import record_episodes
     from distrl.envs.names import resolve_env_id
     from distrl.envs.vector import make_env

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from distrl.config import ConfigError
-from distrl.data.offline import GlobalSampler, OfflineData, check_spaces, open_dataset, write_dataset
+from distrl.data.minari_store import check_spaces, open_dataset, write_dataset
+from distrl.data.offline import GlobalSampler, OfflineData
 
 minari = pytest.importorskip("minari")
 

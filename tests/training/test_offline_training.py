@@ -10,7 +10,7 @@ import torch
 from distributed import run_ranks
 from distrl.cli import main
 from distrl.config import BCConfig, ConfigError, CQLConfig, IQLConfig, RunConfig, TD3BCConfig, TD3Config
-from distrl.data.offline import write_dataset
+from distrl.data.minari_store import write_dataset
 from distrl.data.recorder import record_episodes
 from distrl.envs.vector import make_env
 from distrl.training import OfflineTrainer

@@ -376,7 +376,7 @@ def test_a_study_name_reused_for_another_budget_is_refused(tmp_path, capsys):
 @pytest.fixture
 def cartpole_dataset(tmp_path):
     """A CartPole dataset of random play, in tmp_path/datasets."""
-    from distrl.data.offline import write_dataset
+    from distrl.data.minari_store import write_dataset
     from distrl.data.recorder import record_episodes
     from distrl.envs.vector import make_env
 

@@ -17,7 +17,7 @@ import numpy as np
 from gymnasium import spaces
 
 from distrl.config import ConfigError, RunConfig, split_by_config
-from distrl.data.offline import write_dataset
+from distrl.data.minari_store import write_dataset
 from distrl.data.recorder import behaviour, record_episodes
 from distrl.envs.evaluation import evaluate
 from distrl.envs.masks import with_mask

@@ -55,7 +55,7 @@ def collect_command(argv: list[str]) -> int:
         raise ConfigError(f"workers={args.workers} is not allowed: must be >= 1")
     if args.random and (args.stochastic or args.epsilon):
         raise ConfigError("random=True is not allowed with --stochastic or --epsilon: it plays random actions only")
-    from distrl.data.offline import write_dataset
+    from distrl.data.minari_store import write_dataset
     from distrl.data.recorder import behaviour
     from distrl.run import checkpoint
 

@@ -2,7 +2,7 @@
 
 :func:`record_episodes` steps a :class:`~distrl.envs.vector.VecEnv` with any acting function and returns each
 finished episode as arrays (``observations`` T + 1 rows, ``actions``, ``rewards``, ``terminations``,
-``truncations`` T rows), the layout :func:`distrl.data.offline.write_dataset` writes. The vector env's
+``truncations`` T rows), the layout :func:`distrl.data.minari_store.write_dataset` writes. The vector env's
 next-step autoreset makes this simple: a step that ends an episode returns its true final observation, and the
 step after it (the reset step, ``valid`` False) returns the next episode's first.
 

@@ -107,7 +107,8 @@ def _linears(module: nn.Module) -> list[nn.Linear]:
 def dataset_of(state: dict[str, Any], init_from: str, rank: int, world_size: int) -> Any:
     """This worker's shard of the dataset the run of ``state`` trained on (``--keep-dataset``), read from local
     storage as the run read it."""
-    from distrl.data.offline import OfflineData, open_dataset
+    from distrl.data.minari_store import open_dataset
+    from distrl.data.offline import OfflineData
 
     ran = run_config(state)
     if not ran.get("dataset"):

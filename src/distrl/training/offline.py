@@ -28,7 +28,8 @@ from gymnasium import spaces
 from distrl.algos.offline_updates import make_offline_algo
 from distrl.algos.protocols import Sync
 from distrl.config import OFFLINE_CONFIGS, ConfigError, OfflineConfig, RunConfig, StrategyConfig
-from distrl.data.offline import GlobalSampler, OfflineData, check_spaces, open_dataset
+from distrl.data.minari_store import check_spaces, open_dataset
+from distrl.data.offline import GlobalSampler, OfflineData
 from distrl.data.replay import ReplayBuffer, Transitions
 from distrl.envs.names import shown_name
 from distrl.envs.spaces import from_bounds, to_bounds

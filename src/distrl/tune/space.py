@@ -196,7 +196,7 @@ def with_dataset(space: Space, algo: str, env_id: str, dataset: str, datasets_di
         return space
     if not dataset:
         raise ConfigError(f"dataset='' is not allowed: every {algo} trial trains on a dataset: give --dataset ID")
-    from distrl.data.offline import check_spaces, open_dataset
+    from distrl.data.minari_store import check_spaces, open_dataset
     from distrl.envs.vector import make_env
 
     folder = str(Path(datasets_dir).absolute()) if datasets_dir else ""  # the trials run in other directories
