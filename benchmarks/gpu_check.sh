@@ -46,7 +46,7 @@ nvidia-smi -L
 "$py" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name())"
 # the pipeline's actors run bf16 on the host's CPUs: without native bfloat16 they are about ten times slower
 "$py" -c "from distrl.training.precision import cpu_has_native_bf16 as n; print('host CPU native bfloat16:', n())"
-"$py" -m pytest -q -p no:cacheprovider tests/test_q_nets.py -k cuda 2>&1 | tail -n 2
+"$py" -m pytest -q -p no:cacheprovider tests/nets/test_q_nets.py -k cuda 2>&1 | tail -n 2
 
 check ppo-ddp-nccl 60 ppo CartPole-v1 --strategy ddp --workers 1 --device cuda --total-steps 20000
 grep -h -i "nccl\|backend" "$out/ppo-ddp-nccl/events.log" 2>/dev/null | head -n 2
