@@ -16,7 +16,11 @@ test suite needs a GPU).
    collected dataset, TD3+BC under ddp (one rank, NCCL), SAC going on from the CQL run and IQL from the IQL run
    with the dataset kept; each one's summary.
 
-Prints one line per check and writes ``DIR/offline_cuda_check.json``.
+Prints one line per check and writes ``DIR/offline_cuda_check.json``. Needs distrl importable (``PYTHONPATH=src``)
+with gymnasium, minari, tyro, docstring-parser and typeguard; ``--d3rlpy`` also d3rlpy 2.8.1 with gym,
+gym-notices, dataclasses-json, marshmallow and structlog. A machine that cannot reach PyPI takes them as wheels
+installed with ``pip install --no-deps --target DIR``. Run it with ``NVIDIA_TF32_OVERRIDE`` unset or 0: with 1 the
+GPU's float32 products run in TensorFloat-32 whatever torch asks, and the same-updates check measures that instead.
 """
 
 from __future__ import annotations
