@@ -19,8 +19,9 @@ test suite needs a GPU).
 Prints one line per check and writes ``DIR/offline_cuda_check.json``. Needs distrl importable (``PYTHONPATH=src``)
 with gymnasium, minari, tyro, docstring-parser and typeguard; ``--d3rlpy`` also d3rlpy 2.8.1 with gym,
 gym-notices, dataclasses-json, marshmallow and structlog. A machine that cannot reach PyPI takes them as wheels
-installed with ``pip install --no-deps --target DIR``. Run it with ``NVIDIA_TF32_OVERRIDE`` unset or 0: with 1 the
-GPU's float32 products run in TensorFloat-32 whatever torch asks, and the same-updates check measures that instead.
+installed with ``pip install --no-deps --target DIR``. The same-updates check asks torch for full float32 products;
+``TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1`` in the environment would give TensorFloat-32 ones anyway (and the check would
+measure those), while ``NVIDIA_TF32_OVERRIDE=0`` keeps NVIDIA's libraries off TensorFloat-32 whatever is asked.
 """
 
 from __future__ import annotations
