@@ -14,6 +14,8 @@ import math
 import torch
 from torch import nn
 
+from distrl.nets.distributions import gaussian_terms
+
 LOG_STD_MIN, LOG_STD_MAX = -20.0, 2.0
 """The range of a policy's log standard deviation (CORL's IQL and SAC; the IQL authors' code clips at -5)."""
 
@@ -68,9 +70,7 @@ class GaussianActor(nn.Module):
 
     def log_prob(self, obs: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
         """[B] log-density of ``actions`` [B, A]."""
-        mean = self(obs)
-        log_std = self.log_std.clamp(LOG_STD_MIN, LOG_STD_MAX)
-        return torch.distributions.Normal(mean, log_std.exp()).log_prob(actions).sum(-1)
+        return gaussian_terms(self(obs), self.log_std.clamp(LOG_STD_MIN, LOG_STD_MAX), actions).log_prob
 
 
 class SquashedGaussianActor(nn.Module):
