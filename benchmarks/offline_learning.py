@@ -182,8 +182,9 @@ def run_all(args: argparse.Namespace) -> None:
 
 
 def summary_lines(runs: list[dict]) -> list[str]:
-    """What a results file says: how the runs were made, and the final normalised returns (mean ± standard
-    deviation over the seeds that finished, each seed's in brackets) per algorithm and library."""
+    """What a results file says: how the runs were made, and the final normalised returns per algorithm and library
+    (mean ± standard deviation over the seeds that finished, each seed's in brackets; one seed's alone). Where the
+    two libraries finished different seeds the last column names each one's."""
     first = runs[0]
     env_id, steps = first["env"], max(r["curve"][-1][0] for r in runs)
     known = normalised(env_id, 0.0) is not None
@@ -197,20 +198,22 @@ def summary_lines(runs: list[dict]) -> list[str]:
         "|---|---|---|---|",
     ]
     for algo in [a for a in NAMES if any(r["algo"] == a for r in runs)]:
-        cells, seeds = [], set()
+        cells, seeds = [], {}
         for lib in ("distrl", "d3rlpy"):
             mine = sorted(
                 (r for r in runs if r["algo"] == algo and r["lib"] == lib and r["curve"][-1][0] == steps),
                 key=lambda r: r["seed"],
             )
-            seeds |= {r["seed"] for r in mine}
+            seeds[lib] = ", ".join(str(r["seed"]) for r in mine)
             finals = [_score(env_id, r["curve"][-1][1]) for r in mine]
-            if not finals:
-                cells.append("n/a")
-                continue
-            sd = statistics.stdev(finals) if len(finals) > 1 else 0.0
-            cells.append(f"{statistics.mean(finals):.1f} ± {sd:.1f} ({' / '.join(f'{f:.1f}' for f in finals)})")
-        lines.append(f"| {NAMES[algo]} | {cells[0]} | {cells[1]} | {', '.join(map(str, sorted(seeds)))} |")
+            if len(finals) > 1:
+                each = " / ".join(f"{f:.1f}" for f in finals)
+                cells.append(f"{statistics.mean(finals):.1f} ± {statistics.stdev(finals):.1f} ({each})")
+            else:
+                cells.append(f"{finals[0]:.1f}" if finals else "n/a")
+        same = seeds["distrl"] == seeds["d3rlpy"] or not seeds["d3rlpy"]
+        shown = seeds["distrl"] if same else f"distrl {seeds['distrl'] or 'none'}; d3rlpy {seeds['d3rlpy']}"
+        lines.append(f"| {NAMES[algo]} | {cells[0]} | {cells[1]} | {shown} |")
     return lines
 
 
