@@ -29,9 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -40,6 +38,7 @@ HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))
 
 import offline_vs_d3rlpy as bench  # noqa: E402 - the benchmark's dataset, settings and timed loops
+from cuda_check import cli  # noqa: E402 - a distrl command in a subprocess, timed
 
 SMALL = dict(net_arch=(64, 64), batch_size=128)
 
@@ -133,16 +132,6 @@ def speeds(root: str, device: str, with_d3rlpy: bool, results: dict) -> None:
         print(f"steps/s {algo}", {k: round(v, 1) if isinstance(v, float) else v for k, v in row.items()}, flush=True)
 
 
-def cli(args: list[str], timeout: int = 180) -> dict:
-    start = time.perf_counter()
-    try:
-        done = subprocess.run([sys.executable, "-m", "distrl", *args], capture_output=True, text=True, timeout=timeout)
-        code, err = done.returncode, done.stderr.strip().splitlines()[-3:]
-    except subprocess.TimeoutExpired:
-        code, err = None, [f"timed out after {timeout} s"]
-    return {"rc": code, "wall_s": round(time.perf_counter() - start, 1), "stderr_tail": err}
-
-
 def summary(run_dir: Path) -> dict:
     path = run_dir / "summary.json"
     if not path.exists():
@@ -189,7 +178,7 @@ def command_line(out: Path, device: str, results: dict) -> None:
         extra = small if args[0] == "train" else []
         if args[1] == "sac":  # it reads the dataset from the CQL run's config
             extra = extra[:-2]
-        results[name] = cli([*args, *extra])
+        results[name] = cli([*args, *extra], timeout=180)
         if "--run-dir" in args:
             results[name].update(summary(Path(args[args.index("--run-dir") + 1])))
         print(name, results[name], flush=True)
