@@ -22,10 +22,10 @@ evaluation took none.
 Seeds: the two libraries' returns vary by about 0.1 from seed to seed, as much as they differ, so the table
 takes 8 seeds and gives each mean's standard error: with 3, a lead of 0.13 came and went with the seeds.
 
-Two more distrl runs explain the difference: "mask input" feeds the mask to the network beside the observation
-(the same network with its first layers widened, initialised as distrl's own), and "transitions" trains on as
-many transitions as MaskablePPO does (distrl counts the reset step after each episode's end as a step:
-Gymnasium's next-step autoreset).
+Two more distrl runs explain earlier differences: "reset steps" spends a step on each reset after an episode's
+end, as distrl's collector did before it began each next episode at once (Gymnasium's next-step autoreset: the
+budget then holds 10/11 as many transitions as MaskablePPO's), and "mask input" feeds the mask to the network
+beside the observation (the same network with its first layers widened, initialised as distrl's own).
 """
 
 from __future__ import annotations
@@ -53,17 +53,10 @@ EVAL_SEED = 10_000
 RUNS = {
     "distrl": "distrl PPO",
     "maskable": "MaskablePPO",
-    "transitions": "distrl PPO, as many transitions as MaskablePPO",
+    "reset-steps": "distrl PPO, a step spent on each reset",
     "mask-input": "distrl PPO, mask also a network input",
 }
-DEFAULT_RUNS = ("distrl", "maskable", "transitions")
-
-
-def transitions_budget(steps: int) -> int:
-    """distrl steps that hold the transitions MaskablePPO trains on in ``steps``: whole rollouts, as both collect
-    them, with one reset step counted after every episode of EPISODE_LENGTH steps."""
-    rollouts = math.ceil(steps / SB3_DEFAULTS["n_steps"])
-    return math.ceil(rollouts * SB3_DEFAULTS["n_steps"] * (EPISODE_LENGTH + 1) / EPISODE_LENGTH)
+DEFAULT_RUNS = ("distrl", "maskable", "reset-steps")
 
 
 # ---------------------------------------------------------------- children: one run each
@@ -79,7 +72,10 @@ def child(run: str, task: str, seed: int, arg: str) -> dict:
     if run == "maskable":
         predict = _maskable(name, seed, steps)
     else:
-        steps = transitions_budget(steps) if run == "transitions" else steps
+        if run == "reset-steps":  # the env's next step resets an ended episode, as before restarts
+            from distrl.envs.vector import VecEnv
+
+            VecEnv.can_restart = property(lambda self: False)  # type: ignore[method-assign]
         predict = _distrl(name, seed, steps, mask_input=run == "mask-input")
     train_s = time.perf_counter() - start
     return {"return": evaluate(name, predict, episodes), "train_s": train_s}
@@ -232,13 +228,21 @@ def report(results: dict, runs: list[str], seeds: tuple[int, ...], steps: int, e
         "global gradient norm of 0.5, the initialisation, masked logits given probability 0 (-1e9 and -1e8) and no "
         "gradient, training log-probs under the mask stored with each step, the value loss, bootstrapping at the "
         "10-step limit from the true final observation. Two differences remain: distrl standardises advantages over "
-        "the whole rollout (SB3 per minibatch of 64) and keeps the reset rows, with weight 0, in its minibatches. "
-        "Switching distrl to SB3's way for either or both (a scratch patch, not in the tree; `NearestFreeCellEnv`, "
-        "as many transitions, seeds 0-2 and 0-7) moved its mean by less than the standard error.",
-        f"- *As many transitions*: {transitions_budget(steps):,} steps. distrl counts the reset step after each "
-        "episode's end as a step (Gymnasium's next-step autoreset), so its budget of 10-step episodes holds 10/11 "
-        f"as many transitions as MaskablePPO's; these runs train on the {math.ceil(steps / 2048) * 2048:,} "
-        "MaskablePPO trains on.",
+        "the whole rollout (SB3 per minibatch of 64). Switching distrl to SB3's way (a scratch patch, not in the "
+        "tree; `NearestFreeCellEnv`, seeds 0-2 and 0-7) moved its mean by less than the standard error.",
+        "- Both train on the same transitions: distrl begins each next episode at once, as SB3's vector envs do, "
+        f"so {steps:,} steps are {steps:,} transitions in both (whole rollouts of 2,048: "
+        f"{math.ceil(steps / 2048) * 2048:,}).",
+        *(
+            [
+                "- *A step spent on each reset*: distrl as it was before it began each next episode at once: "
+                "Gymnasium's next-step autoreset spends the step after each episode's end on the reset, so the "
+                f"budget of {EPISODE_LENGTH}-step episodes held {EPISODE_LENGTH}/{EPISODE_LENGTH + 1} as many "
+                "transitions as MaskablePPO's."
+            ]
+            if "reset-steps" in runs
+            else []
+        ),
     ]
     return "\n".join(lines)
 

@@ -31,6 +31,21 @@ def test_truncation_bootstraps_from_final_observation_and_skips_reset_step():
     assert ret[2, 0] == 0.0
 
 
+def test_a_restarted_truncation_bootstraps_from_its_recorded_final_value():
+    # step 1 is truncated and the next episode began at once: VALUES[2] is its first observation's value and
+    # 0.25 the recorded value of step 1's true final observation. Step 2 is a real step (valid), no reset step:
+    # delta_1 = 1 + 0.9 * 0.25 - 0.4 = 0.825 and no trace past it; steps 2 and 3 as without an end.
+    final = np.zeros((4, 1), dtype=np.float32)
+    final[1, 0] = 0.25
+    adv, ret = gae(REWARDS, VALUES, flags(), flags(at=[1]), ~flags(), GAMMA, LAM, final_values=final)
+    np.testing.assert_allclose(adv[:, 0], [0.86 + 0.72 * 0.825, 0.825, 0.88 + 0.72 * 0.89, 0.89], rtol=1e-6)
+    np.testing.assert_allclose(ret[:, 0], adv[:, 0] + VALUES[:4, 0], rtol=1e-6)
+    # a termination ignores the recorded value (0 by the collector, here not even that)
+    final[1, 0] = 7.0
+    adv, _ = gae(REWARDS, VALUES, flags(at=[1]), flags(), ~flags(), GAMMA, LAM, final_values=final)
+    np.testing.assert_allclose(adv[:2, 0], [0.86 + 0.72 * 0.6, 0.6], rtol=1e-6)
+
+
 def test_termination_does_not_bootstrap():
     adv, _ = gae(REWARDS, VALUES, flags(at=[1]), flags(), ~flags(at=[2]), GAMMA, LAM)
     np.testing.assert_allclose(adv[:, 0], [0.86 + 0.72 * 0.6, 0.6, 0.0, 0.89], rtol=1e-6)

@@ -172,3 +172,41 @@ def test_output_shapes_and_dtypes():
     out = vtrace(**f, gamma=0.99)
     for array in out:
         assert array.shape == (7, 3) and array.dtype == np.float32
+
+
+def restarted_column(f: dict[str, np.ndarray], n: int, rng: np.random.Generator) -> tuple[dict, list[int]]:
+    """Column ``n`` of a fragment with reset steps as a collector that begins each next episode at once records it,
+    and the rows of the original it keeps. The reset step's row goes, and with it the final observation's value
+    row, which moves to ``final_values``; where the fragment's last step ends an episode, the row after is the next
+    episode's first observation, whose value must not be used (garbage here)."""
+    T = len(f["rewards"])
+    ended = f["terminated"][:, n] | f["truncated"][:, n]
+    reset_rows = [t for t in range(1, T) if ended[t - 1] and not f["valid"][t, n]]
+    keep = [t for t in range(T) if t not in reset_rows]
+    values = np.delete(f["values"][:, n], reset_rows)
+    if ended[T - 1]:
+        values[-1] = rng.normal(0.0, 10.0)
+    final = np.where(ended[keep], f["values"][np.array(keep) + 1, n], rng.normal(0.0, 10.0, len(keep)))
+    column = {key: f[key][keep, n][:, None] for key in ("log_rhos", "rewards", "terminated", "truncated", "valid")}
+    column.update(values=values[:, None].astype(np.float32), final_values=final[:, None].astype(np.float32))
+    return column, keep
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_restarted_episodes_give_the_targets_of_the_reset_step_layout(seed: int):
+    """A collector that begins the next episode at once records no reset step and each truncation's final value
+    aside: V-trace and GAE give the same targets on the same transitions as with next-step autoreset."""
+    f = fragment(seed, 12, reset_steps=True)
+    old = vtrace(**f, gamma=0.9, lam=0.95, rho_bar=1.0, c_bar=1.0)
+    old_adv, old_ret = gae(f["rewards"], f["values"], f["terminated"], f["truncated"], f["valid"], 0.9, 0.95)
+    rng = np.random.default_rng(seed)
+    for n in range(3):
+        column, keep = restarted_column(f, n, rng)
+        assert column["valid"][: len(keep) - 2].all()  # no reset steps left (env 2's padding stays)
+        new = vtrace(**column, gamma=0.9, lam=0.95, rho_bar=1.0, c_bar=1.0)
+        np.testing.assert_allclose(new.vs[:, 0], old.vs[keep, n], rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(new.pg_advantages[:, 0], old.pg_advantages[keep, n], rtol=1e-5, atol=1e-5)
+        args = [column[key] for key in ("rewards", "values", "terminated", "truncated", "valid")]
+        adv, ret = gae(*args, 0.9, 0.95, final_values=column["final_values"])
+        np.testing.assert_allclose(adv[:, 0], old_adv[keep, n], rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(ret[:, 0], old_ret[keep, n], rtol=1e-5, atol=1e-5)

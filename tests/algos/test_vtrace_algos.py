@@ -185,7 +185,8 @@ def cartpole_rollout(cfg):
     rollout = trainer.collector.collect(0)
     trainer.close()
     assert rollout.log_probs is None and rollout.values is None
-    assert rollout.terminated.sum() >= 3 and not rollout.valid.all()  # episode ends and their reset steps
+    # episode ends, each followed at once by the next episode (no reset steps)
+    assert rollout.terminated.sum() >= 3 and rollout.valid.all() and rollout.final_values is not None
     return trainer, rollout
 
 
@@ -208,9 +209,10 @@ def test_appo_on_data_of_its_own_policy_trains_toward_gae_targets(lam):
     T, N = rollout.rewards.shape
     v = ppo.critic_values(torch.from_numpy(rollout.obs))
     delta = rollout.rewards + 0.9 * ~rollout.terminated * v[1:] - v[:T]
-    # the step after an episode's end is its invalid reset step (GAE 0 there), as is the row after the fragment
-    gae_next = np.concatenate([gae.advantages.numpy().reshape(T, N)[1:], np.zeros((1, N))])
-    expected = (delta + 0.9 * gae_next) * rollout.valid
+    # nothing flows back past an episode's end (the next row begins the next episode), nor past the fragment
+    ended = rollout.terminated | rollout.truncated
+    gae_next = np.concatenate([gae.advantages.numpy().reshape(T, N)[1:], np.zeros((1, N))]) * ~ended
+    expected = delta + 0.9 * gae_next
     np.testing.assert_allclose(appo.advantages.numpy().reshape(T, N), expected, rtol=1e-5, atol=1e-5)
     assert float((appo.advantages - gae.advantages).abs().max()) > 0.1
 

@@ -145,6 +145,58 @@ def test_one_env_fast_path_steps_exactly_like_a_sync_vector_env(env_id):
     sync.close()
 
 
+def _transitions(env, restart: bool, per_env: int) -> list[list[tuple]]:
+    """Each env's first ``per_env`` transitions (observation, action, reward, final or next observation,
+    terminated, truncated), acting by a rule of the episode and the step within it so that both layouts act
+    alike whatever their reset steps."""
+    n = env.n_envs
+    obs = env.reset(seed=5)
+    episode, t = np.zeros(n, dtype=int), np.zeros(n, dtype=int)
+    out: list[list[tuple]] = [[] for _ in range(n)]
+    while min(len(rows) for rows in out) < per_env:
+        actions = np.where(episode % 3 == 2, 1, (t // (1 + episode % 3)) % 2).astype(np.int64)
+        step = env.step(actions)
+        if restart:
+            assert step.valid.all()  # no reset steps
+        ended = step.terminated | step.truncated
+        for i in np.flatnonzero(step.valid):
+            out[i].append((obs[i].copy(), int(actions[i]), float(step.reward[i]), step.obs[i].copy(),
+                           bool(step.terminated[i]), bool(step.truncated[i])))  # fmt: skip
+        episode[ended] += 1
+        t = np.where(ended, 0, t + step.valid)
+        obs = env.restart(ended) if restart and ended.any() else step.obs
+    return [rows[:per_env] for rows in out]
+
+
+@pytest.mark.parametrize("mode, n", [("one", 1), ("sync", 2), ("async", 2)])
+def test_restart_begins_the_next_episode_at_once_with_the_same_transitions(mode, n):
+    """Beginning each next episode at once spends no step on the reset: every step is a transition, and they
+    are the transitions next-step autoreset gives, final observations and truncations included."""
+    from distrl.envs.vector import OneEnv, VecEnv, make_single_env
+
+    kwargs = {"max_episode_steps": 12}  # alternate pushes outlast 12 steps (truncated), pushing one way falls
+
+    def build():
+        if mode == "one":  # what a single env of an env without a native vector version gets
+            return VecEnv(OneEnv(make_single_env("CartPole-v1", kwargs)), "CartPole-v1")
+        return make_env("CartPole-v1", n, mode, kwargs)
+
+    with_reset, restarted = build(), build()
+    assert restarted.can_restart
+    a, b = _transitions(with_reset, False, 60), _transitions(restarted, True, 60)
+    for rows_a, rows_b in zip(a, b):
+        for x, y in zip(rows_a, rows_b):
+            assert all(np.array_equal(u, v) for u, v in zip(x, y))
+    flags = [(row[4], row[5]) for rows in b for row in rows]
+    assert (True, False) in flags and (False, True) in flags  # terminations and truncations both compared
+    with_reset.close()
+    restarted.close()
+
+
+def test_envs_that_reset_on_the_next_step_only_cannot_restart():
+    assert not make_env("CartPole-v1", 2).can_restart  # Gymnasium's own CartPole vector env
+
+
 def test_env_kwargs_are_typed_and_bad_items_named():
     assert parse_env_kwargs(["continuous=true", "n=500", "lr=2.5e-4", "x=none", "name=fast", "flag=False"]) == {
         "continuous": True,

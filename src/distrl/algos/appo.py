@@ -64,6 +64,7 @@ def vtrace_targets(
         cfg.gae_lambda,
         cfg.vtrace_rho_bar,
         cfg.vtrace_c_bar,
+        algo.final_values(rollout),
     )
     return Targets(behaviour, values, targets.pg_advantages, targets.vs)
 

@@ -3,9 +3,11 @@
 Each takes arrays and hyperparameters and returns arrays; nothing here keeps state, reads a config or knows a
 network. Shapes are stated in each docstring: ``T`` steps of ``N`` environments, time first. They run in numpy in
 float32 (GAE) or float64 (V-trace, returns) as the algorithms' tests have always checked them by hand, and every
-one handles the episode ends of Gymnasium's next-step autoreset the same way: a terminated step does not
-bootstrap, a truncated one bootstraps from its true final observation, and a ``valid`` 0 step (the reset step
-after an episode's end, or padding) contributes nothing.
+one handles episode ends the same way: a terminated step does not bootstrap, a truncated one bootstraps from its
+true final observation, and a ``valid`` 0 step (the reset step after an episode's end, or padding) contributes
+nothing. The final observation's value is the next row's (``values[t + 1]``: Gymnasium's next-step autoreset, the
+reset step follows), or ``final_values[t]`` where the collector began the next episode at once and the next row is
+its first observation (see :func:`following_values`).
 """
 
 from __future__ import annotations
@@ -16,6 +18,18 @@ from typing import NamedTuple
 import numpy as np
 
 
+def following_values(
+    values: np.ndarray, terminated: np.ndarray, truncated: np.ndarray, final_values: np.ndarray | None
+) -> np.ndarray:
+    """[T, N] the value each step bootstraps from: the next row's, ``values[t + 1]``, except where step ``t``
+    ended an episode and the next began at once (``final_values`` given): there ``final_values[t]``, the value
+    of the episode's true final observation (used at a truncation; a termination does not bootstrap)."""
+    following = values[1:]
+    if final_values is None:
+        return following
+    return np.where(terminated | truncated, final_values, following)
+
+
 def gae(
     rewards: np.ndarray,
     values: np.ndarray,
@@ -24,6 +38,7 @@ def gae(
     valid: np.ndarray,
     gamma: float,
     lam: float,
+    final_values: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Generalised advantage estimation (Schulman et al. 2015, arXiv:1506.02438).
 
@@ -34,6 +49,8 @@ def gae(
             observation is the episode's true final observation, so a truncated episode
             bootstraps from it and a terminated one does not bootstrap at all.
         gamma, lam: discount and GAE lambda.
+        final_values: [T, N] where the next episode began at once: the final observations' values
+            (see :func:`following_values`); None: every final observation is the next row.
 
     Returns:
         advantages and returns (advantages + values), [T, N]; 0 on invalid steps.
@@ -43,9 +60,10 @@ def gae(
     not_terminated = 1.0 - terminated.astype(np.float32)
     continues = not_terminated * (1.0 - truncated.astype(np.float32))
     valid_f = valid.astype(np.float32)
+    following = following_values(values, terminated, truncated, final_values)
     running = np.zeros(rewards.shape[1], dtype=np.float32)
     for t in range(T - 1, -1, -1):
-        delta = rewards[t] + gamma * not_terminated[t] * values[t + 1] - values[t]
+        delta = rewards[t] + gamma * not_terminated[t] * following[t] - values[t]
         running = (delta + gamma * lam * continues[t] * running) * valid_f[t]
         advantages[t] = running
     returns = (advantages + values[:T]) * valid_f
@@ -88,6 +106,7 @@ def vtrace(
     lam: float = 1.0,
     rho_bar: float = 1.0,
     c_bar: float = 1.0,
+    final_values: np.ndarray | None = None,
 ) -> VTrace:
     """V-trace targets of a fragment collected by a behaviour policy ``mu``, for the target policy ``pi``.
 
@@ -111,12 +130,14 @@ def vtrace(
             step t produced (the true final observation when step t ends an episode).
         gamma: discount; lam: the trace's lambda (1 in the paper's experiments).
         rho_bar, c_bar: truncation levels of the importance weights (the paper's defaults: 1).
+        final_values: as for :func:`gae`.
     """
     T = rewards.shape[0]
     ratio = np.exp(np.asarray(log_rhos, dtype=np.float64))
     rho = np.minimum(rho_bar, ratio)
     c = lam * np.minimum(c_bar, ratio)
     values = np.asarray(values, dtype=np.float64)
+    following = following_values(values, terminated, truncated, final_values)
     not_terminated = 1.0 - terminated.astype(np.float64)
     continues = not_terminated * (1.0 - truncated.astype(np.float64))
     valid_f = valid.astype(np.float64)
@@ -125,9 +146,9 @@ def vtrace(
     pg_advantages = np.zeros(rewards.shape, dtype=np.float64)
     for t in range(T - 1, -1, -1):
         next_correction = continues[t] * corrections[t + 1]
-        delta = rho[t] * (rewards[t] + gamma * not_terminated[t] * values[t + 1] - values[t])
+        delta = rho[t] * (rewards[t] + gamma * not_terminated[t] * following[t] - values[t])
         corrections[t] = (delta + gamma * c[t] * next_correction) * valid_f[t]
-        next_target = values[t + 1] + next_correction  # v_{t+1} within the episode, V(x_{t+1}) at its end
+        next_target = following[t] + next_correction  # v_{t+1} within the episode, V(x_{t+1}) at its end
         pg_advantages[t] = rho[t] * (rewards[t] + gamma * not_terminated[t] * next_target - values[t]) * valid_f[t]
     vs = (values[:T] + corrections[:T]) * valid_f
     return VTrace(vs.astype(np.float32), pg_advantages.astype(np.float32))

@@ -208,6 +208,7 @@ class PPOAlgo:
             rollout.valid,
             self.cfg.gamma,
             self.cfg.gae_lambda,
+            self.final_values(rollout),
         )
         if rollout.log_probs is not None:
             log_probs = torch.from_numpy(rollout.log_probs.reshape(-1)).to(self.agent.device)
@@ -225,6 +226,11 @@ class PPOAlgo:
         GAE or V-trace to bootstrap from, truncated episodes' final observations included: ``z * std + mean``
         with ``normalize_value``, else as they are."""
         return values if self.value_norm is None else self.value_norm.denormalize_numpy(values)
+
+    def final_values(self, rollout: Rollout) -> np.ndarray | None:
+        """The values the collector recorded of final observations where the next episode began at once, in the
+        returns' units (None where every final observation is the rollout's next row)."""
+        return None if rollout.final_values is None else self.denormalized(rollout.final_values)
 
     def value_targets(self, returns: torch.Tensor) -> torch.Tensor:
         """What the critic's output is trained toward: the returns, normalised with ``normalize_value``."""

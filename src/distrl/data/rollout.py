@@ -56,6 +56,12 @@ class Rollout:
     initial_state: dict[str, np.ndarray] | None = None
     """Recurrent policies: each environment's state before ``obs[0]``, parts "0", "1", ... of shape
     [layers, N, hidden] (see ``distrl.nets.recurrent.state_to_numpy``)."""
+    final_values: np.ndarray | None = None
+    """[T, N] where the collector began the next episode at once after step ``t`` ended one (``obs[t + 1]`` is
+    then the new episode's first observation): the critic's output for the ended episode's true final
+    observation at a truncation, 0 at a termination, which GAE and V-trace bootstrap from. None: the collector
+    left the reset to the env's next step, so every final observation is the next row (see
+    :func:`distrl.algos.estimators.following_values`)."""
 
     @property
     def steps(self) -> int:
@@ -79,6 +85,8 @@ def merge_rollouts(parts: list[Rollout]) -> Rollout:
         merged.values = cat("values")
     if parts[0].log_probs is not None:
         merged.log_probs = cat("log_probs")
+    if parts[0].final_values is not None:
+        merged.final_values = cat("final_values")
     if parts[0].starts is not None:  # recurrent: each fragment's starts and initial state, env axis 1 alike
         merged.starts = cat("starts")
         merged.initial_state = {
@@ -154,6 +162,11 @@ class RolloutCollector(LocalCollection):
     and the environment's global index, so that the same environments produce the same
     actions however they are split over workers. The collector does not know about
     workers: ``env_offset`` is just the global index of its first environment.
+
+    Where the env allows it (:attr:`VecEnv.can_restart`), an episode that ends is followed at once by the next
+    (:meth:`VecEnv.restart`): every step of a rollout is a transition, as in a stable-baselines3 rollout, and
+    a truncated episode's final observation is valued as it is seen (``Rollout.final_values``). Elsewhere
+    the env's next step is the reset step, carried with ``valid`` False.
     """
 
     def __init__(
@@ -178,6 +191,8 @@ class RolloutCollector(LocalCollection):
         self.recurrent = agent.recurrent
         self._state: Any = None
         self._starts = np.ones(env.n_envs, dtype=bool)
+        self.restarts = env.can_restart
+        """Whether ended episodes begin again at once (no reset steps)."""
 
     def reset(self, seed: int, segment: int = 0) -> None:
         """Begin new episodes everywhere and restart the sampling streams.
@@ -229,6 +244,8 @@ class RolloutCollector(LocalCollection):
         if self.agent.records_while_acting:
             rollout.log_probs = np.zeros((T, N), dtype=np.float32)
             rollout.values = np.empty((T + 1, N), dtype=np.float32)
+        if self.restarts:
+            rollout.final_values = np.zeros((T, N), dtype=np.float32)
         if self.recurrent:  # the fragment's initial state, from which training replays it
             rollout.starts = np.zeros((T + 1, N), dtype=bool)
             rollout.initial_state = state_to_numpy(self._state)
@@ -243,15 +260,23 @@ class RolloutCollector(LocalCollection):
                 rollout.log_probs[t], rollout.values[t] = log_probs, values
             actions[t] = action
             step = self.env.step(self.agent.env_action(action))
-            raw_obs[t + 1] = step.obs
+            ended = step.terminated | step.truncated
+            restarted = self.restarts and ended.any()
+            if restarted:  # value the truncated episodes' ends as seen, then begin the next episodes at once
+                cut = step.truncated & ~step.terminated
+                if cut.any():
+                    rollout.final_values[t, cut] = self._values_of(step.obs, cut)
+                raw_obs[t + 1] = self.env.restart(ended)
+            else:
+                raw_obs[t + 1] = step.obs
             if normalize:
-                obs[t + 1] = self.obs_normalizer(step.obs)
+                obs[t + 1] = self.obs_normalizer(raw_obs[t + 1])
             terminated[t] = step.terminated
             truncated[t] = step.truncated
             valid[t] = step.valid
             rewards[t] = self.reward_scaler(step.reward, step.terminated | step.truncated, step.valid)
-            if self.recurrent:  # after a reset step the observation is a new episode's first
-                self._starts = ~step.valid
+            if self.recurrent:  # after a restart or a reset step the observation is a new episode's first
+                self._starts = ended if restarted else ~step.valid
             if len(step.episode_returns):
                 rollout.episode_returns.extend(step.episode_returns.tolist())
                 rollout.episode_lengths.extend(step.episode_lengths.tolist())
@@ -274,6 +299,14 @@ class RolloutCollector(LocalCollection):
         rollout.collected_steps = T
         rollout.collect_s = time.perf_counter() - start
         return rollout
+
+    def _values_of(self, raw_obs: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        """The critic's outputs for the observations ``raw_obs`` of the rows ``rows`` (a recurrent critic from
+        the state the last step reached, as those episodes' next step would have used it)."""
+        obs = self.obs_normalizer(raw_obs) if self.obs_normalizer.enabled else raw_obs
+        if self.recurrent:
+            return np.asarray(self.agent.value_state(obs, self._state, np.zeros(len(rows), dtype=bool)))[rows]
+        return self.agent.values(torch.from_numpy(np.ascontiguousarray(obs[rows]))).cpu().numpy()
 
     @staticmethod
     def _pad(rollout: Rollout, raw_obs: np.ndarray, steps: int) -> None:

@@ -7,7 +7,10 @@ Gymnasium >= 1.0 vector envs reset an environment on the step *after* it ends
 observation, and the following step ignores its action, returns the first
 observation of the new episode and a reward of 0. :class:`VecEnv` marks that reset
 step ``valid=False`` so it is never trained on, and the final observation stays
-available to bootstrap truncated episodes. Nothing else in distrl handles autoreset.
+available to bootstrap truncated episodes. A caller that has what it needs of the final
+observation can begin the new episodes at once instead (:meth:`VecEnv.restart`), so that
+no step is spent on the reset: every step is then a transition, as in environments that
+reset within the step that ends. Nothing else in distrl handles autoreset.
 """
 
 from __future__ import annotations
@@ -232,6 +235,12 @@ class OneEnv:
         self._needs_reset = False
         return _one(obs), {}
 
+    def restart(self) -> np.ndarray:
+        """Begin the next episode now, after one ended: the next step is a step of it (no reset step)."""
+        obs, _ = self.env.reset()
+        self._needs_reset = False
+        return _one(obs)
+
     def step(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict]:
         if self._needs_reset:  # the step after an episode's end is the reset step
             obs, _ = self.env.reset()
@@ -365,6 +374,27 @@ class VecEnv:
         self._returns[ended] = 0.0
         self._lengths[ended] = 0
         return Step(obs, reward, terminated, truncated, valid, episode_returns, episode_lengths)
+
+    @property
+    def can_restart(self) -> bool:
+        """Whether :meth:`restart` can begin new episodes in some rows alone: Gymnasium's own vector envs and
+        :class:`OneEnv` can; envpool and multi-agent games reset on the next step only."""
+        return isinstance(self.env, (OneEnv, gym.vector.SyncVectorEnv, gym.vector.AsyncVectorEnv))
+
+    def restart(self, ended: np.ndarray) -> np.ndarray:
+        """Begin new episodes now in the rows ``ended`` (the episodes the last step ended), so that the next step
+        is a step of each rather than a reset step; returns every row's observation: the new episodes' first
+        where ``ended``, the others' as the last step left them. Needs :attr:`can_restart`."""
+        if isinstance(self.env, OneEnv):
+            obs = self.env.restart()
+        else:  # Gymnasium's partial reset, which also cancels the pending next-step reset of those rows
+            obs, _ = self.env.reset(options={"reset_mask": np.asarray(ended, dtype=bool)})
+        self._ended &= ~ended
+        if self._layout is not None:
+            obs = self._layout.pack(obs)
+        if self._masks is not None:
+            self._masks.check(obs[ended])
+        return obs
 
     def close(self) -> None:
         self.env.close()
