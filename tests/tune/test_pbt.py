@@ -109,6 +109,41 @@ def test_an_exploit_copies_weights_optimizer_state_and_statistics_exactly(tmp_pa
 # ---- a population on CartPole (Ray Tune) ----
 
 
+def test_a_ranked_population_with_every_member_paused_past_the_round_lets_the_one_furthest_behind_go_on():
+    """The stall once seen on a loaded machine: two members finished their budget, the two left wait paused at
+    or past the round's step, and the last one's result holds no round (it was perturbed at that step). Without
+    a member to run, the study would wait forever; the one furthest behind goes on."""
+    pytest.importorskip("ray.tune")
+    from types import SimpleNamespace
+
+    from ray.tune.experiment import Trial
+
+    from distrl.tune.ray_tune import SeededPBT
+
+    scheduler = SeededPBT(
+        seed=0,
+        synch=True,
+        time_attr="env_steps",
+        metric="eval_return",
+        mode="max",
+        perturbation_interval=2048,
+        hyperparam_mutations={"learning_rate": [1e-3, 2e-3]},
+    )
+
+    class Member:  # what the scheduler reads of a trial; hashable, as Tune's trials are
+        def __init__(self, status: str, steps: int) -> None:
+            self.status, self.last_result = status, {"env_steps": steps, "eval_return": 1.0}
+
+    behind, ahead, done = Member(Trial.PAUSED, 4096), Member(Trial.PAUSED, 6144), Member(Trial.TERMINATED, 8192)
+    controller = SimpleNamespace(get_trials=lambda: [done, behind, ahead], get_live_trials=lambda: {behind, ahead})
+    scheduler._trial_state = {  # noqa: SLF001 - the scheduler's record of each member, as the stall left it
+        trial: SimpleNamespace(last_train_time=steps, last_perturbation_time=steps)
+        for trial, steps in ((done, 6144), (behind, 4096), (ahead, 6144))
+    }
+    scheduler._next_perturbation_sync = 4096  # noqa: SLF001
+    assert scheduler.choose_trial_to_run(controller) is behind
+
+
 @pytest.fixture(scope="module")
 def study(tmp_path_factory):
     """One study for the tests below: 4 members, 2 at a time, learning rates drawn from 1e-6..3e-3 (seed 10 draws

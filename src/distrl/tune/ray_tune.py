@@ -277,6 +277,9 @@ class SeededPBT(tune.schedulers.PopulationBasedTraining):
         Tune's synchronous PBT holds a round until every live member has reported. A member that fails for good
         counts no more (:class:`GivenUpLeftOut`), but the members that reported before it failed already wait,
         paused, and no result of theirs is coming to hold the round: it is held here, with the last of them.
+        Where that holds no round either (a member that finished its budget ended one without a result of it,
+        seen once on a loaded machine: every member paused at or past the round's step, none to run), the member
+        furthest behind goes on, so that its next result holds the next round.
         """
         trial = super().choose_trial_to_run(tune_controller)
         live = GivenUpLeftOut(tune_controller).get_live_trials()
@@ -284,6 +287,8 @@ class SeededPBT(tune.schedulers.PopulationBasedTraining):
             last = max(live, key=lambda t: t.last_result.get("env_steps", 0))
             self.on_trial_result(tune_controller, last, last.last_result)
             trial = super().choose_trial_to_run(tune_controller)
+            if trial is None:  # still every member waits and none will report: the one furthest behind goes on
+                trial = min(live, key=lambda t: t.last_result.get("env_steps", 0))
         return trial
 
 
