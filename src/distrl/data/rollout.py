@@ -274,7 +274,7 @@ class RolloutCollector(LocalCollection):
             terminated[t] = step.terminated
             truncated[t] = step.truncated
             valid[t] = step.valid
-            rewards[t] = self.reward_scaler(step.reward, step.terminated | step.truncated, step.valid)
+            rewards[t] = self.reward_scaler(step.reward, ended, step.valid)
             if self.recurrent:  # after a restart or a reset step the observation is a new episode's first
                 self._starts = ended if restarted else ~step.valid
             if len(step.episode_returns):
