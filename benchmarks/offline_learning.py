@@ -23,6 +23,7 @@ d3rlpy lives in a virtualenv of its own (see ``offline_vs_d3rlpy.py``); distrl r
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import os
 import statistics
@@ -171,9 +172,11 @@ def run_all(args: argparse.Namespace) -> None:
             print(f"{lib} {algo} seed {seed} failed:\n{out.stderr[-3000:]}", flush=True)
             return
         record = {**json.loads(out.stdout.strip().splitlines()[-1]), **settings}
-        data = load(path)  # the threads write one at a time (the GIL holds through this block's few calls)
-        data["runs"].append(record)
-        path.write_text(json.dumps(data, indent=1) + "\n")
+        with open(path.with_suffix(".lock"), "w") as lock:  # one writer at a time, across sittings run side by side
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            data = load(path)
+            data["runs"].append(record)
+            path.write_text(json.dumps(data, indent=1) + "\n")
         last = record["curve"][-1]
         print(f"{lib} {algo} seed {seed}: return {last[1]:.1f} at {last[0]:,} ({record['wall_s'] / 60:.0f} min)")
 
