@@ -191,9 +191,11 @@ def distrl_config(algo: str, root: str, dataset_id: str = DATASET_ID) -> Any:
     return config.CQLConfig(**common, gamma=GAMMA, tau=TAU, target_action_gap=None, **CQL)
 
 
-def run_distrl(algo: str, env_id: str, root: str, seed: int, steps: int, warmup: int, device: str = "cpu") -> float:
+def run_distrl(
+    algo: str, env_id: str, root: str, seed: int, steps: int, warmup: int, device: str = "cpu", precision: str = "fp32"
+) -> float:
     """distrl's gradient steps per second over ``steps`` steps after ``warmup`` (on a GPU: until its last kernel
-    has run)."""
+    has run), its networks' products in ``precision``."""
     from distrl.config import RunConfig
     from distrl.training import OfflineTrainer
 
@@ -207,6 +209,7 @@ def run_distrl(algo: str, env_id: str, root: str, seed: int, steps: int, warmup:
         device=device,
         preset="none",
         eval_every=0,
+        precision=precision,
     )
     trainer = OfflineTrainer(run, distrl_config(algo, root))
     try:
@@ -311,7 +314,7 @@ def child(lib: str, algo: str, seed: int, arg: str) -> dict:
     settings = json.loads(arg)
     env_id, root, steps, warmup = settings["env"], settings["root"], settings["steps"], settings["warmup"]
     if lib == "distrl":
-        return {KEY: run_distrl(algo, env_id, root, seed, steps, warmup)}
+        return {KEY: run_distrl(algo, env_id, root, seed, steps, warmup, precision=settings["precision"])}
     return {KEY: run_d3rlpy(algo, root, seed, steps, warmup)}
 
 
@@ -354,6 +357,9 @@ def main() -> None:
     parser.add_argument("--dataset-steps", type=int, default=50_000, help="transitions in the dataset")
     parser.add_argument("--quick", action="store_true", help="500 timed steps after 50, one run each")
     parser.add_argument("--write", action="store_true", help="write the section of docs/benchmarks.md")
+    parser.add_argument(
+        "--precision", choices=("fp32", "bf16"), default="fp32", help="distrl's (d3rlpy trains in float32 only)"
+    )
     args = parser.parse_args()
     steps = args.steps or (500 if args.quick else 2_000)
     warmup = args.warmup if args.warmup is not None else (50 if args.quick else 200)
@@ -376,7 +382,7 @@ def main() -> None:
             f"{args.env} ({time.perf_counter() - start:.1f} s)",
             flush=True,
         )
-        arg = json.dumps({"env": args.env, "root": root, "steps": steps, "warmup": warmup})
+        arg = json.dumps({"env": args.env, "root": root, "steps": steps, "warmup": warmup, "precision": args.precision})
         for algo in algos:
             libs = ("distrl", "d3rlpy") if distrl_has(algo) else ("d3rlpy",)
             print(f"{NAMES[algo]} ...", flush=True)
@@ -387,7 +393,8 @@ def main() -> None:
         f"dataset both read), {repeats} runs each (seeds 0..{repeats - 1}), alternating, medians; one torch thread "
         f"each; gradient steps per second over {steps:,} steps after {warmup:,}; {versions()}. Batch 256, "
         "(256, 256) ReLU networks, Adam lr 3e-4 (CQL's policy 1e-4), the papers' settings (see the script's "
-        "docstring for what each side times and what differs).",
+        "docstring for what each side times and what differs)."
+        + (f" distrl with --precision {args.precision} (d3rlpy in float32)." if args.precision != "fp32" else ""),
         "",
         *report_table(results),
     ]

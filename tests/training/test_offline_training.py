@@ -214,10 +214,6 @@ def test_collect_writes_a_dataset_that_trains_bc_from_the_command_line(datasets,
             ["train", "iql", "MountainCarContinuous-v0", "--dataset", "mcc/expert-v0", "--strategy", "pipeline"],
             "pipeline",
         ),
-        (
-            ["train", "cql", "CartPole-v1", "--dataset", "cartpole/expert-v0", "--precision", "bf16"],
-            "precision='bf16' is not available for cql (allowed: fp32)",
-        ),
     ],
 )
 def test_a_dataset_that_cannot_serve_is_one_line_and_no_run_directory(datasets, tmp_path, capsys, argv, says):
@@ -273,7 +269,6 @@ def test_td3_learns_online_from_scratch(datasets):
         (["train", "td3", REACH, "--strategy", "ddp", "--workers", "2"], "it runs in one process"),
         (["train", "cql", "CartPole-v1", "--init-from", "IQL_RUN"], "online fine-tuning needs Box"),
         (["train", "bc", REACH, "--dataset", "reach/mixed-v0", "--init-from", "IQL_RUN"], "not available for bc"),
-        (["train", "td3", REACH, "--precision", "bf16"], "precision='bf16' is not available for td3"),
     ],
 )
 def test_online_mistakes_are_one_line_and_no_run_directory(datasets, tmp_path, capsys, argv, says):
@@ -315,19 +310,28 @@ def test_collect_with_two_workers_writes_both_workers_episodes_reproducibly(data
 
 
 @pytest.mark.parametrize(
-    "cls, env, dataset",
+    "cls, env, dataset, precision",
     [
-        ("TD3BC", REACH, "reach/expert-v0"),
-        ("BC", "CartPole-v1", "cartpole/expert-v0"),
-        ("CQL", "CartPole-v1", "cartpole/expert-v0"),
+        ("TD3BC", REACH, "reach/expert-v0", "fp32"),
+        ("BC", "CartPole-v1", "cartpole/expert-v0", "fp32"),
+        ("CQL", "CartPole-v1", "cartpole/expert-v0", "fp32"),
+        ("CQL", REACH, "reach/expert-v0", "bf16"),
     ],
 )
-def test_an_offline_policy_exports_to_a_graph_that_acts_as_it_does(datasets, tmp_path, cls, env, dataset):
+def test_an_offline_policy_exports_to_a_graph_that_acts_as_it_does(datasets, tmp_path, cls, env, dataset, precision):
+    """A bf16 run exports its float32 graph: loaded with precision='fp32', the model acts as that graph does."""
     pytest.importorskip("onnxruntime")
     import distrl
 
-    model = getattr(distrl, cls)(env, dataset=dataset, datasets_dir=str(datasets), net_arch=(32, 32))
+    model = getattr(distrl, cls)(
+        env, dataset=dataset, datasets_dir=str(datasets), net_arch=(32, 32), precision=precision
+    )
     model.learn(50)
+    if precision != "fp32":
+        assert model._trainer.algo.critic.module.q1.low_precision is torch.bfloat16  # it trained in bfloat16
+        model.save(tmp_path / "model")
+        model.close()
+        model = getattr(distrl, cls).load(tmp_path / "model", precision="fp32")
     written = model.export(tmp_path / "policy.onnx")  # checked against the model on 256 observations as it is written
     assert written.path.stat().st_size > 0
     with pytest.raises(ConfigError, match="stochastic=True is not available"):

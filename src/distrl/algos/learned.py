@@ -22,6 +22,7 @@ from distrl.algos.optim import ClippedAdam
 from distrl.algos.protocols import Sync
 from distrl.data.replay import Transitions
 from distrl.nets.core import ParamBuffer, bind_module
+from distrl.nets.offline import set_low_precision
 
 
 class Learned:
@@ -142,6 +143,15 @@ class Networks:
 
     def _targets(self) -> dict[str, Target]:
         return {}
+
+    def set_precision(self, precision: str) -> None:
+        """``'bf16'`` runs every network's products (the targets' too) under bfloat16 autocast; ``'fp32'`` none."""
+        dtype = torch.bfloat16 if precision == "bf16" else None
+        for module in [
+            *(learned.module for learned in self.learned.values()),
+            *(t.module for t in self._targets().values()),
+        ]:
+            set_low_precision(module, dtype)
 
     def state_tensors(self) -> dict[str, torch.Tensor]:
         tensors: dict[str, torch.Tensor] = {}

@@ -382,9 +382,25 @@ class DiscreteCQLAlgo(Networks):
 
 
 def make_offline_algo(
+    algo: str,
+    cfg: OfflineConfig,
+    obs_dim: int,
+    actions: int,
+    discrete: bool,
+    device: torch.device,
+    seed: int,
+    precision: str = "fp32",
+) -> BCAlgo | TD3BCAlgo | IQLAlgo | CQLAlgo | DiscreteCQLAlgo:
+    """The update of ``algo`` for observations of ``obs_dim`` and ``actions`` action dimensions (or choices), its
+    networks' products in ``precision`` (fp32, or bf16 under autocast)."""
+    made = _make(algo, cfg, obs_dim, actions, discrete, device, seed)
+    made.set_precision(precision)
+    return made
+
+
+def _make(
     algo: str, cfg: OfflineConfig, obs_dim: int, actions: int, discrete: bool, device: torch.device, seed: int
 ) -> BCAlgo | TD3BCAlgo | IQLAlgo | CQLAlgo | DiscreteCQLAlgo:
-    """The update of ``algo`` for observations of ``obs_dim`` and ``actions`` action dimensions (or choices)."""
     if algo == "bc":
         assert isinstance(cfg, BCConfig)
         return BCAlgo(cfg, obs_dim, actions, discrete, device, seed)

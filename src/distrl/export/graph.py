@@ -41,6 +41,7 @@ from distrl.nets.agent import Agent
 from distrl.nets.core import ParamBuffer
 from distrl.nets.encoders import ActorCriticModule, DictEncoder, MLPHead
 from distrl.nets.module import LOG_STD, ModuleAgent
+from distrl.nets.offline import set_low_precision
 from distrl.nets.q import QMLP, ModuleQ, QHeadModule, dueling_q
 from distrl.nets.recurrent import RecurrentActorCritic, RecurrentAgent
 from distrl.nets.sac import LOG_STD_MAX, LOG_STD_MIN, SquashedGaussianActor
@@ -412,7 +413,9 @@ def offline_graph(
     bounds, or the most likely (greedy) choice."""
     spec = action_spec(action_space)
     obs_ports = observation_ports(observation_space)
-    body = StandardisedBody(weighted_copy(policy, params), mean, std)
+    made = weighted_copy(policy, params)
+    set_low_precision(made, None)  # the graph is float32, whatever precision the run trained in
+    body = StandardisedBody(made, mean, std)
     head = ActionHead(spec, "categorical" if isinstance(action_space, spaces.Discrete) else "bounded")
     return ActingGraph(obs_ports, [_action_port(spec)], body, head, None, len(obs_ports), 0, False)
 

@@ -20,7 +20,22 @@ LOG_STD_MIN, LOG_STD_MAX = -20.0, 2.0
 """The range of a policy's log standard deviation (CORL's IQL and SAC; the IQL authors' code clips at -5)."""
 
 
-def mlp(sizes: tuple[int, ...], activation: str) -> nn.Sequential:
+class MLP(nn.Sequential):
+    """Dense layers with an activation between them. With ``low_precision`` (``--precision bf16``) its products run
+    under that dtype's autocast (float32 weights and gradients, operands rounded) and it returns float32, so every
+    loss is worked in float32."""
+
+    low_precision: torch.dtype | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.low_precision is None:
+            return super().forward(x)
+        with torch.autocast(x.device.type, dtype=self.low_precision):
+            out = super().forward(x)
+        return out.float()
+
+
+def mlp(sizes: tuple[int, ...], activation: str) -> MLP:
     """Dense layers of ``sizes`` (input first, output last) with ``activation`` between them, a linear output.
 
     ReLU works in place on the layer's output, which no backward pass needs (a dense layer's keeps its input): the
@@ -30,7 +45,14 @@ def mlp(sizes: tuple[int, ...], activation: str) -> nn.Sequential:
         layers.append(nn.Linear(fan_in, fan_out))
         if i < len(sizes) - 2:
             layers.append(nn.ReLU(inplace=True) if activation == "relu" else nn.Tanh())
-    return nn.Sequential(*layers)
+    return MLP(*layers)
+
+
+def set_low_precision(module: nn.Module, dtype: torch.dtype | None) -> None:
+    """Run every :class:`MLP` in ``module`` under ``dtype``'s autocast (None: float32 throughout)."""
+    for part in module.modules():
+        if isinstance(part, MLP):
+            part.low_precision = dtype
 
 
 class DeterministicActor(nn.Module):

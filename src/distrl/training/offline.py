@@ -44,14 +44,6 @@ CONTINUOUS_ONLY = ("td3bc", "iql", "td3")
 """The algorithms of this family whose policies act in Box spaces only."""
 
 
-def check_precision(run: RunConfig) -> None:
-    """These networks train in float32 only: bfloat16 would save nothing on MLPs this small, on CPU or GPU."""
-    if run.precision != "fp32":
-        raise ConfigError(
-            f"precision={run.precision!r} is not available for {run.algo} (allowed: fp32): its MLPs train in float32"
-        )
-
-
 class OfflineTrainer(TrainerBase):
     """Trains an offline algorithm (``run.algo``: bc, td3bc, iql or cql) on a Minari dataset; the main worker logs,
     evaluates in the env and checkpoints."""
@@ -71,7 +63,6 @@ class OfflineTrainer(TrainerBase):
     ):
         if run.algo in OFFLINE_CONFIGS:
             self.algo_name = run.algo
-        check_precision(run)
         super().__init__(run, cfg, sync, run_dir, log, strategy, requested, device)
         space = self.env.single_action_space
         self.discrete = isinstance(space, spaces.Discrete)
@@ -79,7 +70,9 @@ class OfflineTrainer(TrainerBase):
         if isinstance(space, spaces.Box):
             self.low, self.high = space.low.astype(np.float32), space.high.astype(np.float32)
             self._bounds = (torch.from_numpy(self.low).to(self.device), torch.from_numpy(self.high).to(self.device))
-        self.algo = make_offline_algo(self.algo_name, cfg, self.obs_dim, actions, self.discrete, self.device, run.seed)
+        self.algo = make_offline_algo(
+            self.algo_name, cfg, self.obs_dim, actions, self.discrete, self.device, run.seed, run.precision
+        )
         self.obs_mean = torch.zeros(self.obs_dim, dtype=torch.float32, device=self.device)
         self.obs_std = torch.ones(self.obs_dim, dtype=torch.float32, device=self.device)
         self.data: OfflineData | None = None
@@ -117,7 +110,6 @@ class OfflineTrainer(TrainerBase):
     def check_env(cls, run: RunConfig, cfg: Any) -> None:
         """The env and the dataset, before any run directory is made: the dataset opens from local storage and
         its spaces are the env's."""
-        check_precision(run)
         super().check_env(run, cfg)
         from distrl.envs.vector import make_run_env
 
