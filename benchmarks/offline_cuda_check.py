@@ -13,8 +13,8 @@ test suite needs a GPU).
    matrix precision: distrl torch's default (``highest``); d3rlpy ``high`` (TensorFloat-32), which importing it sets
    for the whole process on a CUDA machine, so the script sets each before the library's run.
 3. Command-line runs with ``--device cuda``: TD3 online, ``collect`` from it, the four offline algorithms on the
-   collected dataset, TD3+BC under ddp (one rank, NCCL), SAC going on from the CQL run and IQL from the IQL run
-   with the dataset kept; each one's summary.
+   collected dataset (CQL also with ``--precision bf16``), TD3+BC under ddp (one rank, NCCL), SAC going on from the
+   CQL run and IQL from the IQL run with the dataset kept; each one's summary.
 
 Prints one line per check and writes ``DIR/offline_cuda_check.json``. Needs distrl importable (``PYTHONPATH=src``)
 with gymnasium, minari, tyro, docstring-parser and typeguard; ``--d3rlpy`` also d3rlpy 2.8.1 with gym,
@@ -172,7 +172,10 @@ def command_line(out: Path, device: str, results: dict) -> None:
             *cuda, "--total-steps", "2000",
             "--run-dir", str(out / "iql-online"),
         ],
-        "td3 bf16 refused": ["train", "td3", "Pendulum-v1", *cuda, "--precision", "bf16", "--run-dir", str(out / "x")],
+        "cql offline bf16": [
+            "train", "cql", "Pendulum-v1", "--dataset", "pendulum/td3-v0", *cuda, "--precision", "bf16",
+            "--total-steps", "3000", "--run-dir", str(out / "cql-bf16"),
+        ],
     }  # fmt: skip
     for name, args in runs.items():
         extra = small if args[0] == "train" else []
