@@ -9,7 +9,7 @@ import numpy as np
 
 from distrl.api.model import MODELS, Model
 from distrl.config import ConfigError
-from distrl.export import graph
+from distrl.export import graph, offline_graph
 from distrl.training import OfflineTrainer
 
 
@@ -30,7 +30,7 @@ class OfflineModel(Model):
         trainer = self._trainer
         policy = trainer.algo.policy
         standardised = trainer.cfg.normalize_obs
-        return graph.offline_graph(
+        return offline_graph.offline_graph(
             policy.module,
             policy.params,
             trainer.env.single_observation_space,

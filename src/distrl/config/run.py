@@ -150,9 +150,8 @@ class RunConfig:
     models: bf16 runs their forward and backward (and generation) under bfloat16 autocast, with float32
     weights, Adam and losses; on a CPU with AVX-512 BF16 it trained the Nature CNN 1.9x faster, while a CPU
     without native bfloat16 (AVX2 only) emulates it about ten times slower, and the run says so. For sac's
-    MLPs (flat-vector observations) bf16 multiplies the matrices in bfloat16, everything else float32. The
-    offline algorithms and td3 run their MLPs under bfloat16 autocast (CQL's step 2.5x faster on a CPU with
-    AMX; nothing saved at a batch of 256). ppo's and reinforce's MLPs always use float32."""
+    MLPs (flat-vector observations) bf16 multiplies the matrices in bfloat16, the offline algorithms' and td3's
+    run under autocast (CQL 2.5x faster with AMX). ppo's and reinforce's MLPs always use float32."""
     action_mask: ActionMask = "auto"
     """Discrete and MultiDiscrete actions: mask illegal choices, read from the observation's action_mask
     key, info["action_mask"] or the env's action_masks() method. auto finds which, and config.json records

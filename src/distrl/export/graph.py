@@ -41,7 +41,6 @@ from distrl.nets.agent import Agent
 from distrl.nets.core import ParamBuffer
 from distrl.nets.encoders import ActorCriticModule, DictEncoder, MLPHead
 from distrl.nets.module import LOG_STD, ModuleAgent
-from distrl.nets.offline import set_low_precision
 from distrl.nets.q import QMLP, ModuleQ, QHeadModule, dueling_q
 from distrl.nets.recurrent import RecurrentActorCritic, RecurrentAgent
 from distrl.nets.sac import LOG_STD_MAX, LOG_STD_MIN, SquashedGaussianActor
@@ -298,7 +297,7 @@ class ActingGraph(nn.Module):
         return tuple(port.example(batch) for port in self.inputs)
 
 
-def _action_port(spec: ActionSpec) -> Port:
+def action_port(spec: ActionSpec) -> Port:
     dtype = "float32" if spec.kind == "gaussian" else "int64"
     return Port("action", (BATCH, *spec.shape) if spec.kind != "categorical" else (BATCH,), dtype)
 
@@ -355,7 +354,7 @@ def policy_graph(
         inputs.append(Port("episode_start", (BATCH,), "float32"))
     if stochastic:
         inputs.append(_noise_port(spec, sac=False))
-    outputs = [_action_port(spec), *(Port(f"next_{p.name}", p.shape, p.dtype) for p in state_ports)]
+    outputs = [action_port(spec), *(Port(f"next_{p.name}", p.shape, p.dtype) for p in state_ports)]
     normalise = Normalise(normalizer, obs_ports) if normalizer is not None and normalizer.enabled else None
     head = ActionHead(spec, spec.kind, log_std)
     return ActingGraph(inputs, outputs, body, head, normalise, len(obs_ports), len(state_ports), stochastic)
@@ -378,46 +377,7 @@ def sac_graph(
         body = ModuleBody(module, _dict_keys(observation_space, module, SACActorModule), sac=True)
     inputs = obs_ports + ([_noise_port(spec, sac=True)] if stochastic else [])
     head = ActionHead(spec, "squashed")
-    return ActingGraph(inputs, [_action_port(spec)], body, head, None, len(obs_ports), 0, stochastic)
-
-
-class StandardisedBody(nn.Module):
-    """An offline algorithm's policy module on the flat observation, standardised by the dataset's statistics where
-    the run standardised it: its mode's action in [-1, 1], or logits (Q-values) to take the argmax of."""
-
-    def __init__(self, policy: nn.Module, mean: torch.Tensor | None, std: torch.Tensor | None):
-        super().__init__()
-        self.policy = policy
-        self.standardise = mean is not None
-        if mean is not None and std is not None:
-            self.register_buffer("mean", mean.detach().cpu().float())
-            self.register_buffer("std", std.detach().cpu().float())
-
-    def forward(self, obs: list[torch.Tensor]) -> torch.Tensor:
-        x = obs[0]
-        x = x.reshape(x.shape[0], -1).float()
-        if self.standardise:
-            x = (x - self.mean) / self.std
-        return self.policy(x)
-
-
-def offline_graph(
-    policy: nn.Module,
-    params: ParamBuffer,
-    observation_space: spaces.Space,
-    action_space: spaces.Space,
-    mean: torch.Tensor | None,
-    std: torch.Tensor | None,
-) -> ActingGraph:
-    """The graph of an offline algorithm's policy (BC, TD3, TD3+BC, IQL, CQL): its mode's action scaled to the
-    bounds, or the most likely (greedy) choice."""
-    spec = action_spec(action_space)
-    obs_ports = observation_ports(observation_space)
-    made = weighted_copy(policy, params)
-    set_low_precision(made, None)  # the graph is float32, whatever precision the run trained in
-    body = StandardisedBody(made, mean, std)
-    head = ActionHead(spec, "categorical" if isinstance(action_space, spaces.Discrete) else "bounded")
-    return ActingGraph(obs_ports, [_action_port(spec)], body, head, None, len(obs_ports), 0, False)
+    return ActingGraph(inputs, [action_port(spec)], body, head, None, len(obs_ports), 0, stochastic)
 
 
 class QStreams(nn.Module):

@@ -21,7 +21,8 @@ from distrl._version import __version__
 from distrl.config import ConfigError
 from distrl.envs.vector import VecEnv
 from distrl.export import ExportFailed
-from distrl.export.graph import ActingGraph, StandardisedBody, graph_observations
+from distrl.export.graph import ActingGraph, graph_observations
+from distrl.export.offline_graph import StandardisedBody
 from distrl.run.logs import write_json_atomic
 
 Format = Literal["onnx", "torchscript"]
