@@ -5,6 +5,7 @@ hyperparameters (those of ``offline_vs_d3rlpy.py``, the papers').
     /tmp/d3venv/bin/python benchmarks/offline_learning.py --env Hopper-v5 --dataset hopper/medium-v0 \\
         --datasets-dir DATASETS --algos td3bc iql --seeds 0 1 2 --steps 200000 --parallel 2
     /tmp/d3venv/bin/python benchmarks/offline_learning.py --report --dataset hopper/medium-v0   # table and plot
+    /tmp/d3venv/bin/python benchmarks/offline_learning.py ... --libs distrl --precision bf16  # distrl in bfloat16
 
 Runs go to ``docs/results/offline/<dataset>.json``, one record per (library, algorithm, seed) written as it
 finishes; a run already there is not run again, so a long comparison is made over several sittings. ``--parallel``
@@ -18,6 +19,8 @@ in an env loop written here. The normalised return is D4RL's, ``100 (R - random)
 reference returns for the env's family (Hopper: -20.3 and 3,234.3); they were measured on D4RL's v2 envs, and this
 runs Gymnasium's v5, so the figures are comparable between the two libraries here, and only roughly with papers.
 d3rlpy lives in a virtualenv of its own (see ``offline_vs_d3rlpy.py``); distrl runs in the same interpreter.
+With ``--precision bf16`` distrl's networks run their products in bfloat16 (``--precision bf16`` of ``distrl
+train``); those runs are kept apart (a record's ``precision``), shown in a column and a colour of their own.
 """
 
 from __future__ import annotations
@@ -39,6 +42,8 @@ RESULTS = HERE.parent / "docs" / "results" / "offline"
 REFERENCE = {"Hopper": (-20.272305, 3234.3), "HalfCheetah": (-280.178953, 12135.0), "Walker2d": (1.629008, 4592.3)}
 """D4RL's random and expert returns per env family (d4rl/infos.py)."""
 NAMES = {"bc": "BC", "td3bc": "TD3+BC", "iql": "IQL", "cql": "CQL"}
+SIDES = {"distrl": "tab:blue", "distrl bf16": "tab:green", "d3rlpy": "tab:orange"}
+"""The columns of the tables and the colours of the curves."""
 
 
 def normalised(env_id: str, value: float) -> float | None:
@@ -83,6 +88,7 @@ def run_distrl(algo: str, settings: dict) -> list[list[float]]:
         preset="none",
         eval_every=0,
         eval_episodes=settings["eval_episodes"],
+        precision=settings.get("precision", "fp32"),
     )
     trainer = OfflineTrainer(run, distrl_config(algo, settings["root"], settings["dataset"]))
 
@@ -129,6 +135,12 @@ def child(lib: str, algo: str, settings: dict) -> dict:
     return {"lib": lib, "algo": algo, "seed": settings["seed"], "curve": curve, "wall_s": time.time() - start}
 
 
+def side(record: dict) -> str:
+    """Which column a record belongs to: ``distrl``, ``distrl bf16`` or ``d3rlpy``."""
+    precision = record.get("precision", "fp32")
+    return record["lib"] if precision == "fp32" else f"{record['lib']} {precision}"
+
+
 def results_file(dataset: str) -> Path:
     return RESULTS / (dataset.replace("/", "_") + ".json")
 
@@ -140,13 +152,15 @@ def load(path: Path) -> dict:
 def run_all(args: argparse.Namespace) -> None:
     path = results_file(args.dataset)
     path.parent.mkdir(parents=True, exist_ok=True)
-    done = {(r["lib"], r["algo"], r["seed"]) for r in load(path)["runs"]}
+    if args.precision != "fp32" and args.libs != ["distrl"]:
+        raise SystemExit(f"--precision {args.precision}: distrl's alone (--libs distrl); d3rlpy trains in float32")
+    done = {(side(r), r["algo"], r["seed"]) for r in load(path)["runs"]}
     todo = [
         (lib, algo, seed)
         for seed in args.seeds
         for algo in args.algos
         for lib in args.libs
-        if (lib, algo, seed) not in done
+        if (side({"lib": lib, "precision": args.precision}), algo, seed) not in done
     ]
     print(f"{len(done)} runs in {path}; {len(todo)} to run", flush=True)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(HERE), str(HERE.parent / "src")])}
@@ -161,6 +175,7 @@ def run_all(args: argparse.Namespace) -> None:
             "eval_every": args.eval_every,
             "eval_episodes": args.eval_episodes,
             "seed": seed,
+            **({"precision": args.precision} if args.precision != "fp32" else {}),
         }
         out = subprocess.run(
             [sys.executable, __file__, "--child", lib, algo, json.dumps(settings)],
@@ -178,7 +193,9 @@ def run_all(args: argparse.Namespace) -> None:
             data["runs"].append(record)
             path.write_text(json.dumps(data, indent=1) + "\n")
         last = record["curve"][-1]
-        print(f"{lib} {algo} seed {seed}: return {last[1]:.1f} at {last[0]:,} ({record['wall_s'] / 60:.0f} min)")
+        print(
+            f"{side(record)} {algo} seed {seed}: return {last[1]:.1f} at {last[0]:,} ({record['wall_s'] / 60:.0f} min)"
+        )
 
     with ThreadPoolExecutor(args.parallel) as pool:
         list(pool.map(one, todo))
@@ -197,14 +214,14 @@ def summary_lines(runs: list[dict]) -> list[str]:
         f"the deterministic policy over {first['eval_episodes']} episodes; distrl and d3rlpy with the same networks "
         "and hyperparameters (the papers', see benchmarks/offline_vs_d3rlpy.py), one torch thread each.",
         "",
-        "| algorithm | distrl | d3rlpy | seeds |",
-        "|---|---|---|---|",
     ]
+    sides = [s for s in SIDES if any(side(r) == s for r in runs)]
+    lines += [f"| algorithm | {' | '.join(sides)} | seeds |", "|---|" + "---|" * (len(sides) + 1)]
     for algo in [a for a in NAMES if any(r["algo"] == a for r in runs)]:
         cells, seeds = [], {}
-        for lib in ("distrl", "d3rlpy"):
+        for lib in sides:
             mine = sorted(
-                (r for r in runs if r["algo"] == algo and r["lib"] == lib and r["curve"][-1][0] == steps),
+                (r for r in runs if r["algo"] == algo and side(r) == lib and r["curve"][-1][0] == steps),
                 key=lambda r: r["seed"],
             )
             seeds[lib] = ", ".join(str(r["seed"]) for r in mine)
@@ -214,9 +231,10 @@ def summary_lines(runs: list[dict]) -> list[str]:
                 cells.append(f"{statistics.mean(finals):.1f} ± {statistics.stdev(finals):.1f} ({each})")
             else:
                 cells.append(f"{finals[0]:.1f}" if finals else "n/a")
-        same = seeds["distrl"] == seeds["d3rlpy"] or not seeds["d3rlpy"]
-        shown = seeds["distrl"] if same else f"distrl {seeds['distrl'] or 'none'}; d3rlpy {seeds['d3rlpy']}"
-        lines.append(f"| {NAMES[algo]} | {cells[0]} | {cells[1]} | {shown} |")
+        ran = [lib for lib in sides if seeds[lib]]
+        same = len({seeds[lib] for lib in ran}) <= 1
+        shown = seeds[ran[0]] if same and ran else "; ".join(f"{lib} {seeds[lib]}" for lib in ran)
+        lines.append(f"| {NAMES[algo]} | {' | '.join(cells)} | {shown} |")
     return lines
 
 
@@ -236,8 +254,8 @@ def draw_curves(runs: list[dict], png: Path) -> None:
     algos = [a for a in NAMES if any(r["algo"] == a for r in runs)]
     fig, axes = plt.subplots(1, len(algos), figsize=(4.5 * len(algos), 3.5), squeeze=False)
     for ax, algo in zip(axes[0], algos):
-        for lib, colour in (("distrl", "tab:blue"), ("d3rlpy", "tab:orange")):
-            mine = [r for r in runs if r["algo"] == algo and r["lib"] == lib]
+        for lib, colour in SIDES.items():
+            mine = [r for r in runs if r["algo"] == algo and side(r) == lib]
             for k, r in enumerate(mine):
                 xs = [p[0] for p in r["curve"]]
                 ax.plot(
@@ -278,6 +296,7 @@ def main() -> None:
     parser.add_argument("--eval-every", type=int, default=10_000)
     parser.add_argument("--eval-episodes", type=int, default=10)
     parser.add_argument("--parallel", type=int, default=1)
+    parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32", help="distrl's networks' products")
     parser.add_argument("--report", action="store_true", help="only the table and the plot of what is there")
     args = parser.parse_args()
     if args.report:

@@ -119,3 +119,27 @@ def test_ppo_on_a_multiagent_env_is_ippo_or_mappo_by_its_critic_and_counts_agent
     assert results.spread_at(ippo, 700) is None  # past the run's steps
     rows = [line.split(" | ") for line in results.learning_table([ippo, mappo])[2:]]
     assert sorted(row[1] for row in rows) == ["IPPO", "MAPPO"]  # a row each, though both are "custom" settings
+
+
+def test_distrl_runs_in_bf16_get_a_column_of_their_own_in_the_offline_table():
+    import offline_learning
+
+    def record(lib, seed, final, precision=None):
+        r = {"lib": lib, "algo": "td3bc", "seed": seed, "curve": [[0, 0.0], [100, final]]}
+        r.update(env="Hopper-v5", dataset="hopper/medium-v0", eval_episodes=10)
+        return {**r, "precision": precision} if precision else r
+
+    reference = 3234.3 + 20.272305  # a return of x * reference - 20.27 normalises to 100 x
+    runs = [
+        record("distrl", 0, 0.3 * reference - 20.272305),
+        record("distrl", 0, 0.5 * reference - 20.272305, precision="bf16"),
+        record("distrl", 1, 0.7 * reference - 20.272305, precision="bf16"),
+        record("d3rlpy", 0, 0.2 * reference - 20.272305),
+    ]
+    header, _, row = offline_learning.summary_lines(runs)[2:]
+    assert header == "| algorithm | distrl | distrl bf16 | d3rlpy | seeds |"
+    cells = row.split(" | ")
+    assert cells[1:4] == ["30.0", "60.0 ± 14.1 (50.0 / 70.0)", "20.0"]
+    assert cells[4] == "distrl 0; distrl bf16 0, 1; d3rlpy 0 |"
+    # without bf16 records the table is the two libraries' alone, as before
+    assert offline_learning.summary_lines([runs[0], runs[3]])[2] == "| algorithm | distrl | d3rlpy | seeds |"
