@@ -122,10 +122,12 @@ def test_iql_learns_from_mostly_random_data_with_a_few_good_episodes_where_cloni
     assert scores["bc"] < 0
 
 
-def ranks_train(rank, world, root, algo, on_disk=False):
+def ranks_train(rank, world, root, algo, on_disk=False, precision="fp32"):
     from distrl.strategies.ddp import DistributedSync
 
-    run_cfg = RunConfig(algo=algo, env="MountainCarContinuous-v0", total_steps=6, seed=0, quiet=True)
+    run_cfg = RunConfig(
+        algo=algo, env="MountainCarContinuous-v0", total_steps=6, seed=0, quiet=True, precision=precision
+    )
     cfg = {"td3bc": TD3BCConfig, "iql": IQLConfig, "cql": CQLConfig}[algo](
         dataset="mcc/mixed-v0", datasets_dir=str(root), dataset_on_disk=on_disk, **SMALL
     )
@@ -152,6 +154,34 @@ def test_two_ranks_each_on_half_the_episodes_train_as_one_process_does(datasets,
     for name, value in rank0.items():
         assert torch.equal(value, rank1[name]), name
         torch.testing.assert_close(value, expected[name], rtol=0, atol=1e-6, msg=name)
+
+
+@pytest.mark.heavy
+def test_two_ranks_in_bf16_train_as_one_process_does_within_bfloat16s_rounding(datasets):
+    """Under --precision bf16 each rank's weight gradient is its half-batch sum rounded to bfloat16 before the
+    all-reduce, where one process rounds the whole batch's once: the two agree to bfloat16's rounding, not exactly."""
+    rank0, rank1 = run_ranks(ranks_train, 2, str(datasets), "td3bc", False, "bf16")
+    run_cfg = RunConfig(
+        algo="td3bc", env="MountainCarContinuous-v0", total_steps=6, seed=0, quiet=True, precision="bf16"
+    )
+    single = OfflineTrainer(run_cfg, TD3BCConfig(dataset="mcc/mixed-v0", datasets_dir=str(datasets), **SMALL))
+    single.train()
+    assert single.algo.critic.module.q1.low_precision is torch.bfloat16
+    expected = single.state_tensors()
+    single.close()
+    fresh = OfflineTrainer(  # the weights and moments both started from
+        RunConfig(algo="td3bc", env="MountainCarContinuous-v0", total_steps=6, seed=0, quiet=True),
+        TD3BCConfig(dataset="mcc/mixed-v0", datasets_dir=str(datasets), **SMALL),
+    )
+    initial = fresh.state_tensors()
+    fresh.close()
+    for name, value in rank0.items():
+        assert torch.equal(value, rank1[name]), name
+        if value.dtype == torch.float32 and value.numel() > 1 and not name.startswith("obs_norm"):
+            # weights, targets and Adam's moments: each moved in 6 steps, and the ranks' were 0.1-0.2% of that
+            # away from one process's when this was written (in float32, 1e-6 of it or equal)
+            moved, apart = (expected[name] - initial[name]).norm(), (value - expected[name]).norm()
+            assert moved > 0 and apart < 0.01 * moved, (name, float(apart), float(moved))
 
 
 def test_a_resumed_run_ends_where_an_unstopped_one_does(datasets, tmp_path):
