@@ -327,6 +327,11 @@ def versions() -> str:
     return ", ".join(f"{p} {version(p)}" for p in ("distrl", "d3rlpy", "torch", "minari", "gymnasium"))
 
 
+def rate(steps_per_s: float) -> str:
+    """Steps a second to three figures or more: 551, 17.3, 8.61."""
+    return f"{steps_per_s:,.0f}" if steps_per_s >= 100 else f"{steps_per_s:.3g}"
+
+
 def report_table(results: dict[str, dict]) -> list[str]:
     rows = []
     for algo, res in results.items():
@@ -335,8 +340,8 @@ def report_table(results: dict[str, dict]) -> list[str]:
         rows.append(
             [
                 NAMES[algo],
-                "n/a" if d is None else f"{d:,.0f}",
-                f"{r:,.0f}",
+                "n/a" if d is None else rate(d),
+                rate(r),
                 "n/a" if d is None else f"{d / r:.2f}×",
                 f"{'n/a' if rss_d is None else f'{rss_d:,.0f}'} / {rss_r:,.0f}",
             ]
