@@ -152,8 +152,6 @@ def load(path: Path) -> dict:
 def run_all(args: argparse.Namespace) -> None:
     path = results_file(args.dataset)
     path.parent.mkdir(parents=True, exist_ok=True)
-    if args.precision != "fp32" and args.libs != ["distrl"]:
-        raise SystemExit(f"--precision {args.precision}: distrl's alone (--libs distrl); d3rlpy trains in float32")
     done = {(side(r), r["algo"], r["seed"]) for r in load(path)["runs"]}
     todo = [
         (lib, algo, seed)
@@ -299,6 +297,8 @@ def main() -> None:
     parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32", help="distrl's networks' products")
     parser.add_argument("--report", action="store_true", help="only the table and the plot of what is there")
     args = parser.parse_args()
+    if args.precision != "fp32" and args.libs != ["distrl"]:
+        parser.error(f"precision={args.precision} is distrl's alone: add --libs distrl (d3rlpy trains in float32)")
     if args.report:
         report(args)
     else:
