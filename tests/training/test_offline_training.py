@@ -161,18 +161,13 @@ def test_two_ranks_in_bf16_train_as_one_process_does_within_bfloat16s_rounding(d
     """Under --precision bf16 each rank's weight gradient is its half-batch sum rounded to bfloat16 before the
     all-reduce, where one process rounds the whole batch's once: the two agree to bfloat16's rounding, not exactly."""
     rank0, rank1 = run_ranks(ranks_train, 2, str(datasets), "td3bc", False, "bf16")
-    run_cfg = RunConfig(
-        algo="td3bc", env="MountainCarContinuous-v0", total_steps=6, seed=0, quiet=True, precision="bf16"
-    )
-    single = OfflineTrainer(run_cfg, TD3BCConfig(dataset="mcc/mixed-v0", datasets_dir=str(datasets), **SMALL))
+    cfg = TD3BCConfig(dataset="mcc/mixed-v0", **SMALL)
+    single = trainer("td3bc", "MountainCarContinuous-v0", cfg, datasets, 6, precision="bf16")
     single.train()
     assert single.algo.critic.module.q1.low_precision is torch.bfloat16
     expected = single.state_tensors()
     single.close()
-    fresh = OfflineTrainer(  # the weights and moments both started from
-        RunConfig(algo="td3bc", env="MountainCarContinuous-v0", total_steps=6, seed=0, quiet=True),
-        TD3BCConfig(dataset="mcc/mixed-v0", datasets_dir=str(datasets), **SMALL),
-    )
+    fresh = trainer("td3bc", "MountainCarContinuous-v0", cfg, datasets, 6)  # where both started from
     initial = fresh.state_tensors()
     fresh.close()
     for name, value in rank0.items():
