@@ -129,6 +129,30 @@ def test_writing_never_overwrites_leaves_nothing_half_written_and_the_environmen
     assert "MINARI_DATASETS_PATH" not in os.environ
 
 
+def test_the_size_is_measured_once_not_after_every_episode_and_is_minaris_measure(tmp_path, monkeypatch):
+    # Minari's writer walks the dataset's folder after every episode to record its size: quadratic in episodes
+    from minari.dataset.minari_storage import MinariStorage
+
+    walks = []
+    walk = MinariStorage.get_size
+
+    def counted(storage):
+        walks.append(1)
+        return walk(storage)
+
+    monkeypatch.setattr(MinariStorage, "get_size", counted)
+    episodes = random_episodes("CartPole-v1", [3] * 40, seed=3)
+    env = gym.make("CartPole-v1")
+    path = write_dataset(
+        "short/many-v0", episodes, "CartPole-v1", env.observation_space, env.action_space, "random", str(tmp_path)
+    )
+    assert len(walks) == 1  # 41 before: one per episode and one at the end
+    storage = open_dataset(path).storage
+    assert storage.total_episodes == 40
+    assert storage.metadata["dataset_size"] == walk(storage) > 0
+    assert MinariStorage.get_size is counted  # put back as it was
+
+
 @pytest.mark.parametrize("dataset_id", [CARTPOLE, PENDULUM])
 def test_load_gives_the_episodes_transitions(written, dataset_id):
     root, datasets = written
