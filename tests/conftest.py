@@ -1,4 +1,6 @@
+import atexit
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -12,9 +14,23 @@ sys.path.insert(0, str(TESTS))
 os.environ["PYTHONPATH"] = os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
 torch.set_num_threads(1)
 # Runs the tests write are recorded in a trust store of their own, never in the user's (see distrl.run.trust).
-os.environ["DISTRL_TRUST_STORE"] = os.path.join(tempfile.mkdtemp(prefix="distrl-trust-"), "trusted.json")
+_trust_dir = tempfile.mkdtemp(prefix="distrl-trust-")
+atexit.register(shutil.rmtree, _trust_dir, ignore_errors=True)
+os.environ["DISTRL_TRUST_STORE"] = os.path.join(_trust_dir, "trusted.json")
 
 
 @pytest.fixture
 def run_dir(tmp_path):
     return tmp_path / "run"
+
+
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto`: one worker per core this process may run on, at most 4; none (in-process) on one core.
+
+    Many tests start processes of their own (ranks, Ray actors, CLI runs), so a worker per core already keeps every
+    core busy, and each worker may hold a Ray instance of its own. PYTEST_XDIST_AUTO_NUM_WORKERS overrides it.
+    """
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return int(os.environ["PYTEST_XDIST_AUTO_NUM_WORKERS"])
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return min(cores, 4) if cores > 1 else 0
