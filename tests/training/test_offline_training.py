@@ -2,6 +2,7 @@
 resume against not stopping, the command line's collect and refusals."""
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -311,6 +312,44 @@ def test_online_mistakes_are_one_line_and_no_run_directory(datasets, tmp_path, c
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("distrl: error: ") and says in err[0], err
     assert not run_dir.exists()
+
+
+def test_a_collect_stopped_by_sigterm_while_writing_leaves_nothing_in_the_datasets_folder(datasets, tmp_path, capsys):
+    import signal
+
+    import minari
+
+    run_dir = tmp_path / "bc"
+    flags = ["--datasets-dir", str(datasets), "--total-steps", "50", "--net-arch", "8", "--quiet"]
+    assert (
+        main(["train", "bc", "CartPole-v1", "--dataset", "cartpole/expert-v0", *flags, "--run-dir", str(run_dir)]) == 0
+    )
+    capsys.readouterr()
+    out = tmp_path / "out"
+    written = minari.create_dataset_from_buffers
+
+    def written_then_terminated(*args, **kwargs):  # the episodes are on disk, in the staging folder, when it comes
+        dataset = written(*args, **kwargs)
+        assert [p.name for p in out.iterdir()][0].startswith(".distrl-writing-")
+        os.kill(os.getpid(), signal.SIGTERM)
+        return dataset
+
+    def before(signum, frame):  # in place of the default action, which would end the test's process
+        raise RuntimeError("collect left SIGTERM to the handler it found")
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(minari, "create_dataset_from_buffers", written_then_terminated)
+        previous = signal.signal(signal.SIGTERM, before)
+        try:
+            code = main(
+                ["collect", str(run_dir), "--out", "cartpole/stopped-v0", "--datasets-dir", str(out), "--steps", "50"]
+            )
+            assert signal.getsignal(signal.SIGTERM) is before  # put back
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 143 and err == ["distrl: SIGTERM received: stopped; no dataset cartpole/stopped-v0 was written"]
+    assert list(out.iterdir()) == []  # no staging folder left, no dataset
 
 
 @pytest.mark.heavy
