@@ -93,7 +93,10 @@ def test_workers_are_placed_on_both_nodes_and_recorded(nodes, tmp_path, strategy
     )
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["total_steps"] == 1024
+    # the pipeline counts every step its generators delivered: a fragment (2 envs x 64 steps) the other generator
+    # delivered before the last batch counts too, when the machine is busy enough to let it arrive that early
+    extra = 128 if strategy == "pipeline" else 0
+    assert 1024 <= summary["total_steps"] <= 1024 + extra
     assert sorted(placed_nodes(summary, role)) == sorted([nodes.head, nodes.second])
 
 
