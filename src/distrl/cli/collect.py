@@ -2,21 +2,15 @@
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import signal
-import threading
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 from distrl.cli.runs import RunArgs
 from distrl.config import ConfigError, Device
 from distrl.config.argv import merge_repeated, parse_flags
 from distrl.run import preemption
-from distrl.run.preemption import Stopped
 
 
 @dataclass(frozen=True)
@@ -62,27 +56,8 @@ def collect_command(argv: list[str]) -> int:
         raise ConfigError(f"workers={args.workers} is not allowed: must be >= 1")
     if args.random and (args.stochastic or args.epsilon):
         raise ConfigError("random=True is not allowed with --stochastic or --epsilon: it plays random actions only")
-    with _stopped_by_signals(args.out):
+    with preemption.stopped_at_once(f"no dataset {args.out} was written"):
         return _collect(args)
-
-
-@contextlib.contextmanager
-def _stopped_by_signals(out: str) -> Iterator[None]:
-    """SIGTERM, like Ctrl-C, stops collect by an exception: a dataset half-written is removed on the way out (killed
-    outright, its hidden staging folder would stay in the datasets folder). The handlers before are put back after."""
-
-    def stop(signum: int, frame: FrameType | None) -> None:
-        raise Stopped(signum, f"{preemption.name(signum)} received: stopped; no dataset {out} was written")
-
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    before = {signum: signal.signal(signum, stop) for signum in preemption.STOP_SIGNALS}
-    try:
-        yield
-    finally:
-        for signum, handler in before.items():
-            signal.signal(signum, handler)
 
 
 def _collect(args: CollectArgs) -> int:
