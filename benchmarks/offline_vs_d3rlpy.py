@@ -4,6 +4,7 @@
     /tmp/d3venv/bin/python benchmarks/offline_vs_d3rlpy.py --write          # and writes it to docs/benchmarks.md
     /tmp/d3venv/bin/python benchmarks/offline_vs_d3rlpy.py --only iql --steps 500 --repeats 1
     /tmp/d3venv/bin/python benchmarks/offline_vs_d3rlpy.py --quick          # 500 timed steps, one run each
+    /tmp/d3venv/bin/python benchmarks/offline_vs_d3rlpy.py --ceiling        # and each step's arithmetic ceiling
 
 d3rlpy lives in a virtualenv of its own, so that the project's .venv is left as it is; both libraries run in that
 one interpreter (the same torch and numpy). d3rlpy 2.8.1 pins gymnasium 1.0.0, which distrl does not accept: the
@@ -73,10 +74,18 @@ Differences that remain (the networks' shapes and parameter counts are equal on 
   target critics' Q and V(s) for the policy's weights (with V after its step): one more forward of the twin
   target critics and of V than distrl, which takes three Adam steps (V, Q, policy) and weighs with V before its
   step. Policy log-std: d3rlpy ``-5 + 7 sigmoid(p)`` (starts at -1.5), distrl ``clamp(p, -20, 2)`` (starts at 0).
-- CQL: for the penalty's actions at s and s', d3rlpy runs the policy once per state and draws 10 samples from its
-  distribution; distrl runs the policy on 10 copies of each state (two no-grad forwards of 2,560 rows). d3rlpy's
-  target action is the policy's mean at s', distrl's a sample. d3rlpy steps the critics, then the policy and the
+- CQL: for the penalty's actions at s and s', both run the policy once per state and draw 10 samples from its
+  distribution. d3rlpy runs the critics on the three sets of 2,560 sampled actions in three passes and on the
+  dataset's actions twice (the TD loss's and the penalty's), distrl on the 7,680 in one pass and on the dataset's
+  once. d3rlpy's target action is the policy's mean at s', distrl's a sample. d3rlpy steps the critics, then the policy and the
   entropy coefficient; distrl the coefficient, the policy, then the critics.
+
+``--ceiling`` (float32) bounds the step's time from below by its arithmetic. A child per library and algorithm counts the
+floating-point operations of the step's matrix products, forward and backward (``torch.utils.flop_counter``, over
+two steps after two: TD3+BC steps its actor every second step); another times ``torch.mm`` on one thread at a
+hidden layer's shape for a batch of 256, at CQL's 7,680 rows, and at 1,024 cubed. The products of a step at the
+best of those rates give the ceiling: the most steps a second any implementation running those products could
+reach. Where twice d3rlpy's rate is above it, 2x in float32 is out of reach on that machine.
 
 Peak RSS is the child's ``ru_maxrss``: the libraries, the dataset as each holds it, the networks and the optimizers.
 The ratio is distrl / d3rlpy of the median steps per second: above 1, distrl is faster.
@@ -93,7 +102,7 @@ import time
 from typing import Any
 
 from distrl.config import ConfigError
-from harness import alternate, child_main, markdown_table, median, write_section
+from harness import alternate, child_main, markdown_table, measure, median, write_section
 
 ALGOS = ("bc", "td3bc", "iql", "cql")
 NAMES = {"bc": "BC", "td3bc": "TD3+BC", "iql": "IQL", "cql": "CQL"}
@@ -191,18 +200,15 @@ def distrl_config(algo: str, root: str, dataset_id: str = DATASET_ID) -> Any:
     return config.CQLConfig(**common, gamma=GAMMA, tau=TAU, target_action_gap=None, **CQL)
 
 
-def run_distrl(
-    algo: str, env_id: str, root: str, seed: int, steps: int, warmup: int, device: str = "cpu", precision: str = "fp32"
-) -> float:
-    """distrl's gradient steps per second over ``steps`` steps after ``warmup`` (on a GPU: until its last kernel
-    has run), its networks' products in ``precision``."""
+def distrl_trainer(algo: str, env_id: str, root: str, seed: int, steps: int, device: str, precision: str) -> Any:
+    """distrl's trainer as timed: no run directory, quiet, no evaluation, one thread, ``--preset none``."""
     from distrl.config import RunConfig
     from distrl.training import OfflineTrainer
 
     run = RunConfig(
         algo=algo,
         env=env_id,
-        total_steps=warmup + steps,
+        total_steps=steps,
         seed=seed,
         quiet=True,
         threads=1,
@@ -211,7 +217,15 @@ def run_distrl(
         eval_every=0,
         precision=precision,
     )
-    trainer = OfflineTrainer(run, distrl_config(algo, root))
+    return OfflineTrainer(run, distrl_config(algo, root))
+
+
+def run_distrl(
+    algo: str, env_id: str, root: str, seed: int, steps: int, warmup: int, device: str = "cpu", precision: str = "fp32"
+) -> float:
+    """distrl's gradient steps per second over ``steps`` steps after ``warmup`` (on a GPU: until its last kernel
+    has run), its networks' products in ``precision``."""
+    trainer = distrl_trainer(algo, env_id, root, seed, warmup + steps, device, precision)
     try:
         trainer.train(stop_at=warmup)  # loads the dataset, then the warm-up steps
         synchronize(device)
@@ -278,9 +292,8 @@ def d3rlpy_config(algo: str, low: Any, high: Any) -> Any:
     )
 
 
-def run_d3rlpy(algo: str, root: str, seed: int, steps: int, warmup: int, device: str = "cpu:0") -> float:
-    """d3rlpy's gradient steps per second over ``steps`` steps after ``warmup``: ``update`` on a sampled batch, as
-    ``fit``'s loop calls it."""
+def d3rlpy_model(algo: str, root: str, seed: int, device: str) -> tuple[Any, Any]:
+    """d3rlpy's algorithm built as ``fit`` builds it (the observation scaler fitted), and the dataset."""
     import d3rlpy
     from d3rlpy.algos.utility import build_scalers_with_transition_picker
 
@@ -289,6 +302,13 @@ def run_d3rlpy(algo: str, root: str, seed: int, steps: int, warmup: int, device:
     model = d3rlpy_config(algo, low, high).create(device=device)
     build_scalers_with_transition_picker(model, dataset)  # as fit does: the observation scaler's statistics
     model.build_with_dataset(dataset)
+    return model, dataset
+
+
+def run_d3rlpy(algo: str, root: str, seed: int, steps: int, warmup: int, device: str = "cpu:0") -> float:
+    """d3rlpy's gradient steps per second over ``steps`` steps after ``warmup``: ``update`` on a sampled batch, as
+    ``fit``'s loop calls it."""
+    model, dataset = d3rlpy_model(algo, root, seed, device)
     for _ in range(warmup):
         model.update(dataset.sample_transition_batch(BATCH_SIZE))
     synchronize(device)
@@ -297,6 +317,55 @@ def run_d3rlpy(algo: str, root: str, seed: int, steps: int, warmup: int, device:
         model.update(dataset.sample_transition_batch(BATCH_SIZE))
     synchronize(device)
     return steps / (time.perf_counter() - start)
+
+
+# ---- the arithmetic ceiling ----
+
+COUNTED = 2
+"""Steps whose products are counted, after as many untimed: TD3+BC steps its actor every second step."""
+SHAPES = ((256, 256, 256), (7_680, 256, 256), (1_024, 1_024, 1_024))
+"""Products timed for the machine's rate: a batch of 256 through a hidden layer, CQL's 30 sampled actions per state
+through one, and a large square one."""
+
+
+def product_flops(lib: str, algo: str, root: str, env_id: str) -> float:
+    """The floating-point operations of one gradient step's matrix products (forward and backward), counted by
+    ``torch.utils.flop_counter`` over :data:`COUNTED` steps after as many."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    if lib == "distrl":
+        trainer = distrl_trainer(algo, env_id, root, 0, 2 * COUNTED, "cpu", "fp32")
+        try:
+            trainer.train(stop_at=COUNTED)
+            with FlopCounterMode(display=False) as counter:
+                trainer.train(stop_at=2 * COUNTED)
+        finally:
+            trainer.close()
+    else:
+        model, dataset = d3rlpy_model(algo, root, 0, "cpu:0")
+        for _ in range(COUNTED):
+            model.update(dataset.sample_transition_batch(BATCH_SIZE))
+        with FlopCounterMode(display=False) as counter:
+            for _ in range(COUNTED):
+                model.update(dataset.sample_transition_batch(BATCH_SIZE))
+    return counter.get_total_flops() / COUNTED
+
+
+def product_rate(seconds: float = 0.5) -> dict[str, float]:
+    """GFLOP/s of ``torch.mm`` at each of :data:`SHAPES` (m x k by k x n), back to back on one thread."""
+    import torch
+
+    rates = {}
+    for m, k, n in SHAPES:
+        x, w, out = torch.randn(m, k), torch.randn(k, n), torch.empty(m, n)
+        for _ in range(3):
+            torch.mm(x, w, out=out)
+        count, start = 0, time.perf_counter()
+        while (elapsed := time.perf_counter() - start) < seconds:
+            torch.mm(x, w, out=out)
+            count += 1
+        rates[f"{m}x{k}x{n}"] = count * 2 * m * k * n / elapsed / 1e9
+    return rates
 
 
 def synchronize(device: str) -> None:
@@ -313,6 +382,10 @@ def child(lib: str, algo: str, seed: int, arg: str) -> dict:
     torch.set_num_threads(1)
     settings = json.loads(arg)
     env_id, root, steps, warmup = settings["env"], settings["root"], settings["steps"], settings["warmup"]
+    if lib == "products":
+        return product_rate()
+    if settings.get("count"):
+        return {"gflop": product_flops(lib, algo, root, env_id) / 1e9}
     if lib == "distrl":
         return {KEY: run_distrl(algo, env_id, root, seed, steps, warmup, precision=settings["precision"])}
     return {KEY: run_d3rlpy(algo, root, seed, steps, warmup)}
@@ -350,6 +423,40 @@ def report_table(results: dict[str, dict]) -> list[str]:
     return markdown_table(header, rows)
 
 
+def ceiling_table(results: dict[str, dict], flops: dict[str, dict[str, float]], rates: dict[str, float]) -> list[str]:
+    """Each algorithm's step against its products at the machine's best measured rate: the most steps a second any
+    implementation running those products reaches, and whether twice d3rlpy's rate is under it."""
+    best = max(rates.values())
+    rows = []
+    for algo, res in results.items():
+        d, r = median(res["values"].get("distrl", [])), median(res["values"]["d3rlpy"])
+        gflop = flops[algo]
+        ceiling = best / gflop.get("distrl", gflop["d3rlpy"])
+        rows.append(
+            [
+                NAMES[algo],
+                f"{gflop['distrl']:.3f} / {gflop['d3rlpy']:.3f}"
+                if "distrl" in gflop
+                else f"n/a / {gflop['d3rlpy']:.3f}",
+                rate(ceiling),
+                "n/a" if d is None else f"{rate(d)} ({d / ceiling:.0%})",
+                f"{rate(r)} ({r * gflop['d3rlpy'] / best:.0%})",
+                rate(2 * r),
+                "yes" if 2 * r <= ceiling else "no",
+            ]
+        )
+    header = [
+        "algorithm",
+        "product GFLOP a step distrl / d3rlpy",
+        "ceiling steps/s (distrl's products)",
+        "distrl steps/s (of its ceiling)",
+        "d3rlpy steps/s (of its ceiling)",
+        "2× d3rlpy",
+        "2× under the ceiling",
+    ]
+    return markdown_table(header, rows)
+
+
 def main() -> None:
     if child_main(child):
         return
@@ -365,12 +472,19 @@ def main() -> None:
     parser.add_argument(
         "--precision", choices=("fp32", "bf16"), default="fp32", help="distrl's (d3rlpy trains in float32 only)"
     )
+    parser.add_argument(
+        "--ceiling",
+        action="store_true",
+        help="also count each step's product FLOPs and time the machine's product rate (float32 only)",
+    )
     args = parser.parse_args()
     steps = args.steps or (500 if args.quick else 2_000)
     warmup = args.warmup if args.warmup is not None else (50 if args.quick else 200)
     repeats = args.repeats or (1 if args.quick else 3)
     if min(steps, repeats, args.dataset_steps) < 1 or warmup < 0:
         parser.error("--steps, --repeats and --dataset-steps must be at least 1, --warmup at least 0")
+    if args.ceiling and args.precision != "fp32":
+        parser.error("--ceiling counts float32 products: leave --precision at fp32")
     algos = (args.only,) if args.only else ALGOS
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     print(f"{versions()}; load average at start {load}", flush=True)
@@ -387,11 +501,20 @@ def main() -> None:
             f"{args.env} ({time.perf_counter() - start:.1f} s)",
             flush=True,
         )
-        arg = json.dumps({"env": args.env, "root": root, "steps": steps, "warmup": warmup, "precision": args.precision})
+        settings = {"env": args.env, "root": root, "steps": steps, "warmup": warmup, "precision": args.precision}
+        arg = json.dumps(settings)
+        if args.ceiling:
+            rates = measure(__file__, "products", "rate", 0, arg)
+            rates.pop("max_rss_mb")
+            print("products, GFLOP/s on one thread: " + ", ".join(f"{k} {v:.0f}" for k, v in rates.items()))
+        flops: dict[str, dict[str, float]] = {}
         for algo in algos:
             libs = ("distrl", "d3rlpy") if distrl_has(algo) else ("d3rlpy",)
             print(f"{NAMES[algo]} ...", flush=True)
             results[algo] = alternate(__file__, algo, repeats, arg, KEY, libs)  # type: ignore[arg-type]
+            if args.ceiling:
+                counting = json.dumps({**settings, "count": True})
+                flops[algo] = {lib: measure(__file__, lib, algo, 0, counting)["gflop"] for lib in libs}
     lines = [
         f"`python benchmarks/offline_vs_d3rlpy.py` — {time.strftime('%Y-%m-%d')}, {platform.machine()}, "
         f"{os.cpu_count()} CPUs, {args.env}: {transitions:,} transitions of uniformly random actions (a Minari "
@@ -403,6 +526,17 @@ def main() -> None:
         "",
         *report_table(results),
     ]
+    if args.ceiling:
+        lines += [
+            "",
+            "The arithmetic ceiling, float32: each step's matrix products (forward and backward, counted by "
+            "`torch.utils.flop_counter` over two steps) at this machine's best `torch.mm` rate on one thread ("
+            + ", ".join(f"{k} {v:.0f}" for k, v in rates.items())
+            + " GFLOP/s). No step running distrl's products is faster than the ceiling; the percentages are each "
+            "library's steps/s against its own products' ceiling.",
+            "",
+            *ceiling_table(results, flops, rates),
+        ]
     if "cql" in results and "distrl" not in results["cql"]["values"]:
         lines += ["", "- CQL: this distrl has no `CQLConfig`; d3rlpy alone."]
     body = "\n".join(lines)
