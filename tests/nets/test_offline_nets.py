@@ -6,7 +6,7 @@ from distrl.algos.offline_updates import make_offline_algo
 from distrl.algos.protocols import LocalSync
 from distrl.config import CQLConfig
 from distrl.data.replay import Transitions
-from distrl.nets.offline import LOG_STD_MAX, GaussianActor, TwinCritic, set_low_precision
+from distrl.nets.offline import LOG_STD_MAX, GaussianActor, TwinCritic, mlp, set_low_precision
 
 
 def test_gaussian_actor_log_prob_is_torchs_normal_with_the_same_gradients():
@@ -59,6 +59,34 @@ def test_bf16_runs_the_products_in_bfloat16_returns_float32_and_keeps_float32_gr
     set_low_precision(critic, None)
     q_back, g_back = run()
     assert torch.equal(q_back, q32) and torch.equal(g_back, g32)
+
+
+def test_a_large_batch_goes_through_an_mlp_in_chunks_of_rows_with_the_values_and_gradients_of_one_pass():
+    """CQL's 7,680 sampled actions through a critic: in chunks of 512 rows in float32 (1,024 in bfloat16, half the
+    bytes a row), with the values and weight gradients of one pass over the whole batch."""
+    torch.manual_seed(0)
+    net = mlp((14, 256, 256, 1), "relu")
+    x = torch.randn(7680, 14)
+    rows: list[int] = []
+    net[0].register_forward_hook(lambda layer, inputs, out: rows.append(inputs[0].shape[0]))
+
+    def run(forward):
+        net.zero_grad()
+        out = forward(x)
+        out.square().sum().backward()
+        return out.detach(), torch.cat([p.grad.flatten() for p in net.parameters()])
+
+    chunked, chunked_grads = run(net)
+    assert rows == [512] * 15
+    rows.clear()
+    whole, whole_grads = run(lambda batch: torch.nn.Sequential.forward(net, batch))
+    assert rows == [7680]
+    torch.testing.assert_close(chunked, whole, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(chunked_grads, whole_grads, rtol=1e-4, atol=1e-4)
+    rows.clear()
+    set_low_precision(net, torch.bfloat16)
+    run(net)
+    assert rows == [1024] * 7 + [512]
 
 
 def test_a_bf16_cql_step_takes_the_float32_steps_gradients():
