@@ -25,7 +25,7 @@ CHUNK_BYTES = 1 << 19
 (512 KiB, half of a 1 MiB L2 cache): 512 rows of a 256-wide float32 layer, 1,024 in bfloat16. Each layer's output
 is then read by the next while still in cache, where a 7,680-row pass (CQL's sampled actions) streams every
 activation through memory and runs its products at 83 GFLOP/s against 100 at 512 rows. One CQL step on one thread of
-a Zen 4 core: 8-9 steps/s in one pass, 10-10.5 in chunks (benchmarks/offline_vs_d3rlpy.py, docs/benchmarks.md)."""
+a Zen 4 core: 7.7-8.5 steps/s in one pass, 10.0-10.3 in chunks (benchmarks/offline_vs_d3rlpy.py, docs/benchmarks.md)."""
 
 
 class MLP(nn.Sequential):
