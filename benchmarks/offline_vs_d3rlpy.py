@@ -77,15 +77,16 @@ Differences that remain (the networks' shapes and parameter counts are equal on 
 - CQL: for the penalty's actions at s and s', both run the policy once per state and draw 10 samples from its
   distribution. d3rlpy runs the critics on the three sets of 2,560 sampled actions in three passes and on the
   dataset's actions twice (the TD loss's and the penalty's), distrl on the 7,680 in one pass and on the dataset's
-  once. d3rlpy's target action is the policy's mean at s', distrl's a sample. d3rlpy steps the critics, then the policy and the
-  entropy coefficient; distrl the coefficient, the policy, then the critics.
+  once. d3rlpy's target action is the policy's mean at s', distrl's a sample. d3rlpy steps the critics, then the
+  policy and the entropy coefficient; distrl the coefficient, the policy, then the critics.
 
-``--ceiling`` (float32) bounds the step's time from below by its arithmetic. A child per library and algorithm counts the
-floating-point operations of the step's matrix products, forward and backward (``torch.utils.flop_counter``, over
-two steps after two: TD3+BC steps its actor every second step); another times ``torch.mm`` on one thread at a
-hidden layer's shape for a batch of 256, at CQL's 7,680 rows, and at 1,024 cubed. The products of a step at the
-best of those rates give the ceiling: the most steps a second any implementation running those products could
-reach. Where twice d3rlpy's rate is above it, 2x in float32 is out of reach on that machine.
+``--ceiling`` (float32) bounds the step's time from below by its arithmetic. A child per library and algorithm
+counts the floating-point operations of the step's matrix products, forward and backward
+(``torch.utils.flop_counter``, over two steps after two: TD3+BC steps its actor every second step); another times
+``torch.mm`` on one thread at a hidden layer's shape for a batch of 256, at CQL's 7,680 rows, and at 1,024 cubed.
+The products of a step at the best of those rates give the ceiling: the most steps a second any implementation
+running those products could reach. Where twice d3rlpy's rate is above it, 2x in float32 is out of reach on that
+machine.
 
 Peak RSS is the child's ``ru_maxrss``: the libraries, the dataset as each holds it, the networks and the optimizers.
 The ratio is distrl / d3rlpy of the median steps per second: above 1, distrl is faster.
@@ -503,6 +504,7 @@ def main() -> None:
         )
         settings = {"env": args.env, "root": root, "steps": steps, "warmup": warmup, "precision": args.precision}
         arg = json.dumps(settings)
+        rates: dict[str, float] = {}
         if args.ceiling:
             rates = measure(__file__, "products", "rate", 0, arg)
             rates.pop("max_rss_mb")

@@ -32,7 +32,7 @@ class MLP(nn.Sequential):
     """Dense layers with an activation between them. With ``low_precision`` (``--precision bf16``) its products run
     under that dtype's autocast (float32 weights and gradients, operands rounded) and it returns float32, so every
     loss is worked in float32. On a CPU a batch of more rows than :data:`CHUNK_BYTES` allows goes through in chunks:
-    the same values, row by row."""
+    each row's values as in one pass, to rounding."""
 
     low_precision: torch.dtype | None = None
 
