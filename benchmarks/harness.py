@@ -95,6 +95,20 @@ def alternate(
     return {"values": values, "rss": rss}
 
 
+def mm_gflops(m: int, k: int, n: int, count: int) -> float:
+    """GFLOP/s of ``count`` products of an m x k by a k x n matrix, back to back in this process's torch threads,
+    after a tenth as many (at least 3) untimed: the rate an arithmetic ceiling is worked from."""
+    import torch
+
+    x, w, out = torch.randn(m, k), torch.randn(k, n), torch.empty(m, n)
+    for _ in range(max(3, count // 10)):
+        torch.mm(x, w, out=out)
+    start = time.perf_counter()
+    for _ in range(count):
+        torch.mm(x, w, out=out)
+    return count * 2 * m * k * n / (time.perf_counter() - start) / 1e9
+
+
 def median(values: list) -> float | None:
     values = [v for v in values if v is not None]
     return statistics.median(values) if values else None

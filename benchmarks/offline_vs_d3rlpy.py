@@ -103,7 +103,7 @@ import time
 from typing import Any
 
 from distrl.config import ConfigError
-from harness import alternate, child_main, markdown_table, measure, median, write_section
+from harness import alternate, child_main, markdown_table, measure, median, mm_gflops, write_section
 
 ALGOS = ("bc", "td3bc", "iql", "cql")
 NAMES = {"bc": "BC", "td3bc": "TD3+BC", "iql": "IQL", "cql": "CQL"}
@@ -352,21 +352,10 @@ def product_flops(lib: str, algo: str, root: str, env_id: str) -> float:
     return counter.get_total_flops() / COUNTED
 
 
-def product_rate(seconds: float = 0.5) -> dict[str, float]:
-    """GFLOP/s of ``torch.mm`` at each of :data:`SHAPES` (m x k by k x n), back to back on one thread."""
-    import torch
-
-    rates = {}
-    for m, k, n in SHAPES:
-        x, w, out = torch.randn(m, k), torch.randn(k, n), torch.empty(m, n)
-        for _ in range(3):
-            torch.mm(x, w, out=out)
-        count, start = 0, time.perf_counter()
-        while (elapsed := time.perf_counter() - start) < seconds:
-            torch.mm(x, w, out=out)
-            count += 1
-        rates[f"{m}x{k}x{n}"] = count * 2 * m * k * n / elapsed / 1e9
-    return rates
+def product_rate() -> dict[str, float]:
+    """GFLOP/s of ``torch.mm`` at each of :data:`SHAPES` (m x k by k x n), back to back on one thread, about half
+    a second each."""
+    return {f"{m}x{k}x{n}": mm_gflops(m, k, n, max(5, round(5e10 / (2 * m * k * n)))) for m, k, n in SHAPES}
 
 
 def synchronize(device: str) -> None:

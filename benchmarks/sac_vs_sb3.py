@@ -25,6 +25,7 @@ from harness import (
     comparison_table,
     measure,
     median,
+    mm_gflops,
     raw_values,
     sb3_seconds_to_target,
     write_section,
@@ -135,17 +136,10 @@ def faults(repeats: int, steps: int) -> None:
 def _ceiling(repeats: int) -> dict:
     """The machine's matrix-product rate: at SAC's shape (256 x 256 x 256) and at a large one (1024^3),
     where the library is at its most efficient. The better of the two bounds any SAC implementation."""
-    import torch
-
-    rates = {}
-    for n, count in ((WIDTH, repeats * PRODUCTS_PER_GRAD_STEP), (1024, max(1, repeats // 4))):
-        x, w, out = torch.randn(n, n), torch.randn(n, n), torch.empty(n, n)
-        for _ in range(max(3, count // 10)):
-            torch.mm(x, w, out=out)
-        start = time.perf_counter()
-        for _ in range(count):
-            torch.mm(x, w, out=out)
-        rates[n] = count * 2 * n**3 / (time.perf_counter() - start) / 1e9
+    rates = {
+        n: mm_gflops(n, n, n, count)
+        for n, count in ((WIDTH, repeats * PRODUCTS_PER_GRAD_STEP), (1024, max(1, repeats // 4)))
+    }
     peak = max(rates.values())
     return {"sps": peak * 1e9 / (PRODUCTS_PER_GRAD_STEP * 2 * WIDTH**3), "gflops": peak, "gflops_at_256": rates[WIDTH]}
 
