@@ -34,3 +34,11 @@ def pytest_xdist_auto_num_workers(config):
         return int(os.environ["PYTEST_XDIST_AUTO_NUM_WORKERS"])
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return min(cores, 4) if cores > 1 else 0
+
+
+def pytest_collection_modifyitems(items):
+    """Learning tests (``slow``) run for minutes: an hour each before pytest-timeout fails them (420 s for the rest,
+    pyproject.toml)."""
+    for item in items:
+        if item.get_closest_marker("slow") and not item.get_closest_marker("timeout"):
+            item.add_marker(pytest.mark.timeout(3600))
