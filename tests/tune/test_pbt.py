@@ -18,7 +18,7 @@ pytest.importorskip("optuna")
 from distrl.cli import main  # noqa: E402
 from distrl.run import checkpoint  # noqa: E402
 from distrl.tune.lineage import Segment, final_returns, read_lineage, schedule  # noqa: E402
-from distrl.tune.member import MemberState, PBTSpec, advance, build_trainer  # noqa: E402
+from distrl.tune.member import MemberState, PBTSpec, advance, at_round, build_trainer  # noqa: E402
 
 LR_RANGE = {"type": "float", "low": 1e-6, "high": 3e-3, "log": True}
 BUDGET, INTERVAL = 8192, 2048  # the CartPole preset's rollout is 32 envs x 16 steps: 4 rollouts an interval
@@ -106,6 +106,45 @@ def test_an_exploit_copies_weights_optimizer_state_and_statistics_exactly(tmp_pa
         trainer.close()
 
 
+def test_a_copy_ranked_at_once_takes_its_source_at_the_round_when_tune_hands_over_a_later_checkpoint(tmp_path):
+    """On a loaded machine Tune once handed a member copying at the round of step 2,048 its source's checkpoint
+    at 4,096 (the source had trained on before the copy started): the copy came out an interval ahead of the
+    population. The member takes its source's own checkpoint at the round instead; asynchronously, the newest."""
+    spec = PBTSpec(
+        algo="ppo",
+        env="CartPole-v1",
+        env_id="CartPole-v1",
+        base={},
+        tied={},
+        run={},
+        budget_steps=8192,
+        interval=2048,
+        study_dir=str(tmp_path),
+        mutations={"learning_rate": LR_RANGE},
+    )
+    lr = {"learning_rate": 1e-3}
+
+    def source_at(steps: int) -> MemberState:
+        return MemberState("member-000", steps, lr, 0, [Segment("member-000", 0, steps, lr, None)])
+
+    kept = spec.member_dir("member-000") / checkpoint.CHECKPOINTS_DIR
+    for steps in (2048, 4096):
+        (kept / f"step-{steps:012d}").mkdir(parents=True)
+        source_at(steps).write(kept / f"step-{steps:012d}")
+    handed = tmp_path / "ray" / "checkpoint_000001"
+    handed.mkdir(parents=True)
+    source_at(4096).write(handed)
+
+    assert at_round(spec, handed, source_at(4096), 2048) == (kept / "step-000000002048", source_at(2048))
+    assert at_round(spec, handed, source_at(4096), 4096) == (handed, source_at(4096))  # the round's own
+    assert at_round(dataclasses.replace(spec, synchronous=False), handed, source_at(4096), 2048) == (
+        handed,
+        source_at(4096),
+    )
+    with pytest.raises(RuntimeError, match="member-000 has no checkpoint at step 6,144 in "):
+        at_round(spec, handed, source_at(8192), 6144)
+
+
 # ---- a population on CartPole (Ray Tune) ----
 
 
@@ -186,7 +225,8 @@ def test_a_population_exploits_by_truncation_and_records_its_lineage(study):
         summary = json.loads((run / "summary.json").read_text())
         assert summary["total_steps"] == BUDGET and summary["final_eval_mean_return"] == finals[member]
         assert (run / "monitor.csv").exists() and (run / checkpoint.MODEL_DIR / checkpoint.STATE).exists()
-        assert list((run / checkpoint.CHECKPOINTS_DIR).glob("step-*"))
+        kept = list((run / checkpoint.CHECKPOINTS_DIR).glob("step-*"))
+        assert kept and all(MemberState.read(c).steps == int(c.name.removeprefix("step-")) for c in kept)
         final_lr = schedule(events, member)[-1].hyperparameters["learning_rate"]
         assert json.loads((run / "config.json").read_text())["ppo"]["learning_rate"] == final_lr
         assert MemberState.read(run).schedule == schedule(events, member)

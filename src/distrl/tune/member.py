@@ -57,6 +57,9 @@ class PBTSpec:
     """Absolute: a Ray Tune worker runs in a directory of Tune's."""
     mutations: dict[str, dict[str, Any]]
     """Each mutated parameter's range ({type, low, high, log[, step]}) or choices ({choices})."""
+    synchronous: bool = True
+    """Ranked at once (``--synchronous``): a copy is of its source as it stood at the round (see
+    :func:`at_round`)."""
 
     def values(self, hyperparameters: dict[str, Any]) -> dict[str, Any]:
         """The config values of a member with these hyperparameters (space names, as ``one_minus_gamma``)."""
@@ -146,6 +149,23 @@ class MemberState:
             [Segment.from_json(s) for s in data["schedule"]],
             data.get("checksum", ""),
         )
+
+
+def at_round(spec: PBTSpec, given: Path, saved: MemberState, own_steps: int) -> tuple[Path, MemberState]:
+    """The checkpoint a member ranked at once copies, and its source's state there: its source's own
+    checkpoint at the round's step (``own_steps``, where the copying member stopped) when Tune hands over a
+    later one (seen on a loaded machine: the source had trained its next interval before the copying member was
+    started again, and the copy came out one interval ahead of the population). Else ``given`` as it is."""
+    if not spec.synchronous or saved.steps <= own_steps:
+        return given, saved
+    at = spec.member_dir(saved.member) / checkpoint.CHECKPOINTS_DIR / f"step-{own_steps:012d}"
+    state = MemberState.read(at)
+    if state is None or state.member != saved.member or state.steps != own_steps:
+        raise RuntimeError(
+            f"{saved.member} has no checkpoint at step {own_steps:,} in {at}, where this round's copy is taken "
+            f"(Tune handed over its checkpoint at step {saved.steps:,})"
+        )
+    return at, state
 
 
 def state_checksum(trainer: Any) -> str:

@@ -123,6 +123,7 @@ class PBTStudy:
             interval=self.interval,
             study_dir=str(self.dir),
             mutations={name: describe(dist) for name, dist in space.distributions.items()},
+            synchronous=args.synchronous,
         )
         self.rng = np.random.default_rng(args.seed)
         self.initial = [self._accepted(self._sample_all()) for _ in range(args.population)]

@@ -32,7 +32,7 @@ from ray.tune.experiment import Trial
 
 from distrl.run import checkpoint
 from distrl.tune.lineage import Segment, append_event
-from distrl.tune.member import MemberState, PBTSpec, advance, build_trainer, state_checksum
+from distrl.tune.member import MemberState, PBTSpec, advance, at_round, build_trainer, state_checksum
 
 
 class Member(tune.Trainable):
@@ -101,6 +101,7 @@ class Member(tune.Trainable):
         else:
             written = self.run_dir / checkpoint.CHECKPOINTS_DIR / f"step-{self.built().steps:012d}"
             self.built().save_checkpoint(written)  # with its replay buffer, where a run keeps one
+            self.state.write(written)  # whose it is and where it stands: a copy taken at a round reads it (at_round)
         _link_files(written, target)
         self.state.write(target)
         self.state.write(self.run_dir)
@@ -111,6 +112,10 @@ class Member(tune.Trainable):
         if saved is None:
             raise RuntimeError(f"{path} holds no member.json: not a checkpoint of this study's members")
         own = saved.member == self.name
+        before = None if own else MemberState.read(self.run_dir)  # its own record: its step, its copies so far
+        handed = saved.steps
+        if before is not None:
+            path, saved = at_round(self.spec, path, saved, before.steps)
         self.built().load_checkpoint(path, rewind_logs=own)
         self.started = True
         if own:  # back after a pause or a crash: where it was
@@ -118,7 +123,6 @@ class Member(tune.Trainable):
             self.origin = {"kind": "own", "step": saved.steps}
             self.trainer.report(f"went on from its checkpoint at step {saved.steps:,}")
             return
-        before = MemberState.read(self.run_dir)  # its own record: how many times it copied another so far
         segment = Segment(self.name, saved.steps, saved.steps, self.hyperparameters, saved.member)
         self.state = MemberState(
             self.name,
@@ -134,8 +138,10 @@ class Member(tune.Trainable):
             "source_exploits": saved.exploits,
             "source_hyperparameters": saved.hyperparameters,
         }
+        later = f" (the round's, not the one at step {handed:,} Tune handed over)" if handed != saved.steps else ""
         self.trainer.report(
-            f"copied {saved.member}'s checkpoint at step {saved.steps:,}; hyperparameters now {self.hyperparameters}"
+            f"copied {saved.member}'s checkpoint at step {saved.steps:,}{later}; hyperparameters now "
+            f"{self.hyperparameters}"
         )
 
     def reset_config(self, new_config: dict[str, Any]) -> bool:
