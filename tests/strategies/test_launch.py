@@ -210,43 +210,56 @@ def test_the_launcher_names_the_rank_that_failed_in_substance_not_the_peer_that_
     )
 
 
-def test_a_killed_rank_ends_the_job_within_60s_and_leaves_no_process(tmp_path):
+def test_ranks_are_forked_only_from_a_launcher_without_threads_of_its_own(monkeypatch):
+    """A lock another thread holds at the fork stays held in the child: a launcher running threads (a notebook's
+    kernel, a test runner's worker) starts each rank as a new interpreter instead."""
+    import threading
+
+    from distrl.strategies import launch
+
+    stop = threading.Event()
+    thread = threading.Thread(target=stop.wait, daemon=True)
+    thread.start()
+    try:
+        assert not launch.fork_ranks("cpu")
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+    monkeypatch.setattr(launch.threading, "active_count", lambda: 1)  # as `distrl train` is when it forks
+    assert launch.fork_ranks("cpu") and not launch.fork_ranks("cuda")
+
+
+def _training_ranks(tmp_path):
+    """A `distrl train --strategy ddp --workers 2` far from its end, once both ranks train: the launcher and its
+    ranks in rank order (psutil processes; the ranks are forked, their environ is the launcher's)."""
     psutil = pytest.importorskip("psutil")
     launcher = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "distrl",
-            "train",
-            "ppo",
-            "CartPole-v1",
-            "--strategy",
-            "ddp",
-            "--workers",
-            "2",
-            "--total-steps",
-            "10000000",
-            *SMALL,
-            "--run-dir",
-            str(tmp_path / "run"),
-        ],
+        [sys.executable, "-m", "distrl", "train", "ppo", "CartPole-v1", "--strategy", "ddp", "--workers", "2",
+         "--total-steps", "10000000", *SMALL, "--run-dir", str(tmp_path / "run")],
         stderr=subprocess.PIPE,
         text=True,
-    )
+    )  # fmt: skip
     parent = psutil.Process(launcher.pid)
     deadline = time.monotonic() + 60
-    victim = None
-    while victim is None and time.monotonic() < deadline:
-        try:  # the ranks are the launcher's children, started in rank order (forked: their environ is the launcher's)
+    ranks = []
+    while time.monotonic() < deadline:
+        try:
             ranks = sorted(parent.children(), key=lambda child: (child.create_time(), child.pid))
         except psutil.Error:
             ranks = []
         if len(ranks) == 2 and (tmp_path / "run" / "monitor.csv").exists():
-            victim = ranks[1]
+            return launcher, ranks
         time.sleep(0.2)
-    assert victim is not None, "rank 1 never started"
+    launcher.kill()
+    launcher.communicate()
+    pytest.fail(f"the ranks did not start within 60 s: {len(ranks)} running")
+
+
+def test_a_killed_rank_ends_the_job_within_60s_and_leaves_no_process(tmp_path):
+    psutil = pytest.importorskip("psutil")
+    launcher, (_, victim) = _training_ranks(tmp_path)
     time.sleep(1.0)
-    children = parent.children()
+    children = psutil.Process(launcher.pid).children()
     os.kill(victim.pid, signal.SIGKILL)
     killed_at = time.monotonic()
     _, err = launcher.communicate(timeout=60)
@@ -255,6 +268,19 @@ def test_a_killed_rank_ends_the_job_within_60s_and_leaves_no_process(tmp_path):
     assert "rank 1 failed (killed by SIGKILL)" in err
     time.sleep(0.5)
     assert not [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
+
+
+@pytest.mark.heavy
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_the_ranks_of_a_killed_launcher_end_with_it(tmp_path):
+    """SIGKILL leaves the launcher no time to stop its ranks: each asked the kernel, before it began, to be killed
+    with the launcher (PR_SET_PDEATHSIG, with prctl looked up in the launcher), so none is left orphaned."""
+    psutil = pytest.importorskip("psutil")
+    launcher, ranks = _training_ranks(tmp_path)
+    launcher.kill()
+    launcher.communicate(timeout=30)
+    _, alive = psutil.wait_procs(ranks, timeout=10)
+    assert not alive, f"ranks still running after the launcher was killed: {[r.pid for r in alive]}"
 
 
 @pytest.mark.heavy

@@ -82,14 +82,24 @@ def check_gpus_per_rank(device: str, strategy: Any) -> None:
         )
 
 
+def _load_prctl() -> Callable[..., int] | None:
+    try:
+        return ctypes.CDLL("libc.so.6", use_errno=True).prctl
+    except OSError:
+        return None
+
+
+_PRCTL = _load_prctl() if sys.platform.startswith("linux") else None
+"""libc's prctl, looked up here in the launcher: a child between fork and exec must not load a library (a lock
+another thread of the parent held at the fork, the loader's among them, stays held in the child)."""
+
+
 def _start_worker() -> None:  # pragma: no cover - runs in the child between fork and exec
     """A process group of its own, so that a terminal's Ctrl-C reaches the launcher alone (which passes it on
     once); on Linux, SIGKILL to this worker if the launcher dies, so no worker is orphaned."""
     os.setpgrp()
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
+    if _PRCTL is not None:
+        _PRCTL(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 class ForkedRank:
@@ -164,8 +174,10 @@ def fork_rank(entry: Callable[[list[str]], int], argv: list[str], env: dict[str,
 
 def fork_ranks(device: str) -> bool:
     """Whether the ranks of a run on ``device`` may be forked from the launcher: not where CUDA may be used (a CUDA
-    runtime does not survive a fork, and NCCL ranks each need their own), nor where ``os.fork`` does not exist."""
-    if not hasattr(os, "fork") or device.startswith("cuda"):
+    runtime does not survive a fork, and NCCL ranks each need their own), nor where ``os.fork`` does not exist, nor
+    from a process running threads of its own (a notebook's kernel, a test runner's worker, a Ray driver): a lock
+    one of them holds at the fork stays held in the child, which would wait on it forever."""
+    if not hasattr(os, "fork") or device.startswith("cuda") or threading.active_count() > 1:
         return False
     if device == "auto":
         import torch
