@@ -6,6 +6,7 @@ import contextlib
 import dataclasses
 import io
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -136,7 +137,9 @@ def test_a_copy_ranked_at_once_takes_its_source_at_the_round_when_tune_hands_ove
     source_at(4096).write(handed)
 
     assert at_round(spec, handed, source_at(4096), 2048) == (kept / "step-000000002048", source_at(2048))
-    assert at_round(spec, handed, source_at(4096), 4096) == (handed, source_at(4096))  # the round's own
+    assert at_round(spec, handed, source_at(4096), 4096) == (kept / "step-000000004096", source_at(4096))
+    shutil.rmtree(kept / "step-000000004096")  # the source's own copy gone: Tune's, where it is the round's
+    assert at_round(spec, handed, source_at(4096), 4096) == (handed, source_at(4096))
     assert at_round(dataclasses.replace(spec, synchronous=False), handed, source_at(4096), 2048) == (
         handed,
         source_at(4096),

@@ -152,20 +152,23 @@ class MemberState:
 
 
 def at_round(spec: PBTSpec, given: Path, saved: MemberState, own_steps: int) -> tuple[Path, MemberState]:
-    """The checkpoint a member ranked at once copies, and its source's state there: its source's own
-    checkpoint at the round's step (``own_steps``, where the copying member stopped) when Tune hands over a
-    later one (seen on a loaded machine: the source had trained its next interval before the copying member was
-    started again, and the copy came out one interval ahead of the population). Else ``given`` as it is."""
-    if not spec.synchronous or saved.steps <= own_steps:
+    """The checkpoint a member ranked at once copies, and its source's state there: the source's own checkpoint at
+    the round's step (``own_steps``, where the copying member stopped), from the source's run directory, where it
+    was written once. Tune's copy (``given``) is not always that one: seen on a loaded machine, the source had
+    trained its next interval before the copying member started again, and the copy came out an interval ahead
+    of the population. Asynchronously, ``given`` as it is (the newest of the best)."""
+    if not spec.synchronous:
         return given, saved
     at = spec.member_dir(saved.member) / checkpoint.CHECKPOINTS_DIR / f"step-{own_steps:012d}"
     state = MemberState.read(at)
-    if state is None or state.member != saved.member or state.steps != own_steps:
-        raise RuntimeError(
-            f"{saved.member} has no checkpoint at step {own_steps:,} in {at}, where this round's copy is taken "
-            f"(Tune handed over its checkpoint at step {saved.steps:,})"
-        )
-    return at, state
+    if state is not None and state.member == saved.member and state.steps == own_steps:
+        return at, state
+    if saved.steps == own_steps:  # the round's, where the source's own copy is gone
+        return given, saved
+    raise RuntimeError(
+        f"{saved.member} has no checkpoint at step {own_steps:,} in {at}, where this round's copy is taken "
+        f"(Tune handed over its checkpoint at step {saved.steps:,})"
+    )
 
 
 def state_checksum(trainer: Any) -> str:
