@@ -21,6 +21,11 @@ runs Gymnasium's v5, so the figures are comparable between the two libraries her
 d3rlpy lives in a virtualenv of its own (see ``offline_vs_d3rlpy.py``); distrl runs in the same interpreter.
 With ``--precision bf16`` distrl's networks run their products in bfloat16 (``--precision bf16`` of ``distrl
 train``); those runs are kept apart (a record's ``precision``), shown in a column and a colour of their own.
+
+A run of CQL takes hours on one core. With ``--work-dir DIR`` each run leaves its state in ``DIR`` at every evaluation
+(distrl: its checkpoint; d3rlpy: ``save_model``, its step count and its random states) and the same command goes on
+from there, so a run outlives the process and the sitting that started it. A distrl run with ``--work-dir`` draws
+fresh random streams at each evaluation, as a resumed distrl run does; stopped or not, it draws the same batches.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import argparse
 import fcntl
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -72,67 +78,155 @@ def evaluate(act: Any, env_id: str, episodes: int) -> float:
     return total / episodes
 
 
-def run_distrl(algo: str, settings: dict) -> list[list[float]]:
-    from distrl.config import RunConfig
-    from distrl.training import OfflineTrainer
-    from offline_vs_d3rlpy import distrl_config
+class DistrlLearner:
+    """distrl's side of a run: ``OfflineTrainer.train(stop_at=...)``, its own evaluation, and its checkpoints."""
 
-    run = RunConfig(
-        algo=algo,
-        env=settings["env"],
-        total_steps=settings["steps"],
-        seed=settings["seed"],
-        quiet=True,
-        threads=1,
-        device="cpu",
-        preset="none",
-        eval_every=0,
-        eval_episodes=settings["eval_episodes"],
-        precision=settings.get("precision", "fp32"),
-    )
-    trainer = OfflineTrainer(run, distrl_config(algo, settings["root"], settings["dataset"]))
+    def __init__(self, algo: str, settings: dict):
+        from distrl.config import RunConfig
+        from distrl.training import OfflineTrainer
+        from offline_vs_d3rlpy import distrl_config
 
-    def greedy(obs: Any) -> Any:
-        return trainer.act_for_eval(obs, None)
+        run = RunConfig(
+            algo=algo,
+            env=settings["env"],
+            total_steps=settings["steps"],
+            seed=settings["seed"],
+            quiet=True,
+            threads=1,
+            device="cpu",
+            preset="none",
+            eval_every=0,
+            eval_episodes=settings["eval_episodes"],
+            precision=settings.get("precision", "fp32"),
+        )
+        self.trainer = OfflineTrainer(run, distrl_config(algo, settings["root"], settings["dataset"]))
 
-    curve = []
-    try:
-        for stop in range(0, settings["steps"] + 1, settings["eval_every"]):
-            if stop:
-                trainer.train(stop_at=stop)
-            curve.append([stop, evaluate(greedy, settings["env"], settings["eval_episodes"])])
-    finally:
-        trainer.close()
-    return curve
+    def train_to(self, step: int) -> None:
+        self.trainer.train(stop_at=step)
+
+    def act(self, obs: Any) -> Any:
+        return self.trainer.act_for_eval(obs, None)
+
+    def save(self, folder: Path) -> None:
+        """A checkpoint, then fresh random streams keyed by the step count, as on resuming from it: a run that
+        stops and goes on draws what one that does not stop draws."""
+        self.trainer.save_checkpoint(folder / "checkpoint")
+        self.trainer.start_segment()
+
+    def restore(self, folder: Path) -> None:
+        self.trainer.load_checkpoint(folder / "checkpoint")
+
+    def close(self) -> None:
+        self.trainer.close()
 
 
-def run_d3rlpy(algo: str, settings: dict) -> list[list[float]]:
-    import d3rlpy
-    from d3rlpy.algos.utility import build_scalers_with_transition_picker
+class D3rlpyLearner:
+    """d3rlpy's side of a run: ``update`` on ``sample_transition_batch`` (``fit``'s loop), ``predict`` to act, and
+    ``save_model`` (networks and optimizers) with its step count and random states to stop and go on."""
 
-    from offline_vs_d3rlpy import BATCH_SIZE, d3rlpy_config, d3rlpy_dataset
+    def __init__(self, algo: str, settings: dict):
+        import d3rlpy
+        from d3rlpy.algos.utility import build_scalers_with_transition_picker
 
-    d3rlpy.seed(settings["seed"])
-    dataset, low, high = d3rlpy_dataset(settings["root"], settings["dataset"])
-    model = d3rlpy_config(algo, low, high).create(device="cpu:0")
-    build_scalers_with_transition_picker(model, dataset)
-    model.build_with_dataset(dataset)
-    curve, done = [], 0
+        from offline_vs_d3rlpy import BATCH_SIZE, d3rlpy_config, d3rlpy_dataset
+
+        d3rlpy.seed(settings["seed"])
+        self.dataset, low, high = d3rlpy_dataset(settings["root"], settings["dataset"])
+        self.model = d3rlpy_config(algo, low, high).create(device="cpu:0")
+        build_scalers_with_transition_picker(self.model, self.dataset)
+        self.model.build_with_dataset(self.dataset)
+        self.batch_size, self.done = BATCH_SIZE, 0
+
+    def train_to(self, step: int) -> None:
+        while self.done < step:
+            self.model.update(self.dataset.sample_transition_batch(self.batch_size))
+            self.done += 1
+
+    def act(self, obs: Any) -> Any:
+        return self.model.predict(obs)
+
+    def save(self, folder: Path) -> None:
+        import numpy as np
+        import torch
+
+        self.model.save_model(str(folder / "model.d3"))
+        kind, keys, position, has_gauss, gauss = np.random.get_state()
+        rngs = {"numpy": [kind, keys.tolist(), position, has_gauss, gauss], "torch": torch.get_rng_state().tolist()}
+        (folder / "d3rlpy.json").write_text(json.dumps({"done": self.done, **rngs}))
+
+    def restore(self, folder: Path) -> None:
+        import numpy as np
+        import torch
+
+        self.model.load_model(str(folder / "model.d3"))
+        state = json.loads((folder / "d3rlpy.json").read_text())
+        self.done = self.model._grad_step = state["done"]  # the counter TD3+BC's delayed actor steps read
+        kind, keys, position, has_gauss, gauss = state["numpy"]
+        np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), position, has_gauss, gauss))
+        torch.set_rng_state(torch.tensor(state["torch"], dtype=torch.uint8))
+
+    def close(self) -> None:
+        pass
+
+
+def last_state(folder: Path | None) -> Path | None:
+    """The newest complete state under ``folder`` (``at-<step>`` folders; an unfinished one is a ``.partial``)."""
+    if folder is None or not folder.is_dir():
+        return None
+    done = [p for p in folder.glob("at-*") if p.name[3:].isdigit() and (p / "progress.json").exists()]
+    return max(done, key=lambda p: int(p.name[3:]), default=None)
+
+
+def learn(learner: Any, settings: dict, folder: Path | None, start: float) -> tuple[list[list[float]], float]:
+    """The curve of evaluations every ``eval_every`` gradient steps, and the wall seconds of the sittings before
+    this one (which started at ``start``). With ``folder`` the run goes on from its newest state there and leaves one at every evaluation but the
+    last, so that a run stopped (a killed process, a machine that went away) loses at most ``eval_every`` steps."""
+    curve: list[list[float]] = []
+    wall_before = 0.0
+    state = last_state(folder)
+    if state is not None:
+        progress = json.loads((state / "progress.json").read_text())
+        if progress["settings"] != settings:
+            raise SystemExit(f"{state} was left by a run with {progress['settings']}, not {settings}: remove it")
+        curve, wall_before = progress["curve"], progress["wall_s"]
+        learner.restore(state)
     for stop in range(0, settings["steps"] + 1, settings["eval_every"]):
-        while done < stop:
-            model.update(dataset.sample_transition_batch(BATCH_SIZE))
-            done += 1
-        curve.append([stop, evaluate(model.predict, settings["env"], settings["eval_episodes"])])
-    return curve
+        if curve and stop <= curve[-1][0]:
+            continue
+        if stop:
+            learner.train_to(stop)
+        curve.append([stop, evaluate(learner.act, settings["env"], settings["eval_episodes"])])
+        if folder is not None and stop + settings["eval_every"] <= settings["steps"]:
+            partial = folder / f"at-{stop}.partial"
+            shutil.rmtree(partial, ignore_errors=True)
+            partial.mkdir(parents=True)
+            learner.save(partial)
+            wall = wall_before + time.time() - start
+            (partial / "progress.json").write_text(json.dumps({"settings": settings, "curve": curve, "wall_s": wall}))
+            partial.rename(folder / f"at-{stop}")
+            for old in folder.glob("at-*"):
+                if old.name != f"at-{stop}":
+                    shutil.rmtree(old, ignore_errors=True)
+    return curve, wall_before
 
 
-def child(lib: str, algo: str, settings: dict) -> dict:
+def child(lib: str, algo: str, settings: dict, folder: Path | None = None) -> dict:
     import torch
 
     torch.set_num_threads(1)
     start = time.time()
-    curve = (run_distrl if lib == "distrl" else run_d3rlpy)(algo, settings)
-    return {"lib": lib, "algo": algo, "seed": settings["seed"], "curve": curve, "wall_s": time.time() - start}
+    learner = (DistrlLearner if lib == "distrl" else D3rlpyLearner)(algo, settings)
+    try:
+        curve, wall_before = learn(learner, settings, folder, start)
+    finally:
+        learner.close()
+    return {
+        "lib": lib,
+        "algo": algo,
+        "seed": settings["seed"],
+        "curve": curve,
+        "wall_s": wall_before + time.time() - start,
+    }
 
 
 def side(record: dict) -> str:
@@ -175,8 +269,11 @@ def run_all(args: argparse.Namespace) -> None:
             "seed": seed,
             **({"precision": args.precision} if args.precision != "fp32" else {}),
         }
+        folder = state_folder(args, lib, algo, seed)
+        if last_state(folder) is not None:
+            print(f"{lib} {algo} seed {seed} goes on from {last_state(folder)}", flush=True)
         out = subprocess.run(
-            [sys.executable, __file__, "--child", lib, algo, json.dumps(settings)],
+            [sys.executable, __file__, "--child", lib, algo, json.dumps(settings), str(folder or "")],
             capture_output=True,
             text=True,
             env=env,
@@ -190,6 +287,8 @@ def run_all(args: argparse.Namespace) -> None:
             data = load(path)
             data["runs"].append(record)
             path.write_text(json.dumps(data, indent=1) + "\n")
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
         last = record["curve"][-1]
         print(
             f"{side(record)} {algo} seed {seed}: return {last[1]:.1f} at {last[0]:,} ({record['wall_s'] / 60:.0f} min)"
@@ -197,6 +296,14 @@ def run_all(args: argparse.Namespace) -> None:
 
     with ThreadPoolExecutor(args.parallel) as pool:
         list(pool.map(one, todo))
+
+
+def state_folder(args: argparse.Namespace, lib: str, algo: str, seed: int) -> Path | None:
+    """Where a run keeps its state between sittings (with ``--work-dir``)."""
+    if not args.work_dir:
+        return None
+    name = side({"lib": lib, "precision": args.precision}).replace(" ", "-")
+    return Path(args.work_dir).absolute() / f"{args.dataset.replace('/', '_')}-{name}-{algo}-s{seed}"
 
 
 def summary_lines(runs: list[dict]) -> list[str]:
@@ -281,7 +388,8 @@ def report(args: argparse.Namespace) -> None:
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
-        print(json.dumps(child(sys.argv[2], sys.argv[3], json.loads(sys.argv[4]))))
+        folder = Path(sys.argv[5]) if len(sys.argv) > 5 and sys.argv[5] else None
+        print(json.dumps(child(sys.argv[2], sys.argv[3], json.loads(sys.argv[4]), folder)))
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--env", default="Hopper-v5")
@@ -295,6 +403,12 @@ def main() -> None:
     parser.add_argument("--eval-episodes", type=int, default=10)
     parser.add_argument("--parallel", type=int, default=1)
     parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32", help="distrl's networks' products")
+    parser.add_argument(
+        "--work-dir",
+        default="",
+        help="keep each run's state here at every evaluation, and go on from it: a run that stopped (a killed "
+        "process, a machine that went away) loses at most --eval-every steps",
+    )
     parser.add_argument("--report", action="store_true", help="only the table and the plot of what is there")
     args = parser.parse_args()
     if args.precision != "fp32" and args.libs != ["distrl"]:

@@ -511,3 +511,55 @@ def test_a_dataset_on_disk_trains_as_in_memory_and_its_files_go_with_the_run(dat
         assert not folder.exists()
     for name, value in ends[False].items():
         assert torch.equal(ends[True][name], value), name
+
+
+def test_the_learning_benchmark_goes_on_from_a_stopped_run_as_if_it_had_not_stopped(datasets, tmp_path, monkeypatch):
+    """benchmarks/offline_learning.py --work-dir: a run killed between two evaluations goes on from its state at the
+    last one, to the same curve and the same networks as a run that was not stopped."""
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).parents[2] / "benchmarks"))
+    import offline_learning as bench
+
+    monkeypatch.setattr(
+        bench, "evaluate", lambda act, env_id, episodes: float(act(np.array([[-0.5, 0.0]], np.float32))[0, 0])
+    )
+    settings = dict(
+        env="MountainCarContinuous-v0",
+        dataset="mcc/mixed-v0",
+        root=str(datasets),
+        steps=30,
+        eval_every=10,
+        eval_episodes=1,
+        seed=0,
+    )
+
+    def run(folder, stop_at=None, **changed):
+        learner = bench.DistrlLearner("td3bc", {**settings, **changed})
+        train_to = learner.train_to
+
+        def killed_past_stop_at(step):
+            if stop_at is not None and step > stop_at:
+                raise SystemExit("killed")
+            train_to(step)
+
+        learner.train_to = killed_past_stop_at
+        try:
+            curve, _ = bench.learn(learner, {**settings, **changed}, folder, 0.0)
+            return curve, learner.trainer.state_tensors()
+        finally:
+            learner.close()
+
+    whole_curve, whole = run(tmp_path / "whole")
+    with pytest.raises(SystemExit, match="killed"):
+        run(tmp_path / "cut", stop_at=10)
+    assert [p.name for p in (tmp_path / "cut").iterdir()] == ["at-10"]
+    cut_curve, cut = run(tmp_path / "cut")
+    _, other = run(tmp_path / "other", seed=1)
+    assert cut_curve == whole_curve and [p[0] for p in cut_curve] == [0, 10, 20, 30]
+    for name, value in whole.items():
+        assert torch.equal(cut[name], value), name
+    assert not torch.equal(other["algo/actor/net.0.weight"], whole["algo/actor/net.0.weight"])  # it can fail
+    assert [p.name for p in (tmp_path / "whole").iterdir()] == ["at-20"]  # each evaluation's state but the last's
+    with pytest.raises(SystemExit, match="was left by a run with"):
+        run(tmp_path / "whole", steps=40)
