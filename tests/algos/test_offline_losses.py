@@ -44,12 +44,12 @@ def test_bc_gaussian_loss_is_the_negative_log_likelihood_summed():
     close(log_prob.grad, [-1.0, -1.0, -1.0])
 
 
-def test_bc_deterministic_loss_sums_squares_over_dimensions_and_samples():
+def test_bc_deterministic_loss_averages_squares_over_dimensions_and_sums_over_samples():
     action = t([0.5, -0.5], [0.0, 1.0], grad=True)
     loss = bc_deterministic_loss(action, t([0.0, 0.0], [0.0, 0.5]))
-    assert loss.item() == pytest.approx(0.25 + 0.25 + 0.0 + 0.25)
+    assert loss.item() == pytest.approx((0.25 + 0.25) / 2 + (0.0 + 0.25) / 2)
     loss.backward()
-    close(action.grad, [[1.0, -1.0], [0.0, 1.0]])  # 2 (pi - a)
+    close(action.grad, [[0.5, -0.5], [0.0, 0.5]])  # 2 (pi - a) / A
 
 
 def test_bc_categorical_loss_is_the_cross_entropy_summed():

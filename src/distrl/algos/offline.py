@@ -38,13 +38,17 @@ def bc_gaussian_loss(log_prob: torch.Tensor) -> torch.Tensor:
 
 
 def bc_deterministic_loss(action: torch.Tensor, dataset_action: torch.Tensor) -> torch.Tensor:
-    """``sum_i ||pi(s_i) - a_i||^2``, summed over action dimensions and samples.
+    """``sum_i (1/A) ||pi(s_i) - a_i||^2``: the squared error averaged over the A action dimensions, summed over
+    samples.
+
+    Averaged over dimensions as in TD3+BC's BC term and the reference implementations' BC: the gradient has their
+    scale, and Adam's epsilon (fixed, beside the gradient's running magnitude) weighs what it weighs there.
 
     Args:
         action: [B, A] the deterministic policy's actions.
         dataset_action: [B, A] the dataset's actions.
     """
-    return (action - dataset_action).square().sum()
+    return (action - dataset_action).square().mean(dim=1).sum()
 
 
 def bc_categorical_loss(logits: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
