@@ -306,22 +306,39 @@ def state_folder(args: argparse.Namespace, lib: str, algo: str, seed: int) -> Pa
     return Path(args.work_dir).absolute() / f"{args.dataset.replace('/', '_')}-{name}-{algo}-s{seed}"
 
 
+LAST = 5
+"""The evaluations at a run's end that the second table averages."""
+
+
 def summary_lines(runs: list[dict]) -> list[str]:
-    """What a results file says: how the runs were made, and the final normalised returns per algorithm and library
-    (mean ± standard deviation over the seeds that finished, each seed's in brackets; one seed's alone). Where the
-    two libraries finished different seeds the last column names each one's."""
+    """What a results file says: how the runs were made, the final normalised returns per algorithm and library
+    (mean ± standard deviation over the seeds that finished, each seed's in brackets; one seed's alone), and the
+    same of each run's mean over its last :data:`LAST` evaluations, which one evaluation of a run that swings
+    between two returns does not rank. Where the two libraries finished different seeds the last column names each
+    one's."""
     first = runs[0]
     env_id, steps = first["env"], max(r["curve"][-1][0] for r in runs)
     known = normalised(env_id, 0.0) is not None
+    every = first["curve"][1][0] - first["curve"][0][0] if len(first["curve"]) > 1 else steps
     lines = [
         f"`python benchmarks/offline_learning.py --env {env_id} --dataset {first['dataset']} --steps {steps}`: "
         f"{'normalised return (D4RL reference returns)' if known else 'return'} after {steps:,} gradient steps, "
         f"the deterministic policy over {first['eval_episodes']} episodes; distrl and d3rlpy with the same networks "
         "and hyperparameters (the papers', see benchmarks/offline_vs_d3rlpy.py), one torch thread each.",
         "",
+        *_table(runs, env_id, steps, lambda curve: curve[-1][1]),
+        "",
+        f"Each run's mean over its last {LAST} evaluations ({steps - (LAST - 1) * every:,} to {steps:,} steps):",
+        "",
+        *_table(runs, env_id, steps, lambda curve: statistics.mean(v for _, v in curve[-LAST:])),
     ]
+    return lines
+
+
+def _table(runs: list[dict], env_id: str, steps: int, score: Any) -> list[str]:
+    """A row per algorithm, a column per library: ``score(curve)`` (a return) of each finished run, normalised."""
     sides = [s for s in SIDES if any(side(r) == s for r in runs)]
-    lines += [f"| algorithm | {' | '.join(sides)} | seeds |", "|---|" + "---|" * (len(sides) + 1)]
+    lines = [f"| algorithm | {' | '.join(sides)} | seeds |", "|---|" + "---|" * (len(sides) + 1)]
     for algo in [a for a in NAMES if any(r["algo"] == a for r in runs)]:
         cells, seeds = [], {}
         for lib in sides:
@@ -330,12 +347,12 @@ def summary_lines(runs: list[dict]) -> list[str]:
                 key=lambda r: r["seed"],
             )
             seeds[lib] = ", ".join(str(r["seed"]) for r in mine)
-            finals = [_score(env_id, r["curve"][-1][1]) for r in mine]
-            if len(finals) > 1:
-                each = " / ".join(f"{f:.1f}" for f in finals)
-                cells.append(f"{statistics.mean(finals):.1f} ± {statistics.stdev(finals):.1f} ({each})")
+            scores = [_score(env_id, score(r["curve"])) for r in mine]
+            if len(scores) > 1:
+                each = " / ".join(f"{f:.1f}" for f in scores)
+                cells.append(f"{statistics.mean(scores):.1f} ± {statistics.stdev(scores):.1f} ({each})")
             else:
-                cells.append(f"{finals[0]:.1f}" if finals else "n/a")
+                cells.append(f"{scores[0]:.1f}" if scores else "n/a")
         ran = [lib for lib in sides if seeds[lib]]
         same = len({seeds[lib] for lib in ran}) <= 1
         shown = seeds[ran[0]] if same and ran else "; ".join(f"{lib} {seeds[lib]}" for lib in ran)

@@ -136,10 +136,27 @@ def test_distrl_runs_in_bf16_get_a_column_of_their_own_in_the_offline_table():
         record("distrl", 1, 0.7 * reference - 20.272305, precision="bf16"),
         record("d3rlpy", 0, 0.2 * reference - 20.272305),
     ]
-    header, _, row = offline_learning.summary_lines(runs)[2:]
+    header, _, row = offline_learning.summary_lines(runs)[2:5]
     assert header == "| algorithm | distrl | distrl bf16 | d3rlpy | seeds |"
     cells = row.split(" | ")
     assert cells[1:4] == ["30.0", "60.0 ± 14.1 (50.0 / 70.0)", "20.0"]
     assert cells[4] == "distrl 0; distrl bf16 0, 1; d3rlpy 0 |"
     # without bf16 records the table is the two libraries' alone, as before
     assert offline_learning.summary_lines([runs[0], runs[3]])[2] == "| algorithm | distrl | d3rlpy | seeds |"
+
+
+def test_the_offline_table_beside_the_finals_averages_each_runs_last_five_evaluations():
+    import offline_learning
+
+    reference = 3234.3 + 20.272305
+
+    def record(seed, normalised_returns):
+        curve = [[100 * i, x / 100 * reference - 20.272305] for i, x in enumerate(normalised_returns)]
+        return {"lib": "distrl", "algo": "bc", "seed": seed, "curve": curve, "env": "Hopper-v5", "dataset": "d"}
+
+    runs = [record(0, [0, 90, 10, 50, 10, 50, 10]), record(1, [0, 0, 30, 30, 30, 30, 30])]
+    lines = offline_learning.summary_lines([{**r, "eval_episodes": 10} for r in runs])
+    finals, last = lines[4], lines[-1]
+    assert finals.split(" | ")[1] == "20.0 ± 14.1 (10.0 / 30.0)"
+    assert lines[6] == "Each run's mean over its last 5 evaluations (200 to 600 steps):"
+    assert last.split(" | ")[1] == "28.0 ± 2.8 (26.0 / 30.0)"  # (10 + 50 + 10 + 50 + 10) / 5 = 26
