@@ -95,6 +95,20 @@ def alternate(
     return {"values": values, "rss": rss}
 
 
+def compare_with_sb3(script: str, measures: list[tuple], repeats: int) -> list[tuple]:
+    """Each of ``measures`` — (label, task, arg, key, higher is better, distrl's library name) — run by
+    :func:`alternate` against ``sb3``: rows of (label, distrl median, SB3 median, distrl's advantage, peak RSS
+    medians, raw results, distrl's library name) for :func:`comparison_table` and :func:`raw_values`."""
+    rows = []
+    for label, task, arg, key, higher, mine in measures:
+        print(f"{label} ...", flush=True)
+        res = alternate(script, task, repeats, arg, key, (mine, "sb3"))
+        d, s = median(res["values"][mine]), median(res["values"]["sb3"])
+        ratio = (d / s if higher else s / d) if d and s else None
+        rows.append((label, d, s, ratio, median(res["rss"][mine]), median(res["rss"]["sb3"]), res, mine))
+    return rows
+
+
 def mm_gflops(m: int, k: int, n: int, count: int) -> float:
     """GFLOP/s of ``count`` products of an m x k by a k x n matrix, back to back in this process's torch threads,
     after a tenth as many (at least 3) untimed: the rate an arithmetic ceiling is worked from."""

@@ -20,8 +20,8 @@ import resource
 import time
 
 from harness import (
-    alternate,
     child_main,
+    compare_with_sb3,
     comparison_table,
     measure,
     median,
@@ -173,18 +173,13 @@ def main() -> None:
     if args.faults:
         faults(args.faults, steps)
         return
-    rows = []
-    for label, task, arg, key, higher, mine in [
+    measures = [
         ("SPS, 1 thread each", "sps", f"1:{steps}", "sps", True, "distrl"),
         ("SPS, 2 threads each", "sps", f"2:{steps}", "sps", True, "distrl"),
         ("training s to eval >= -200, 2 threads each", "solve", "2:0", "train_s", False, "distrl"),
         ("SPS, 1 thread each, distrl --precision bf16", "sps", f"1:{steps}", "sps", True, "distrl-bf16"),
-    ]:
-        print(f"{label} ...", flush=True)
-        res = alternate(__file__, task, repeats, arg, key, (mine, "sb3"))
-        d, s = median(res["values"][mine]), median(res["values"]["sb3"])
-        ratio = (d / s if higher else s / d) if d and s else None
-        rows.append((label, d, s, ratio, median(res["rss"][mine]), median(res["rss"]["sb3"]), res, mine))
+    ]
+    rows = compare_with_sb3(__file__, measures, repeats)
     ceiling = {
         threads: [measure(__file__, "torch", "ceiling", 0, f"{threads}:2000") for _ in range(repeats)]
         for threads in (1, 2)

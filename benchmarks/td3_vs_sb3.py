@@ -18,7 +18,7 @@ import argparse
 import platform
 import time
 
-from harness import alternate, child_main, comparison_table, median, raw_values, sb3_seconds_to_target, write_section
+from harness import child_main, compare_with_sb3, comparison_table, raw_values, sb3_seconds_to_target, write_section
 
 HP = dict(learning_rate=1e-3, gamma=0.98, buffer_size=200_000, learning_starts=10_000, batch_size=256, tau=0.005)
 NET = (400, 300)
@@ -117,18 +117,13 @@ def main() -> None:
     args = parser.parse_args()
     repeats = 2 if args.quick else 3
     steps = 1_000 if args.quick else 3_000
-    rows = []
-    for label, task, arg, key, higher, mine in [
+    measures = [
         ("SPS, 1 thread each", "sps", f"1:{steps}", "sps", True, "distrl"),
         ("SPS, 2 threads each", "sps", f"2:{steps}", "sps", True, "distrl"),
         ("training s to eval >= -200, 1 thread each", "solve", "1:0", "train_s", False, "distrl"),
         ("SPS, 1 thread each, distrl --precision bf16", "sps", f"1:{steps}", "sps", True, "distrl-bf16"),
-    ]:
-        print(f"{label} ...", flush=True)
-        res = alternate(__file__, task, repeats, arg, key, (mine, "sb3"))
-        d, s = median(res["values"][mine]), median(res["values"]["sb3"])
-        ratio = (d / s if higher else s / d) if d and s else None
-        rows.append((label, d, s, ratio, median(res["rss"][mine]), median(res["rss"]["sb3"]), res, mine))
+    ]
+    rows = compare_with_sb3(__file__, measures, repeats)
     import stable_baselines3
 
     import distrl
