@@ -53,7 +53,8 @@ from distrl.config.offline import (
     TD3BCConfig,
     TD3Config,
 )
-from distrl.config.run import DECOUPLED_ALGOS, RunConfig, StrategyConfig, check_decoupled, parse_env_kwargs, scaled
+from distrl.config.run import RunConfig, parse_env_kwargs
+from distrl.config.strategy import DECOUPLED_ALGOS, StrategyConfig, check_decoupled, scaled
 from distrl.config.vtrace import APPOConfig, IMPALAConfig
 
 ALGO_CONFIGS.update({"appo": APPOConfig, "impala": IMPALAConfig, **OFFLINE_CONFIGS})
