@@ -210,29 +210,11 @@ def scaled(cfg: Any, strategy: StrategyConfig, world_size: int) -> Any:
     if strategy.strategy == "actor-learner":
         if isinstance(cfg, (REINFORCEConfig, SACConfig, DQNConfig)):
             return cfg
-        require(
-            cfg.n_steps % world_size == 0,
-            "n_steps",
-            cfg.n_steps,
-            f"divisible by the {world_size} workers with --scaling equivalent",
-        )
-        return dataclasses.replace(cfg, n_steps=cfg.n_steps // world_size)
+        return _divided(cfg, "n_steps", world_size)
     if isinstance(cfg, GRPOConfig):
-        require(
-            cfg.slices_per_step % world_size == 0,
-            "slices_per_step",
-            cfg.slices_per_step,
-            f"divisible by the {world_size} workers with --scaling equivalent",
-        )
-        return dataclasses.replace(cfg, slices_per_step=cfg.slices_per_step // world_size)
+        return _divided(cfg, "slices_per_step", world_size)
     if isinstance(cfg, REINFORCEConfig):
-        require(
-            cfg.episodes_per_iter % world_size == 0,
-            "episodes_per_iter",
-            cfg.episodes_per_iter,
-            f"divisible by the {world_size} workers with --scaling equivalent",
-        )
-        return dataclasses.replace(cfg, episodes_per_iter=cfg.episodes_per_iter // world_size)
+        return _divided(cfg, "episodes_per_iter", world_size)
     if isinstance(cfg, (SACConfig, DQNConfig)):
         return dataclasses.replace(
             cfg,
@@ -240,10 +222,11 @@ def scaled(cfg: Any, strategy: StrategyConfig, world_size: int) -> Any:
             learning_starts=cfg.learning_starts // world_size,
             learning_rate=cfg.learning_rate * world_size,
         )
-    require(
-        cfg.n_steps % world_size == 0,
-        "n_steps",
-        cfg.n_steps,
-        f"divisible by the {world_size} workers with --scaling equivalent",
-    )
-    return dataclasses.replace(cfg, n_steps=cfg.n_steps // world_size, learning_rate=cfg.learning_rate * world_size)
+    return _divided(cfg, "n_steps", world_size, learning_rate=cfg.learning_rate * world_size)
+
+
+def _divided(cfg: Any, field: str, world_size: int, **changes: Any) -> Any:
+    """``cfg`` with ``field`` divided among ``world_size`` workers (and ``changes``); an error if it does not divide."""
+    value = getattr(cfg, field)
+    require(value % world_size == 0, field, value, f"divisible by the {world_size} workers with --scaling equivalent")
+    return dataclasses.replace(cfg, **{field: value // world_size}, **changes)
