@@ -47,6 +47,14 @@ HERE = Path(__file__).parent
 RESULTS = HERE.parent / "docs" / "results" / "offline"
 REFERENCE = {"Hopper": (-20.272305, 3234.3), "HalfCheetah": (-280.178953, 12135.0), "Walker2d": (1.629008, 4592.3)}
 """D4RL's random and expert returns per env family (d4rl/infos.py)."""
+PAPERS = {
+    ("Hopper", "medium"): {"bc": 52.9, "td3bc": 59.3, "iql": 66.3, "cql": 58.5},
+    ("Hopper", "medium-replay"): {"bc": 18.1, "td3bc": 60.9, "iql": 94.7, "cql": 95.0},
+}
+"""Normalised returns the papers report on D4RL's dataset of the same kind (``hopper-medium-v2``,
+``hopper-medium-replay-v2``): the IQL paper's Table 1 (Kostrikov et al. 2021), which gathers BC's from the Decision
+Transformer paper, TD3+BC's from Fujimoto and Gu (2021) and CQL's from its own runs. Other datasets than the ones
+made here: shown beside the tables, not compared with them."""
 NAMES = {"bc": "BC", "td3bc": "TD3+BC", "iql": "IQL", "cql": "CQL"}
 SIDES = {"distrl": "tab:blue", "distrl bf16": "tab:green", "d3rlpy": "tab:orange"}
 """The columns of the tables and the colours of the curves."""
@@ -326,7 +334,7 @@ def summary_lines(runs: list[dict]) -> list[str]:
         f"the deterministic policy over {first['eval_episodes']} episodes; distrl and d3rlpy with the same networks "
         "and hyperparameters (the papers', see benchmarks/offline_vs_d3rlpy.py), one torch thread each.",
         "",
-        *_table(runs, env_id, steps, lambda curve: curve[-1][1]),
+        *_table(runs, env_id, steps, lambda curve: curve[-1][1], paper_scores(env_id, first["dataset"])),
         "",
         f"Each run's mean over its last {LAST} evaluations ({steps - (LAST - 1) * every:,} to {steps:,} steps):",
         "",
@@ -335,10 +343,19 @@ def summary_lines(runs: list[dict]) -> list[str]:
     return lines
 
 
-def _table(runs: list[dict], env_id: str, steps: int, score: Any) -> list[str]:
-    """A row per algorithm, a column per library: ``score(curve)`` (a return) of each finished run, normalised."""
+def paper_scores(env_id: str, dataset: str) -> dict[str, float]:
+    """:data:`PAPERS`' scores for a dataset of this project's named like D4RL's (``hopper/medium-replay-v1``: the
+    kind is what lies between the slash and the version); none for other datasets."""
+    kind = dataset.rpartition("/")[2].rsplit("-v", 1)[0]
+    return PAPERS.get((env_id.split("-")[0], kind), {})
+
+
+def _table(runs: list[dict], env_id: str, steps: int, score: Any, papers: dict[str, float] | None = None) -> list[str]:
+    """A row per algorithm, a column per library: ``score(curve)`` (a return) of each finished run, normalised; with
+    ``papers``, a last column of the scores the papers report on D4RL's dataset of the same kind."""
     sides = [s for s in SIDES if any(side(r) == s for r in runs)]
-    lines = [f"| algorithm | {' | '.join(sides)} | seeds |", "|---|" + "---|" * (len(sides) + 1)]
+    paper = " | paper, on D4RL's -v2 (another dataset)" if papers else ""
+    lines = [f"| algorithm | {' | '.join(sides)} | seeds{paper} |", "|---|" + "---|" * (len(sides) + 1 + bool(papers))]
     for algo in [a for a in NAMES if any(r["algo"] == a for r in runs)]:
         cells, seeds = [], {}
         for lib in sides:
@@ -356,7 +373,8 @@ def _table(runs: list[dict], env_id: str, steps: int, score: Any) -> list[str]:
         ran = [lib for lib in sides if seeds[lib]]
         same = len({seeds[lib] for lib in ran}) <= 1
         shown = seeds[ran[0]] if same and ran else "; ".join(f"{lib} {seeds[lib]}" for lib in ran)
-        lines.append(f"| {NAMES[algo]} | {' | '.join(cells)} | {shown} |")
+        reported = f" | {papers[algo]:.1f}" if papers else ""
+        lines.append(f"| {NAMES[algo]} | {' | '.join(cells)} | {shown}{reported} |")
     return lines
 
 

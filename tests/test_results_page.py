@@ -136,13 +136,31 @@ def test_distrl_runs_in_bf16_get_a_column_of_their_own_in_the_offline_table():
         record("distrl", 1, 0.7 * reference - 20.272305, precision="bf16"),
         record("d3rlpy", 0, 0.2 * reference - 20.272305),
     ]
+    paper = " | paper, on D4RL's -v2 (another dataset) |"
     header, _, row = offline_learning.summary_lines(runs)[2:5]
-    assert header == "| algorithm | distrl | distrl bf16 | d3rlpy | seeds |"
+    assert header == "| algorithm | distrl | distrl bf16 | d3rlpy | seeds" + paper
     cells = row.split(" | ")
     assert cells[1:4] == ["30.0", "60.0 ± 14.1 (50.0 / 70.0)", "20.0"]
-    assert cells[4] == "distrl 0; distrl bf16 0, 1; d3rlpy 0 |"
+    assert cells[4] == "distrl 0; distrl bf16 0, 1; d3rlpy 0"
     # without bf16 records the table is the two libraries' alone, as before
-    assert offline_learning.summary_lines([runs[0], runs[3]])[2] == "| algorithm | distrl | d3rlpy | seeds |"
+    assert offline_learning.summary_lines([runs[0], runs[3]])[2] == "| algorithm | distrl | d3rlpy | seeds" + paper
+
+
+def test_the_offline_table_shows_what_the_papers_report_on_d4rls_dataset_of_the_same_kind():
+    import offline_learning
+
+    def lines(env, dataset):
+        run = {"lib": "distrl", "algo": "td3bc", "seed": 0, "curve": [[0, 0.0], [100, 500.0]], "eval_episodes": 10}
+        return offline_learning.summary_lines([{**run, "env": env, "dataset": dataset}])
+
+    replay, medium = lines("Hopper-v5", "hopper/medium-replay-v1"), lines("Hopper-v5", "hopper/medium-v1")
+    assert replay[4].endswith("| 0 | 60.9 |") and medium[4].endswith("| 0 | 59.3 |")  # TD3+BC's, in its paper
+    assert replay[2].endswith("paper, on D4RL's -v2 (another dataset) |")
+    # the mean over the last evaluations is not what a paper reports: that table has no such column
+    assert replay[-1].endswith("| 0 |")
+    # a dataset of a kind the papers do not report on, or of another env, has no such column
+    for env, dataset in [("Hopper-v5", "hopper/expert-v0"), ("LunarLander-v3", "lunarlander/medium-v0")]:
+        assert lines(env, dataset)[2] == "| algorithm | distrl | seeds |"
 
 
 def test_the_offline_table_beside_the_finals_averages_each_runs_last_five_evaluations():
