@@ -227,12 +227,18 @@ def test_workers_end_with_their_parent_and_a_call_cut_short_by_ctrl_c_is_killed(
         # started with it ignored never sees the interrupt below (the test then waited out its 120 s once)
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
-        def interrupt_once_both_called():
-            while not os.path.exists({str(pid_file)!r}) or len(open({str(pid_file)!r}).readlines()) < 2:
+        def interrupt_once_the_idle_call_answered():
+            # both calls made, and the idle one's answer read: until the pool reads it, that call too is under
+            # way, and Ctrl-C rightly kills its worker with it (on a loaded machine the read can lag the write)
+            while True:
+                pool = getattr(globals().get("rewards"), "_pool", None)
+                made = os.path.exists({str(pid_file)!r}) and len(open({str(pid_file)!r}).readlines()) == 2
+                if made and pool is not None and sum(w.job is not None for w in pool.workers) == 1:
+                    break
                 time.sleep(0.05)
             _thread.interrupt_main()
 
-        threading.Thread(target=interrupt_once_both_called, daemon=True).start()
+        threading.Thread(target=interrupt_once_the_idle_call_answered, daemon=True).start()
         rewards = RewardSet(["distrl_lm:starts_a_child_when_asked"], timeout_s=600, workers=2)
         try:
             rewards(["p", "p"], ["a", "b"], {{"pid_file": [{str(pid_file)!r}] * 2, "hang": [True, False]}})
