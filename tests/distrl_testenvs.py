@@ -175,6 +175,12 @@ def double_reward(env: gym.Env) -> gym.Env:
     return gym.wrappers.TransformReward(env, lambda r: 2.0 * r)
 
 
+def slow_to_start(env: gym.Env) -> gym.Env:
+    """A wrapper function that takes 3 s: a process making this env starts slowly, as on a loaded machine."""
+    time.sleep(3.0)
+    return env
+
+
 def add_one_reward(env: gym.Env) -> gym.Env:
     """A wrapper function: rewards plus 1 (with double_reward, the order shows)."""
     return gym.wrappers.TransformReward(env, lambda r: r + 1.0)

@@ -64,6 +64,19 @@ def test_a_killed_actor_is_replaced_and_the_run_completes(ray_local):
     trainer.close()
 
 
+def test_the_starve_timeout_counts_waits_for_data_not_the_actors_start(ray_local):
+    """Actors whose env takes 3 s to make, a starve timeout of 2 s: the start is bounded by timeout_s (as the
+    pipeline's), and the run trains. Counted in the starve timeout, the start failed it ("no replay actor pushed
+    anything for 2 s"), as it did on a loaded machine with the default 60 s."""
+    trainer = apex(ray_local, total_steps=600, starve_timeout_s=2)
+    trainer.run = trainer.run.replace(wrappers=("distrl_testenvs:slow_to_start",))
+    trainer.train()
+    summary = trainer.summary()
+    trainer.close()
+    assert summary["total_steps"] >= 600
+    assert summary["startup_s"] >= 3.0
+
+
 @pytest.mark.heavy
 def test_the_replay_holders_loss_is_named_and_ends_the_run(ray_local):
     trainer = apex(ray_local, total_steps=5_000)

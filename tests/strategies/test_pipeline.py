@@ -167,3 +167,19 @@ def test_the_starve_timeout_stretches_to_ten_times_the_longest_wait_a_slowed_mac
     with pytest.raises(PipelineStalled, match=r"no data for [3-9] s"):  # 10 x the 0.3 s wait, beyond the 1 s floor
         pool.wait_any("generators", 2, 0)
     assert engine.waited[-1] == pytest.approx(10 * pool.longest_wait)
+
+
+def test_actors_not_started_within_the_timeout_are_named():
+    from distrl.strategies.pool import GeneratorPool, PipelineStalled
+
+    class HalfStarted(_SilentEngine):
+        def wait(self, pending, timeout, first=False):
+            self.waited.append(timeout)
+            return [p for p in pending if p[0] in ("actor-0", "scorer")]  # actor 1 and the holder never answer
+
+    engine = HalfStarted([])
+    strategy = StrategyConfig(strategy="pipeline", workers=2, timeout_s=7)
+    pool = GeneratorPool(engine, 2, lambda i, restarts: f"actor-{i}", engine.call, strategy, print)
+    with pytest.raises(PipelineStalled, match=r"^generator 1, replay holder did not start within 7 s$"):
+        pool.ready({"scorer": "scorer", "replay holder": "holder"})
+    assert engine.waited == [7]

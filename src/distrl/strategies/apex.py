@@ -75,6 +75,9 @@ class ApexSource:
         self.last_metrics: dict[str, float] = {}
         self.actor_lag = 0
         """Versions the newest push's weights were behind the learner's when it arrived."""
+        # the actors' start (imports, envs) is bounded by timeout_s, as the pipeline's is, so that the starve
+        # timeout measures waits for data alone: on a loaded machine the start alone can pass it
+        self.startup_s = self.pool.ready({"replay holder": self.holder})
         self.started = time.perf_counter()
 
     # ---- the holder ----
@@ -205,6 +208,7 @@ class ApexSource:
             "sample_rate": self.sampled / train_s,
             "replay_ratio_measured": self.sampled / max(self.inserted, 1),
             "actor_restarts": self.pool.restarted(),
+            "startup_s": self.startup_s,
             **self._lag_summary(),
         }
 

@@ -167,7 +167,7 @@ class PipelineGroups:
             trainer.report,
             depth=2,
         )
-        self.startup_s = self.pool.ready(self.scorer)
+        self.startup_s = self.pool.ready({"scorer": self.scorer})
 
     def resume(self, version: int) -> None:
         """Go on with the prompts after those the learner took before the checkpoint (the trainer's cursor:

@@ -101,16 +101,17 @@ class GeneratorPool:
                 out.append((i, result))
         return out
 
-    def ready(self, *others: Any) -> float:
-        """Wait until every actor (and ``others``) has started; returns the seconds it took."""
+    def ready(self, others: dict[str, Any] | None = None) -> float:
+        """Wait up to ``timeout_s`` until every actor (and ``others``, actors by name) has started; returns the
+        seconds it took. A start past it fails naming the actors that had not started."""
+        others = others or {}
         start = time.perf_counter()
-        pending = [row[-1] for row in self.places] + [self.engine.call(a, "where") for a in others]
+        pending = [row[-1] for row in self.places] + [self.engine.call(a, "where") for a in others.values()]
         done = self.engine.wait(pending, self.strategy.timeout_s)
         if len(done) < len(pending):
-            names = [
-                f"generator {i}" if i < len(self.actors) else "scorer" for i, p in enumerate(pending) if p not in done
-            ]
-            raise PipelineStalled(f"{', '.join(names)} did not start within {self.strategy.timeout_s:.0f} s")
+            names = [f"generator {i}" for i in range(len(self.actors))] + list(others)
+            late = [name for name, p in zip(names, pending) if p not in done]
+            raise PipelineStalled(f"{', '.join(late)} did not start within {self.strategy.timeout_s:.0f} s")
         for p in pending:  # an actor that failed to start raises here
             self.engine.result(p, self.strategy.timeout_s)
         return time.perf_counter() - start
