@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 import gymnasium as gym
@@ -178,6 +179,14 @@ def double_reward(env: gym.Env) -> gym.Env:
 def slow_to_start(env: gym.Env) -> gym.Env:
     """A wrapper function that takes 3 s: a process making this env starts slowly, as on a loaded machine."""
     time.sleep(3.0)
+    return env
+
+
+def fails_outside_the_test(env: gym.Env) -> gym.Env:
+    """A wrapper function that raises in every process but the one whose pid DISTRL_TEST_PID names: the test's
+    own process makes the env, its workers cannot."""
+    if str(os.getpid()) != os.environ.get("DISTRL_TEST_PID"):
+        raise RuntimeError("this env cannot be made here")
     return env
 
 

@@ -16,9 +16,11 @@ from settings import FAST_CARTPOLE  # 32 gradient steps of 64 per 64 env steps: 
 pytestmark = pytest.mark.multiprocess
 
 
-def apex(ray, cls=DQNTrainer, cfg=None, env="CartPole-v1", total_steps=10**9, workers=2, **strategy):
+def apex(ray, cls=DQNTrainer, cfg=None, env="CartPole-v1", total_steps=10**9, workers=2, wrappers=(), **strategy):
     strategy = StrategyConfig(strategy="actor-learner", workers=workers, **strategy)
-    run = RunConfig(env=env, seed=0, vec="sync", quiet=True, total_steps=total_steps, eval_every=5000)
+    run = RunConfig(
+        env=env, seed=0, vec="sync", quiet=True, total_steps=total_steps, eval_every=5000, wrappers=wrappers
+    )
     return cls(
         run,
         cfg or DQNConfig(learning_starts=256, batch_size=32, buffer_size=5000, net_arch=(16,)),
@@ -68,13 +70,30 @@ def test_the_starve_timeout_counts_waits_for_data_not_the_actors_start(ray_local
     """Actors whose env takes 3 s to make, a starve timeout of 2 s: the start is bounded by timeout_s (as the
     pipeline's), and the run trains. Counted in the starve timeout, the start failed it ("no replay actor pushed
     anything for 2 s"), as it did on a loaded machine with the default 60 s."""
-    trainer = apex(ray_local, total_steps=600, starve_timeout_s=2)
-    trainer.run = trainer.run.replace(wrappers=("distrl_testenvs:slow_to_start",))
+    trainer = apex(ray_local, total_steps=600, starve_timeout_s=2, wrappers=("distrl_testenvs:slow_to_start",))
     trainer.train()
     summary = trainer.summary()
     trainer.close()
     assert summary["total_steps"] >= 600
     assert summary["startup_s"] >= 3.0
+
+
+def test_an_actor_whose_env_fails_to_start_is_restarted_then_named(ray_local, monkeypatch):
+    """The wait for the actors' start does not take their failures: an actor that cannot make its env is restarted
+    at its first request, as before, and after --max-worker-restarts the run ends naming it."""
+    from distrl.strategies.pool import GeneratorFailed
+
+    monkeypatch.setenv("DISTRL_TEST_PID", str(os.getpid()))  # the learner's env is made here; the actors' cannot be
+    wrappers = ("distrl_testenvs:fails_outside_the_test",)
+    trainer = apex(ray_local, total_steps=600, workers=1, max_worker_restarts=1, wrappers=wrappers)
+    with pytest.raises(
+        GeneratorFailed,
+        match=r"generator 0 failed 2 times \(max_worker_restarts=1\); last: died \(ActorDiedError, its start raised "
+        r".*fails_outside_the_test.* raised RuntimeError .*: this env cannot be made here\)$",
+    ):
+        trainer.train()
+    assert any("generator 0 died" in e and "restarted (1/1)" in e for e in trainer.events), trainer.events
+    trainer.close()
 
 
 @pytest.mark.heavy

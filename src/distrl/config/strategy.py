@@ -113,8 +113,8 @@ class StrategyConfig:
     impala two per actor (each keeps its next request queued) and one batch of fragments_per_step besides."""
     starve_timeout_s: float = 60.0
     """pipeline, and actor-learner with dqn or sac: the learner fails, naming the stage it waits on, when no data
-    arrives for this long once the actors have started (their start is bounded by timeout_s); in the pipeline, or for
-    ten times its longest wait for data so far if that is longer (a machine whose cores other work takes slows the
+    arrives for this long once the actors have started (their start is bounded by timeout_s). The pipeline waits ten
+    times its longest wait for data so far where that is longer (a machine whose cores other work takes slows the
     generators down without stalling them)."""
     replay_ratio: float = 0.0
     """actor-learner with dqn or sac (Ape-X): samples the learner draws per transition the actors insert. 0 lets

@@ -312,6 +312,9 @@ class RayActors:
             return self.ray.get(pending, timeout=timeout)
         except RayActorError as exc:
             self.node.check(ask_ray=True)
+            if getattr(exc, "actor_init_failed", False):  # its __init__ raised: the traceback's last line says what
+                raised = [line.strip() for line in str(getattr(exc, "error_msg", "")).splitlines() if line.strip()]
+                raise ActorDied(f"{type(exc).__name__}, its start raised {raised[-1] if raised else '?'}") from None
             raise ActorDied(type(exc).__name__) from None
         except RayTaskError as exc:
             cause = exc.cause

@@ -76,8 +76,9 @@ class ApexSource:
         self.actor_lag = 0
         """Versions the newest push's weights were behind the learner's when it arrived."""
         # the actors' start (imports, envs) is bounded by timeout_s, as the pipeline's is, so that the starve
-        # timeout measures waits for data alone: on a loaded machine the start alone can pass it
-        self.startup_s = self.pool.ready({"replay holder": self.holder})
+        # timeout measures waits for data alone: on a loaded machine the start alone can pass it. An actor that
+        # failed to start is restarted at its first request, the holder's loss named at its first call.
+        self.startup_s = self.pool.ready({"replay holder": self.holder}, check=False)
         self.started = time.perf_counter()
 
     # ---- the holder ----
@@ -114,7 +115,12 @@ class ApexSource:
             self.pool.submit(self.published, self._weights)
         if wait and not self.pool.in_flight:
             raise PipelineStalled("the learner waits for data and no replay actor has a request under way")
-        got = self.pool.finished(self.strategy.starve_timeout_s if wait else 0)
+        while True:
+            restarts = self.pool.restarted()
+            got = self.pool.finished(self.strategy.starve_timeout_s if wait else 0)
+            if got or not wait or hold or self.pool.restarted() == restarts:
+                break
+            self.pool.submit(self.published, self._weights)  # a replaced actor's requests went with the old one
         if wait and not got:
             raise PipelineStalled(
                 f"no replay actor pushed anything for {self.strategy.starve_timeout_s:.0f} s "

@@ -101,9 +101,11 @@ class GeneratorPool:
                 out.append((i, result))
         return out
 
-    def ready(self, others: dict[str, Any] | None = None) -> float:
-        """Wait up to ``timeout_s`` until every actor (and ``others``, actors by name) has started; returns the
-        seconds it took. A start past it fails naming the actors that had not started."""
+    def ready(self, others: dict[str, Any] | None = None, check: bool = True) -> float:
+        """Wait up to ``timeout_s`` until every actor (and ``others``, actors by name) has started or failed to;
+        returns the seconds it took. A start past it fails naming the actors that had not started. With ``check``
+        an actor that failed to start raises here; without, its failure comes with its first call (where a
+        generator's is restarted, as any failure of its requests)."""
         others = others or {}
         start = time.perf_counter()
         pending = [row[-1] for row in self.places] + [self.engine.call(a, "where") for a in others.values()]
@@ -112,7 +114,7 @@ class GeneratorPool:
             names = [f"generator {i}" for i in range(len(self.actors))] + list(others)
             late = [name for name, p in zip(names, pending) if p not in done]
             raise PipelineStalled(f"{', '.join(late)} did not start within {self.strategy.timeout_s:.0f} s")
-        for p in pending:  # an actor that failed to start raises here
+        for p in pending if check else []:  # an actor that failed to start raises here
             self.engine.result(p, self.strategy.timeout_s)
         return time.perf_counter() - start
 
