@@ -183,3 +183,25 @@ def test_actors_not_started_within_the_timeout_are_named():
     with pytest.raises(PipelineStalled, match=r"^generator 1, replay holder did not start within 7 s$"):
         pool.ready({"scorer": "scorer", "replay holder": "holder"})
     assert engine.waited == [7]
+
+
+def test_an_actor_that_failed_to_start_ends_the_run_named_in_one_line():
+    from distrl.strategies.actors import ActorDied
+    from distrl.strategies.pool import GeneratorFailed, GeneratorPool
+
+    class ScorerDied(_SilentEngine):
+        def wait(self, pending, timeout, first=False):
+            return list(pending)
+
+        def result(self, pending, timeout):
+            if pending[0] == "scorer":
+                raise ActorDied("ActorDiedError, its start raised ImportError: no module named 'x'\nTraceback ...")
+            return "where"
+
+    engine = ScorerDied([])
+    strategy = StrategyConfig(strategy="pipeline", workers=2)
+    pool = GeneratorPool(engine, 2, lambda i, restarts: f"actor-{i}", engine.call, strategy, print)
+    expected = r"^scorer failed to start: ActorDiedError, its start raised ImportError: no module named 'x'$"
+    with pytest.raises(GeneratorFailed, match=expected):
+        pool.ready({"scorer": "scorer"})
+    assert pool.ready({"scorer": "scorer"}, check=False) >= 0  # left to the first call

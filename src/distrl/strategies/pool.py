@@ -104,18 +104,22 @@ class GeneratorPool:
     def ready(self, others: dict[str, Any] | None = None, check: bool = True) -> float:
         """Wait up to ``timeout_s`` until every actor (and ``others``, actors by name) has started or failed to;
         returns the seconds it took. A start past it fails naming the actors that had not started. With ``check``
-        an actor that failed to start raises here; without, its failure comes with its first call (where a
-        generator's is restarted, as any failure of its requests)."""
+        an actor that failed to start ends the run here, named (:class:`GeneratorFailed`); without, its failure
+        comes with its first call (where a generator's is restarted, as any failure of its requests)."""
         others = others or {}
         start = time.perf_counter()
         pending = [row[-1] for row in self.places] + [self.engine.call(a, "where") for a in others.values()]
         done = self.engine.wait(pending, self.strategy.timeout_s)
+        names = [f"generator {i}" for i in range(len(self.actors))] + list(others)
         if len(done) < len(pending):
-            names = [f"generator {i}" for i in range(len(self.actors))] + list(others)
             late = [name for name, p in zip(names, pending) if p not in done]
             raise PipelineStalled(f"{', '.join(late)} did not start within {self.strategy.timeout_s:.0f} s")
-        for p in pending if check else []:  # an actor that failed to start raises here
-            self.engine.result(p, self.strategy.timeout_s)
+        for name, p in zip(names, pending) if check else []:
+            try:
+                self.engine.result(p, self.strategy.timeout_s)
+            except (ActorDied, ActorRaised) as exc:
+                said = str(exc).strip().splitlines() or [type(exc).__name__]
+                raise GeneratorFailed(f"{name} failed to start: {said[0]}") from None
         return time.perf_counter() - start
 
     def drain(self) -> list[tuple[int, Any]]:
