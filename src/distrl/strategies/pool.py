@@ -114,12 +114,13 @@ class GeneratorPool:
         if len(done) < len(pending):
             late = [name for name, p in zip(names, pending) if p not in done]
             raise PipelineStalled(f"{', '.join(late)} did not start within {self.strategy.timeout_s:.0f} s")
-        for name, p in zip(names, pending) if check else []:
-            try:
-                self.engine.result(p, self.strategy.timeout_s)
-            except (ActorDied, ActorRaised) as exc:
-                said = str(exc).strip().splitlines() or [type(exc).__name__]
-                raise GeneratorFailed(f"{name} failed to start: {said[0]}") from None
+        if check:
+            for name, p in zip(names, pending):
+                try:
+                    self.engine.result(p, self.strategy.timeout_s)
+                except (ActorDied, ActorRaised) as exc:
+                    said = str(exc).strip().splitlines() or [type(exc).__name__]
+                    raise GeneratorFailed(f"{name} failed to start: {said[0]}") from None
         return time.perf_counter() - start
 
     def drain(self) -> list[tuple[int, Any]]:
