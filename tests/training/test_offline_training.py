@@ -227,6 +227,22 @@ def test_collect_writes_a_dataset_that_trains_bc_from_the_command_line(datasets,
     assert dataset.total_steps >= 600 and dataset.storage.metadata["algorithm_name"] == "distrl bc"
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["total_steps"] == 300
+    drawn = ["--out", "cartpole/drawn-v0", "--datasets-dir", str(datasets), "--steps", "200", "--stochastic"]
+    assert main(["collect", str(run_dir), *drawn]) == 0  # BC's categorical draws its choices
+    assert main(["eval", str(run_dir), "--stochastic", "--episodes", "2"]) == 0
+    capsys.readouterr()
+
+
+def test_a_deterministic_offline_policy_refuses_stochastic_acting_from_the_command_line(datasets, tmp_path, capsys):
+    run_dir = tmp_path / "td3bc"
+    flags = ["--datasets-dir", str(datasets), "--total-steps", "20", "--net-arch", "16", "16", "--quiet"]
+    assert main(["train", "td3bc", REACH, "--dataset", "reach/expert-v0", *flags, "--run-dir", str(run_dir)]) == 0
+    capsys.readouterr()
+    for argv in (["eval", str(run_dir), "--stochastic"], ["export", str(run_dir), "--stochastic"]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "is not available for td3bc on Box actions: its policy is deterministic" in err[0]
+    assert not (run_dir / "export").exists()
 
 
 @pytest.mark.parametrize(
@@ -374,16 +390,20 @@ def test_collect_with_two_workers_writes_both_workers_episodes_reproducibly(data
 
 
 @pytest.mark.parametrize(
-    "cls, env, dataset, precision",
+    "cls, env, dataset, precision, draws",
     [
-        ("TD3BC", REACH, "reach/expert-v0", "fp32"),
-        ("BC", "CartPole-v1", "cartpole/expert-v0", "fp32"),
-        ("CQL", "CartPole-v1", "cartpole/expert-v0", "fp32"),
-        ("CQL", REACH, "reach/expert-v0", "bf16"),
+        ("TD3BC", REACH, "reach/expert-v0", "fp32", False),
+        ("BC", "CartPole-v1", "cartpole/expert-v0", "fp32", True),
+        ("CQL", "CartPole-v1", "cartpole/expert-v0", "fp32", False),
+        ("CQL", REACH, "reach/expert-v0", "bf16", True),
+        ("IQL", REACH, "reach/expert-v0", "fp32", True),
     ],
 )
-def test_an_offline_policy_exports_to_a_graph_that_acts_as_it_does(datasets, tmp_path, cls, env, dataset, precision):
-    """A bf16 run exports its float32 graph: loaded with precision='fp32', the model acts as that graph does."""
+def test_an_offline_policy_exports_to_a_graph_that_acts_as_it_does(
+    datasets, tmp_path, cls, env, dataset, precision, draws
+):
+    """A bf16 run exports its float32 graph: loaded with precision='fp32', the model acts as that graph does. A
+    policy that draws (IQL's, CQL's on Box actions, BC's on Discrete actions) exports its draw from a noise input."""
     pytest.importorskip("onnxruntime")
     import distrl
 
@@ -398,9 +418,59 @@ def test_an_offline_policy_exports_to_a_graph_that_acts_as_it_does(datasets, tmp
         model = getattr(distrl, cls).load(tmp_path / "model", precision="fp32")
     written = model.export(tmp_path / "policy.onnx")  # checked against the model on 256 observations as it is written
     assert written.path.stat().st_size > 0
-    with pytest.raises(ConfigError, match="stochastic=True is not available"):
-        model.export(tmp_path / "noisy.onnx", stochastic=True)
+    if draws:  # checked against deterministic=False acting, with the same noise in both
+        sampled = model.export(tmp_path / "sampled.onnx", stochastic=True)
+        assert sampled.check.mismatched == 0 and sampled.check.observations == 256
+        assert [p["name"] for p in json.loads(sampled.metadata.read_text())["inputs"]] == ["obs", "noise"]
+    else:
+        with pytest.raises(ConfigError, match=r"stochastic=True is not available for \w+ on \w+ actions: its policy"):
+            model.export(tmp_path / "noisy.onnx", stochastic=True)
+        with pytest.raises(ConfigError, match="deterministic=False is not available"):
+            model.evaluate(1, deterministic=False)
     model.close()
+
+
+def test_offline_policies_draw_from_their_own_distributions(datasets):
+    """4,000 draws at one observation: IQL's Gaussian has the policy's mean and standard deviation (clipped to the
+    bounds), CQL's squashed Gaussian's pre-tanh draws those of its network, BC's choices the softmax's frequencies."""
+    import distrl
+
+    n = 4000
+    iql = distrl.IQL(REACH, dataset="reach/expert-v0", datasets_dir=str(datasets), net_arch=(32, 32)).learn(20)
+    actor = iql._trainer.algo.actor.module
+    with torch.no_grad():
+        actor.log_std.fill_(np.log(0.05))  # narrow enough that clipping to [-1, 1] does not move the moments
+    obs = np.zeros((n, 1), np.float32)  # Reach: actions in [-1, 1], the env's bounds too
+    mode, _ = iql.predict(obs[:1])
+    assert abs(float(mode[0, 0])) < 0.8  # draws within 0.05 x 4 of it are not clipped
+    drawn, _ = iql.predict(obs, deterministic=False, rng=np.random.default_rng(0))
+    assert drawn.std() == pytest.approx(0.05, rel=0.05)
+    assert drawn.mean() == pytest.approx(float(mode[0, 0]), abs=0.005)
+    again, _ = iql.predict(obs, deterministic=False, rng=np.random.default_rng(0))
+    np.testing.assert_array_equal(drawn, again)  # the caller's generator decides the draws
+    iql.close()
+
+    cql = distrl.CQL(REACH, dataset="reach/expert-v0", datasets_dir=str(datasets), net_arch=(32, 32)).learn(20)
+    trainer = cql._trainer
+    drawn, _ = cql.predict(obs, deterministic=False, rng=np.random.default_rng(1))
+    unsquashed = np.arctanh(np.clip(drawn, -0.999999, 0.999999))  # Reach's bounds are [-1, 1]
+    with torch.no_grad():
+        mean, log_std = trainer.algo.actor.module.net(trainer._normalized(torch.as_tensor(obs[:1])))[0].tolist()
+    std = float(np.exp(np.clip(log_std, -20, 2)))
+    assert unsquashed.mean() == pytest.approx(mean, abs=0.05 * std)
+    assert unsquashed.std() == pytest.approx(std, rel=0.05)
+    cql.close()
+
+    bc = distrl.BC("CartPole-v1", dataset="cartpole/expert-v0", datasets_dir=str(datasets), net_arch=(32, 32))
+    bc.learn(20)
+    cart = np.zeros((n, 4), np.float32)
+    cart[:, 2] = 0.01  # the expert pushes right here, but 20 steps leave the policy unsure
+    with torch.no_grad():
+        probs = torch.softmax(bc._trainer.algo.actor.module(bc._trainer._normalized(torch.as_tensor(cart[:1]))), -1)[0]
+    chosen, _ = bc.predict(cart, deterministic=False, rng=np.random.default_rng(2))
+    assert 0.05 < float(probs[1]) < 0.95  # both choices likely enough to be seen
+    assert np.mean(chosen == 1) == pytest.approx(float(probs[1]), abs=0.03)
+    bc.close()
 
 
 def test_a_resumed_online_run_with_its_replay_ends_where_an_unstopped_one_does(datasets, tmp_path):

@@ -37,6 +37,7 @@ from distrl.algos.protocols import Sync
 from distrl.algos.sac import actor_loss, temperature_loss
 from distrl.config import BCConfig, CQLConfig, IQLConfig, OfflineConfig, TD3BCConfig
 from distrl.data.replay import Transitions
+from distrl.nets.distributions import inverse_cdf_sample
 from distrl.nets.offline import (
     LOG_STD_MAX,
     LOG_STD_MIN,
@@ -62,6 +63,15 @@ class OfflineUpdate(Protocol):
         """The policy's deterministic actions ([-1, 1], or indices) for observations [B, obs_dim]."""
         ...
 
+    sampling: str | None
+    """The noise a draw of the policy takes: ``"normal"``, standard normals [B, A] (IQL's Gaussian, CQL's squashed
+    Gaussian); ``"uniform"``, uniforms [B] (behaviour cloning's categorical, Discrete actions); None where the
+    policy is deterministic (a tanh action, a greedy choice) and acts with :meth:`act` alone."""
+
+    def sample(self, obs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+        """A draw of the policy for ``noise`` (see :attr:`sampling`): actions in [-1, 1], or indices."""
+        ...
+
     @property
     def policy(self) -> Learned:
         """The module that acts: its mode's action in [-1, 1] (Box), or values to take the argmax of (Discrete)."""
@@ -84,6 +94,7 @@ class BCAlgo(Networks):
 
     def __init__(self, cfg: BCConfig, obs_dim: int, actions: int, discrete: bool, device: torch.device, seed: int):
         self.discrete = discrete
+        self.sampling = "uniform" if discrete else None
         make = CategoricalActor if discrete else DeterministicActor
         self.actor = Learned(
             seeded(seed, lambda: make(obs_dim, actions, cfg.net_arch, cfg.activation)), cfg.learning_rate, device
@@ -106,11 +117,19 @@ class BCAlgo(Networks):
         out = self.actor.module(obs)
         return out.argmax(-1) if self.discrete else out
 
+    @torch.no_grad()
+    def sample(self, obs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+        """The categorical policy's choice for uniforms ``noise`` [B], by inverse CDF (Discrete actions)."""
+        logits = self.actor.module(obs).float().cpu().numpy()
+        return torch.from_numpy(inverse_cdf_sample(logits, noise.cpu().numpy())).to(obs.device)
+
 
 class TD3BCAlgo(Networks):
     """TD3+BC: the critics' clipped double-Q step every gradient step; every ``policy_freq``-th the actor's step
     (:func:`~distrl.algos.offline.td3bc_actor_loss`, its Q scale the mean over every worker's samples) and the
     targets' Polyak step. With ``bc=False`` the actor's loss is TD3's own (:func:`~distrl.algos.offline.td3_actor_loss`)."""
+
+    sampling = None  # a deterministic policy: its exploration noise (explore) is no draw of it
 
     def __init__(
         self, cfg: TD3BCConfig, obs_dim: int, action_dim: int, device: torch.device, seed: int, bc: bool = True
@@ -224,12 +243,17 @@ class IQLAlgo(Networks):
     def act(self, obs: torch.Tensor) -> torch.Tensor:
         return self.actor.module(obs)
 
+    sampling = "normal"
+
     @torch.no_grad()
-    def explore(self, obs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
-        """A sample of the Gaussian policy (clipped to [-1, 1]) for standard normal ``noise``."""
+    def sample(self, obs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+        """A draw of the Gaussian policy (clipped to [-1, 1]) for standard normal ``noise``; online, its
+        exploration."""
         actor = self.actor.module
         std = actor.log_std.clamp(LOG_STD_MIN, LOG_STD_MAX).exp()
         return (actor(obs) + std * noise).clamp(-1.0, 1.0)
+
+    explore = sample
 
 
 class CQLAlgo(Networks):
@@ -328,16 +352,22 @@ class CQLAlgo(Networks):
     def act(self, obs: torch.Tensor) -> torch.Tensor:
         return self.actor.module(obs)
 
+    sampling = "normal"
+
     @torch.no_grad()
-    def explore(self, obs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
-        """A sample of the squashed Gaussian policy for standard normal ``noise``."""
+    def sample(self, obs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+        """A draw of the squashed Gaussian policy for standard normal ``noise``; online, its exploration."""
         return self.actor.module.sample(obs, noise)[0]
+
+    explore = sample
 
 
 class DiscreteCQLAlgo(Networks):
     """CQL(H) on double DQN for Discrete actions: the squared TD error against ``r + gamma Q'(s', argmax_a Q(s', a))``
     plus ``conservative_weight`` times :func:`~distrl.algos.offline.cql_discrete_penalty`; the target network
     follows by Polyak steps."""
+
+    sampling = None  # greedy on its Q-values
 
     def __init__(self, cfg: CQLConfig, obs_dim: int, n_actions: int, device: torch.device, seed: int):
         self.cfg = cfg

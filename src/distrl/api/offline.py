@@ -16,17 +16,32 @@ from distrl.training import OfflineTrainer
 class OfflineModel(Model):
     """A policy learned from a dataset, not from the env (``--dataset``: a Minari dataset's id or path): :meth:`learn`
     takes gradient steps, and the env only evaluates (online, ``init_from`` an offline run or TD3: environment steps,
-    each with a gradient step). It acts with its mode (a deterministic policy's action, a
-    Gaussian's mean, a categorical's most likely action)."""
+    each with a gradient step). It acts with its mode (a deterministic policy's action, a Gaussian's mean, a
+    categorical's most likely action); ``deterministic=False`` (and ``export(stochastic=True)``) draws from IQL's
+    Gaussian, CQL's squashed Gaussian (Box actions) and behaviour cloning's categorical (Discrete actions)."""
 
     _trainer: OfflineTrainer
 
+    def _sampling(self, asked: str) -> str:
+        """The noise a draw of this policy takes (``algo.sampling``); one line naming ``asked`` where it has none."""
+        trainer = self._trainer
+        kind: str | None = trainer.algo.sampling
+        if kind is None:
+            actions = "Discrete" if trainer.discrete else "Box"
+            raise ConfigError(
+                f"{asked} is not available for {self.algo} on {actions} actions: its policy is deterministic "
+                "(draws: iql, cql on Box actions, bc on Discrete actions)"
+            )
+        return kind
+
     def _noise(self, rng: np.random.Generator, n: int) -> np.ndarray:
-        raise ConfigError(f"deterministic=False is not available for {self.algo}: its policy acts with its mode")
+        if self._sampling("deterministic=False") == "uniform":
+            return rng.random(n, dtype=np.float32)
+        return rng.standard_normal((n, *self._trainer.low.shape), dtype=np.float32)
 
     def _graph(self, stochastic: bool) -> graph.ActingGraph:
         if stochastic:
-            raise ConfigError(f"stochastic=True is not available for {self.algo}: its policy acts with its mode")
+            self._sampling("stochastic=True")
         trainer = self._trainer
         policy = trainer.algo.policy
         standardised = trainer.cfg.normalize_obs
@@ -37,12 +52,13 @@ class OfflineModel(Model):
             trainer.env.single_action_space,
             trainer.obs_mean if standardised else None,
             trainer.obs_std if standardised else None,
+            stochastic,
         )
 
     def _actions(
         self, obs: np.ndarray, noise: np.ndarray | None, state: Any = None, starts: np.ndarray | None = None
     ) -> tuple[np.ndarray, Any]:
-        return self._trainer.act_for_eval(obs, np.ones(len(obs), dtype=bool)), None
+        return self._trainer.actions(obs, noise), None
 
 
 class BC(OfflineModel):

@@ -221,6 +221,8 @@ class ActionHead(nn.Module):
             action = out if noise is None else out + self.std * noise
             return torch.maximum(torch.minimum(action, self.high), self.low).reshape([-1, *self.shape])
         if self.kind == "bounded":  # an action in [-1, 1] already (the offline algorithms' policies)
+            if noise is not None:  # IQL's Gaussian: a draw clipped to [-1, 1]
+                out = torch.clamp(out + self.std * noise, -1.0, 1.0)
             return (self.low + 0.5 * (out + 1.0) * (self.high - self.low)).reshape([-1, *self.shape])
         half = out.shape[1] // 2
         mean = out[:, :half]
@@ -302,7 +304,7 @@ def action_port(spec: ActionSpec) -> Port:
     return Port("action", (BATCH, *spec.shape) if spec.kind != "categorical" else (BATCH,), dtype)
 
 
-def _noise_port(spec: ActionSpec, sac: bool) -> Port:
+def noise_port(spec: ActionSpec, sac: bool) -> Port:
     return Port("noise", (BATCH, *spec.noise_shape) if not sac else (BATCH, spec.action_dim), "float32")
 
 
@@ -353,7 +355,7 @@ def policy_graph(
     if state_ports:
         inputs.append(Port("episode_start", (BATCH,), "float32"))
     if stochastic:
-        inputs.append(_noise_port(spec, sac=False))
+        inputs.append(noise_port(spec, sac=False))
     outputs = [action_port(spec), *(Port(f"next_{p.name}", p.shape, p.dtype) for p in state_ports)]
     normalise = Normalise(normalizer, obs_ports) if normalizer is not None and normalizer.enabled else None
     head = ActionHead(spec, spec.kind, log_std)
@@ -375,7 +377,7 @@ def sac_graph(
     else:
         module = weighted_copy(actor.module, actor.params)
         body = ModuleBody(module, _dict_keys(observation_space, module, SACActorModule), sac=True)
-    inputs = obs_ports + ([_noise_port(spec, sac=True)] if stochastic else [])
+    inputs = obs_ports + ([noise_port(spec, sac=True)] if stochastic else [])
     head = ActionHead(spec, "squashed")
     return ActingGraph(inputs, [action_port(spec)], body, head, None, len(obs_ports), 0, stochastic)
 

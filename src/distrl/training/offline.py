@@ -275,7 +275,17 @@ class OfflineTrainer(TrainerBase):
         return (obs - self.obs_mean) / self.obs_std if self.cfg.normalize_obs else obs
 
     def act_for_eval(self, obs: np.ndarray, starts: np.ndarray) -> np.ndarray:
-        actions = self.algo.act(self._normalized(torch.as_tensor(obs, device=self.device))).cpu().numpy()
+        return self.actions(obs)
+
+    def actions(self, obs: np.ndarray, noise: np.ndarray | None = None) -> np.ndarray:
+        """The policy's actions for env observations, in the env's terms: its mode's, or with ``noise`` a draw of
+        it (``algo.sampling`` says which noise)."""
+        x = self._normalized(torch.as_tensor(obs, device=self.device))
+        if noise is None:
+            actions = self.algo.act(x)
+        else:
+            actions = self.algo.sample(x, torch.as_tensor(noise, device=self.device))
+        actions = actions.cpu().numpy()
         return actions if self.discrete else self.to_env(actions)
 
     def start_segment(self) -> None:
