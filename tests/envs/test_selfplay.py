@@ -104,9 +104,11 @@ def self_play_tictactoe(tmp_path, capsys, steps: int, seed: int = 0) -> dict:
 def test_self_play_learns_tictactoe_to_lose_far_less_than_a_random_player_in_either_seat(tmp_path, capsys):
     # a random player loses 45% of its games against another (30% moving first, 60% second; measured); 50k steps
     # of self-play brought that to 5.5% (22 of 400, none moving first; 5.75% at 80k, 5.25% at 100k; measured when
-    # a step was spent on each reset): under 10% here, and the 5% in the slow test below, at 300k
-    result = self_play_tictactoe(tmp_path, capsys, 50_000)
-    assert result["losses"] <= 0.10 * 400, result
+    # a step was spent on each reset) and 25k steps to 10.25% (41 of 400, 7 moving first; 44 at 30k; on a Xeon,
+    # 2026-11-30): under 20% at 25k here, where a run's figure moves from one CPU to another, and the 5% in
+    # the slow test below, at 300k
+    result = self_play_tictactoe(tmp_path, capsys, 25_000)
+    assert result["losses"] <= 0.20 * 400, result
 
 
 @pytest.mark.slow

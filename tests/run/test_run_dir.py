@@ -19,10 +19,6 @@ from distrl.run import checkpoint, rundir
 SLOW = "distrl_testenvs:SlowCartPole"
 
 
-def distrl(*args, timeout=240):
-    return subprocess.run([sys.executable, "-m", "distrl", *args], capture_output=True, text=True, timeout=timeout)
-
-
 def short_run(run_dir, *extra):
     return [
         "train", "ppo", "CartPole-v1", "--n-envs", "2", "--n-steps", "32", "--batch-size", "32", "--n-epochs", "1",
@@ -33,7 +29,9 @@ def short_run(run_dir, *extra):
 # ---- one run directory, one run ----
 
 
-def test_a_second_run_on_a_live_run_directory_is_refused_and_a_dead_holder_is_taken_over(tmp_path):
+def test_a_second_run_on_a_live_run_directory_is_refused_and_a_dead_holder_is_taken_over(tmp_path, capsys):
+    """The live run is a process of its own; the runs refused, the readers and the run that takes over run here (the
+    lock is the open file's, so this process is a second holder as another would be)."""
     run = tmp_path / "run"
     live = subprocess.Popen(
         [sys.executable, "-m", "distrl", "train", "ppo", SLOW, "--n-envs", "2", "--n-steps", "32",
@@ -56,29 +54,28 @@ def test_a_second_run_on_a_live_run_directory_is_refused_and_a_dead_holder_is_ta
             ["train", "ppo", SLOW, "--resume", str(run), "--quiet"],  # a resume
             short_run(run, "--strategy", "ddp", "--workers", "2"),  # a second launcher
         ):
-            refused = distrl(*second)
-            assert refused.returncode == 2, refused.stderr
-            lines = refused.stderr.strip().splitlines()
-            assert len(lines) == 1 and lines[0].startswith(expected), refused.stderr
+            code = main(second)
+            err = capsys.readouterr().err
+            lines = err.strip().splitlines()
+            assert code == 2 and len(lines) == 1 and lines[0].startswith(expected), err
             assert "wait for it to end, stop it, or choose another --run-dir" in lines[0]
-            assert "rank" not in refused.stderr  # refused before any rank started
+            assert "rank" not in err  # refused before any rank started
         assert (run / "config.json").read_text() == config_before  # nothing of the live run was touched
 
         # readers do not take the lock
-        evaluated = distrl("eval", str(run), "--episodes", "1", "--json")
-        assert evaluated.returncode == 0, evaluated.stderr
-        plotted = distrl("plot", str(run), "--out", str(tmp_path / "curve.png"))
-        assert plotted.returncode == 0, plotted.stderr
+        assert main(["eval", str(run), "--episodes", "1", "--json"]) == 0, capsys.readouterr().err
+        assert main(["plot", str(run), "--out", str(tmp_path / "curve.png")]) == 0, capsys.readouterr().err
         assert live.poll() is None
     finally:
         live.kill()  # dies holding the lock: the OS releases it, its name stays in the file
         live.wait()
 
     at = int(max((run / "checkpoints").glob("step-*")).name.split("-")[1])
-    resumed = distrl("train", "ppo", SLOW, "--resume", str(run), "--total-steps", str(at + 64), "--quiet")
-    assert resumed.returncode == 0, resumed.stderr
-    assert f"took over {run / rundir.LOCK_FILE}, left by pid {live.pid} on " in resumed.stderr
-    assert "which is no longer running" in resumed.stderr
+    capsys.readouterr()
+    assert main(["train", "ppo", SLOW, "--resume", str(run), "--total-steps", str(at + 64), "--quiet"]) == 0
+    err = capsys.readouterr().err
+    assert f"took over {run / rundir.LOCK_FILE}, left by pid {live.pid} on " in err
+    assert "which is no longer running" in err
     assert (run / rundir.LOCK_FILE).read_text() == ""  # released at the end
 
 
@@ -225,11 +222,10 @@ def test_a_full_disk_ends_the_run_in_one_line_and_resume_continues_once_there_is
     assert "model" in out.split("resumed=0")[1]
 
 
-def test_a_run_directory_that_cannot_be_made_is_refused_before_any_rank_starts(tmp_path):
+def test_a_run_directory_that_cannot_be_made_is_refused_before_any_rank_starts(tmp_path, capsys):
     (tmp_path / "file").write_text("not a directory")
-    result = distrl(*short_run(tmp_path / "file" / "run", "--strategy", "ddp", "--workers", "2"))
-    assert result.returncode == 2
-    assert result.stderr.strip().splitlines() == [
+    assert main(short_run(tmp_path / "file" / "run", "--strategy", "ddp", "--workers", "2")) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
         f"distrl: error: run_dir={str(tmp_path / 'file' / 'run')!r} cannot be made (Not a directory): "
         "must be a directory you can write"
     ]
@@ -238,36 +234,35 @@ def test_a_run_directory_that_cannot_be_made_is_refused_before_any_rank_starts(t
 # ---- damaged checkpoints, retention ----
 
 
-def test_a_damaged_checkpoint_is_named_and_resume_falls_back_to_the_newest_intact_one(tmp_path):
+def test_a_damaged_checkpoint_is_named_and_resume_falls_back_to_the_newest_intact_one(tmp_path, capsys):
     run = tmp_path / "run"
-    assert distrl(*short_run(run, "--checkpoint-every", "128", "--total-steps", "384")).returncode == 0
+    assert main(short_run(run, "--checkpoint-every", "128", "--total-steps", "384")) == 0
     flip_a_byte(run / "model")
     flip_a_byte(run / "checkpoints" / f"step-{256:012d}")
 
-    named = distrl("eval", str(run / "model"), "--episodes", "1")
-    assert named.returncode == 2
-    assert named.stderr.strip().splitlines() == [
+    capsys.readouterr()
+    assert main(["eval", str(run / "model"), "--episodes", "1"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
         f"distrl: error: checkpoint={str(run / 'model')!r}: tensors.safetensors is damaged (sha256 differs from the "
         "one recorded when it was written): resume from an earlier checkpoint of the run, or restore this one "
         "from a copy"
     ]
 
-    resumed = distrl("train", "ppo", "CartPole-v1", "--resume", str(run), "--quiet")
-    assert resumed.returncode == 0, resumed.stderr
+    assert main(["train", "ppo", "CartPole-v1", "--resume", str(run), "--quiet"]) == 0
+    err = capsys.readouterr().err
     good = run / "checkpoints" / f"step-{128:012d}"
     for skipped in (run / "model", run / "checkpoints" / f"step-{256:012d}"):
-        assert f"distrl: note: skipped checkpoint={str(skipped)!r}: tensors.safetensors is damaged" in resumed.stderr
-    assert f"going on from {good}" in resumed.stderr
+        assert f"distrl: note: skipped checkpoint={str(skipped)!r}: tensors.safetensors is damaged" in err
+    assert f"going on from {good}" in err
     assert f"resumed at step 128 from {good}" in (run / "events.log").read_text()
     assert checkpoint.verify(run / "model") is None  # the final model was written again, whole
 
 
-def test_keep_checkpoints_keeps_the_newest_periodic_ones_and_the_model(tmp_path):
+def test_keep_checkpoints_keeps_the_newest_periodic_ones_and_the_model(tmp_path, capsys):
     run = tmp_path / "run"
-    result = distrl(*short_run(run, "--checkpoint-every", "64", "--keep-checkpoints", "2"))
-    assert result.returncode == 0, result.stderr
+    assert main(short_run(run, "--checkpoint-every", "64", "--keep-checkpoints", "2")) == 0
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == [f"step-{384:012d}", f"step-{448:012d}"]
     assert (run / "model").is_dir()
-    bad = distrl(*short_run(tmp_path / "other", "--keep-checkpoints", "-1"))
-    assert bad.returncode == 2
-    assert "keep_checkpoints=-1 is not allowed: must be >= 0 (0: keep all)" in bad.stderr
+    capsys.readouterr()
+    assert main(short_run(tmp_path / "other", "--keep-checkpoints", "-1")) == 2
+    assert "keep_checkpoints=-1 is not allowed: must be >= 0 (0: keep all)" in capsys.readouterr().err

@@ -133,37 +133,19 @@ def test_missing_ray_names_the_extra(monkeypatch):
         import_ray()
 
 
-def test_cli_actor_learner_reports_per_iteration_and_summary(tmp_path):
-    pytest.importorskip("ray")
+def test_cli_actor_learner_reports_per_iteration_and_summary(tmp_path, ray_local, capsys):
+    """The command line in this process, on the session's Ray instance (the embedded start is
+    tests/strategies/test_ray_embedded.py's)."""
+    from distrl.cli import main
+
+    argv = ["train", "reinforce", "CartPole-v1", "--strategy", "actor-learner", "--workers", "2", "--iterations", "3"]
     run_dir = tmp_path / "run"
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "distrl",
-            "train",
-            "reinforce",
-            "CartPole-v1",
-            "--strategy",
-            "actor-learner",
-            "--workers",
-            "2",
-            "--iterations",
-            "3",
-            "--episodes-per-iter",
-            "10",
-            "--run-dir",
-            str(run_dir),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr
-    assert "iteration 3/3: mean reward" in result.stderr
-    ends = [line for line in result.stderr.splitlines() if line.startswith("done:")]  # one end line, labelled
+    assert main([*argv, "--episodes-per-iter", "10", "--run-dir", str(run_dir)]) == 0
+    out, err = capsys.readouterr()
+    assert "iteration 3/3: mean reward" in err
+    ends = [line for line in err.splitlines() if line.startswith("done:")]  # one end line, labelled
     assert len(ends) == 1 and ends[0].startswith("done: 3 iterations, ") and " 30 episodes in " in ends[0]
-    assert "s training" in ends[0] and "s total" in ends[0] and result.stdout == ""
+    assert "s training" in ends[0] and "s total" in ends[0] and out == ""
     import json
 
     summary = json.loads((run_dir / "summary.json").read_text())

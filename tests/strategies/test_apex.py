@@ -53,6 +53,7 @@ def test_two_actors_learn_cartpole_at_the_single_process_replay_ratio(ray_local)
     assert 0 <= summary["lag_mean"] <= summary["lag_p95"] <= summary["lag_max"]
 
 
+@pytest.mark.heavy  # one more injected fault: an actor whose start fails is replaced in the default run
 def test_a_killed_actor_is_replaced_and_the_run_completes(ray_local):
     trainer = apex(ray_local, total_steps=2_000)
     trainer.train(stop_at=600)

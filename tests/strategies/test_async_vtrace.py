@@ -232,7 +232,10 @@ PIXELS_CFG = APPOConfig(
 
 
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("strategy", ["single", "pipeline"])
+@pytest.mark.parametrize(
+    "strategy",
+    ["single", pytest.param("pipeline", marks=pytest.mark.heavy)],  # the CNN under one more strategy
+)
 def test_appo_learns_from_pixels(ray_local, strategy):
     run = PIXELS.replace(total_steps=8192)
     if strategy == "single":

@@ -109,9 +109,22 @@ def per_update(algo: str, run_dir) -> float:
     return json.loads((run_dir / "config.json").read_text())[f"{algo}_effective"]["learning_rate"]
 
 
-@pytest.mark.parametrize("scaling", ["per-worker", "equivalent"])
-@pytest.mark.parametrize("strategy", STRATEGIES)
-@pytest.mark.parametrize("algo", list(ALGOS))
+def combinations() -> list:
+    """Every (algo, strategy, scaling). A combination that trains on several workers trains in the default run under
+    the default scaling (per-worker), and under ``equivalent`` in the heavy run: the second start of the same ranks,
+    whose batch arithmetic ``scaled`` is tested without starting anything (tests/strategies/test_ddp.py)."""
+    cases = []
+    for algo in ALGOS:
+        for strategy in STRATEGIES:
+            for scaling in ("per-worker", "equivalent"):
+                trains = TRAINS.get((algo, strategy), (None, None))[scaling == "equivalent"] is not None
+                again = trains and strategy != "single" and scaling == "equivalent"
+                marks = [pytest.mark.heavy] if again else []
+                cases.append(pytest.param(algo, strategy, scaling, marks=marks, id=f"{algo}-{strategy}-{scaling}"))
+    return cases
+
+
+@pytest.mark.parametrize("algo, strategy, scaling", combinations())
 def test_every_combination_trains_as_documented_or_is_a_one_line_error(
     algo, strategy, scaling, tmp_path, capsys, ray_local
 ):
