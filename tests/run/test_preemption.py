@@ -76,7 +76,7 @@ def episodes(run_dir):
         # Ctrl-C: the terminal signals the whole process group
         pytest.param("single", 64, signal.SIGINT, True, id="single-Ctrl-C", marks=pytest.mark.slow),
         # the launcher passes it to rank 0 alone (the ranks have process groups of their own)
-        pytest.param("ddp", 128, signal.SIGINT, True, id="ddp-Ctrl-C"),
+        pytest.param("ddp", 128, signal.SIGINT, True, id="ddp-Ctrl-C", marks=pytest.mark.heavy),
         pytest.param("ddp", 128, signal.SIGTERM, False, id="ddp-SIGTERM", marks=pytest.mark.slow),
         pytest.param("actor-learner", 128, signal.SIGTERM, False, id="actor-learner-SIGTERM", marks=pytest.mark.slow),
         # ranks as Ray actors: the driver passes the signal to rank 0 (Ray's workers block SIGINT; rank 0 unblocks it)

@@ -60,6 +60,7 @@ def params(run_dir) -> torch.Tensor:
     return torch.cat([t.flatten().double() for _, t in sorted(tensors.items()) if t.is_floating_point()])
 
 
+@pytest.mark.heavy  # torchrun's launch and ddp equal to one process are the default run's (test_launch, test_ddp)
 def test_ppo_on_two_torchrun_nodes_equals_single_process(tmp_path):
     shared = [
         "--vec",
