@@ -198,6 +198,8 @@ class IQLAlgo(Networks):
     Polyak step, then the policy's advantage-weighted step. V(s') and the advantages use V as it was before its
     step, as CORL's implementation does (the authors' code uses V after it; the two differ by one step of V)."""
 
+    sampling = "normal"  # sample(obs, standard normals [B, A]), the draw its online exploration takes too
+
     def __init__(self, cfg: IQLConfig, obs_dim: int, action_dim: int, device: torch.device, seed: int):
         self.cfg = cfg
         net = (cfg.net_arch, cfg.activation)
@@ -243,8 +245,6 @@ class IQLAlgo(Networks):
     def act(self, obs: torch.Tensor) -> torch.Tensor:
         return self.actor.module(obs)
 
-    sampling = "normal"
-
     @torch.no_grad()
     def sample(self, obs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
         """A draw of the Gaussian policy (clipped to [-1, 1]) for standard normal ``noise``; online, its
@@ -262,6 +262,8 @@ class CQLAlgo(Networks):
     :func:`~distrl.algos.offline.cql_penalty`, weighted by ``conservative_weight``, times alpha' when it is learned
     by its Lagrangian), and the target critics' Polyak step. The target is SAC's without the entropy bonus (the
     reference's ``backup_entropy=False``)."""
+
+    sampling = "normal"  # sample(obs, standard normals [B, A]), the draw its online exploration takes too
 
     def __init__(self, cfg: CQLConfig, obs_dim: int, action_dim: int, device: torch.device, seed: int):
         self.cfg, self.action_dim = cfg, action_dim
@@ -351,8 +353,6 @@ class CQLAlgo(Networks):
     @torch.no_grad()
     def act(self, obs: torch.Tensor) -> torch.Tensor:
         return self.actor.module(obs)
-
-    sampling = "normal"
 
     @torch.no_grad()
     def sample(self, obs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
