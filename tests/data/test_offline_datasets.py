@@ -206,7 +206,10 @@ def test_global_sampler_splits_the_single_process_batch_over_ranks(written):
         batch, global_batch_size = single.batch(whole, 256, "cpu")
         parts = [sampler.batch(shard, 256, "cpu") for sampler, shard in zip(ranks, shards)]
         assert global_batch_size == 256 and [size for _, size in parts] == [256, 256]
-        np.testing.assert_array_equal(batch.rows, np.arange(256))
+        assert batch.rows is None  # one process holds the whole batch, in the order drawn
+        positions, rows = whole.locate(drawn)
+        np.testing.assert_array_equal(positions, np.arange(256))
+        np.testing.assert_array_equal(rows, np.searchsorted(whole.global_index, drawn))  # row i holds index i
         assert torch.equal(batch.obs, torch.from_numpy(whole.obs[drawn]))
         # the ranks' positions in the global batch cover it exactly once ...
         np.testing.assert_array_equal(np.sort(np.concatenate([part.rows for part, _ in parts])), np.arange(256))

@@ -195,6 +195,8 @@ class OfflineData:
         """Where this shard holds those of ``global_indices`` [B] it has: their positions [M] int64 in
         ``global_indices`` (increasing, repeats kept) and their rows [M] int64 here. Indices held by other ranks are
         left out."""
+        if self.size == self.global_size:  # every transition, row i holding transition i: no search
+            return np.arange(len(global_indices)), global_indices
         if self.size == 0:
             return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
         rows = np.minimum(np.searchsorted(self.global_index, global_indices), self.size - 1)
@@ -231,8 +233,8 @@ class GlobalSampler:
     def batch(self, data: OfflineData, batch_size: int, device: torch.device | str = "cpu") -> tuple[Transitions, int]:
         """This rank's share of the next global batch, and the global batch size (``batch_size``).
 
-        The transitions' ``rows`` are their positions in the global batch (increasing): an algorithm that draws
-        something per sample for the whole batch (TD3's smoothing noise) indexes it with them, so a sample meets the
-        same draw on whichever rank holds it."""
+        The transitions' ``rows`` are their positions in the global batch (increasing), None where this rank holds
+        the whole batch: an algorithm that draws something per sample for the whole batch (TD3's smoothing noise)
+        indexes it with them, so a sample meets the same draw on whichever rank holds it."""
         positions, rows = data.locate(self.draw(data.global_size, batch_size))
-        return replace(data.take(rows, device), rows=positions), batch_size
+        return replace(data.take(rows, device), rows=None if len(positions) == batch_size else positions), batch_size
