@@ -5,6 +5,7 @@
     /tmp/d3venv/bin/python benchmarks/offline_vs_d3rlpy.py --only iql --steps 500 --repeats 1
     /tmp/d3venv/bin/python benchmarks/offline_vs_d3rlpy.py --quick          # 500 timed steps, one run each
     /tmp/d3venv/bin/python benchmarks/offline_vs_d3rlpy.py --ceiling        # and each step's arithmetic ceiling
+    /tmp/d3venv/bin/python benchmarks/offline_vs_d3rlpy.py --env Hopper-v5 --dataset hopper/medium-v0 --datasets-dir DIR
 
 d3rlpy lives in a virtualenv of its own, so that the project's .venv is left as it is; both libraries run in that
 one interpreter (the same torch and numpy). d3rlpy 2.8.1 pins gymnasium 1.0.0, which distrl does not accept: the
@@ -20,7 +21,9 @@ offline path does not use gymnasium)::
 The dataset is made here, nothing is downloaded: ``--dataset-steps`` (50,000) transitions of uniformly random
 actions in ``--env`` (Pendulum-v1, or Hopper-v5 where mujoco is importable), recorded by
 :func:`distrl.data.recorder.record_episodes` and written by :func:`distrl.data.minari_store.write_dataset` as a Minari
-dataset under a temporary ``MINARI_DATASETS_PATH``. distrl reads it as any run does; d3rlpy's child reads the same
+dataset under a temporary ``MINARI_DATASETS_PATH``; or, with ``--dataset ID --datasets-dir DIR``, a dataset made
+before (the Hopper ones of docs/results/offline/DATASETS.md: a million transitions, where a batch's draw costs
+more than in 50,000). distrl reads it as any run does; d3rlpy's child reads the same
 dataset back with ``minari.load_dataset`` and converts its episodes to ``d3rlpy.dataset.MDPDataset(observations,
 actions, rewards, terminals, timeouts)``: a truncated episode keeps its final observation as one more row (a zero
 action and reward, ``timeouts`` 1 there), so d3rlpy has the same T transitions and the same last next-observation; a
@@ -153,6 +156,14 @@ def make_dataset(env_id: str, steps: int, root: str) -> tuple[int, int]:
     return sum(len(e["rewards"]) for e in episodes), len(episodes)
 
 
+def dataset_size(dataset_id: str) -> tuple[int, int]:
+    """The transitions and episodes of Minari dataset ``dataset_id`` under ``MINARI_DATASETS_PATH``."""
+    import minari
+
+    dataset = minari.load_dataset(dataset_id)
+    return int(dataset.total_steps), int(dataset.total_episodes)
+
+
 def d3rlpy_dataset(root: str, dataset_id: str = DATASET_ID) -> tuple[Any, Any, Any]:
     """The Minari dataset ``dataset_id`` under ``root``, read with minari, as a d3rlpy ``MDPDataset``; and the action
     bounds."""
@@ -201,7 +212,16 @@ def distrl_config(algo: str, root: str, dataset_id: str = DATASET_ID) -> Any:
     return config.CQLConfig(**common, gamma=GAMMA, tau=TAU, target_action_gap=None, **CQL)
 
 
-def distrl_trainer(algo: str, env_id: str, root: str, seed: int, steps: int, device: str, precision: str) -> Any:
+def distrl_trainer(
+    algo: str,
+    env_id: str,
+    root: str,
+    seed: int,
+    steps: int,
+    device: str,
+    precision: str,
+    dataset_id: str = DATASET_ID,
+) -> Any:
     """distrl's trainer as timed: no run directory, quiet, no evaluation, one thread, ``--preset none``."""
     from distrl.config import RunConfig
     from distrl.training import OfflineTrainer
@@ -218,15 +238,23 @@ def distrl_trainer(algo: str, env_id: str, root: str, seed: int, steps: int, dev
         eval_every=0,
         precision=precision,
     )
-    return OfflineTrainer(run, distrl_config(algo, root))
+    return OfflineTrainer(run, distrl_config(algo, root, dataset_id))
 
 
 def run_distrl(
-    algo: str, env_id: str, root: str, seed: int, steps: int, warmup: int, device: str = "cpu", precision: str = "fp32"
+    algo: str,
+    env_id: str,
+    root: str,
+    seed: int,
+    steps: int,
+    warmup: int,
+    device: str = "cpu",
+    precision: str = "fp32",
+    dataset_id: str = DATASET_ID,
 ) -> float:
     """distrl's gradient steps per second over ``steps`` steps after ``warmup`` (on a GPU: until its last kernel
     has run), its networks' products in ``precision``."""
-    trainer = distrl_trainer(algo, env_id, root, seed, warmup + steps, device, precision)
+    trainer = distrl_trainer(algo, env_id, root, seed, warmup + steps, device, precision, dataset_id)
     try:
         trainer.train(stop_at=warmup)  # loads the dataset, then the warm-up steps
         synchronize(device)
@@ -293,23 +321,25 @@ def d3rlpy_config(algo: str, low: Any, high: Any) -> Any:
     )
 
 
-def d3rlpy_model(algo: str, root: str, seed: int, device: str) -> tuple[Any, Any]:
+def d3rlpy_model(algo: str, root: str, seed: int, device: str, dataset_id: str = DATASET_ID) -> tuple[Any, Any]:
     """d3rlpy's algorithm built as ``fit`` builds it (the observation scaler fitted), and the dataset."""
     import d3rlpy
     from d3rlpy.algos.utility import build_scalers_with_transition_picker
 
     d3rlpy.seed(seed)
-    dataset, low, high = d3rlpy_dataset(root)
+    dataset, low, high = d3rlpy_dataset(root, dataset_id)
     model = d3rlpy_config(algo, low, high).create(device=device)
     build_scalers_with_transition_picker(model, dataset)  # as fit does: the observation scaler's statistics
     model.build_with_dataset(dataset)
     return model, dataset
 
 
-def run_d3rlpy(algo: str, root: str, seed: int, steps: int, warmup: int, device: str = "cpu:0") -> float:
+def run_d3rlpy(
+    algo: str, root: str, seed: int, steps: int, warmup: int, device: str = "cpu:0", dataset_id: str = DATASET_ID
+) -> float:
     """d3rlpy's gradient steps per second over ``steps`` steps after ``warmup``: ``update`` on a sampled batch, as
     ``fit``'s loop calls it."""
-    model, dataset = d3rlpy_model(algo, root, seed, device)
+    model, dataset = d3rlpy_model(algo, root, seed, device, dataset_id)
     for _ in range(warmup):
         model.update(dataset.sample_transition_batch(BATCH_SIZE))
     synchronize(device)
@@ -329,13 +359,13 @@ SHAPES = ((256, 256, 256), (7_680, 256, 256), (1_024, 1_024, 1_024))
 through one, and a large square one."""
 
 
-def product_flops(lib: str, algo: str, root: str, env_id: str) -> float:
+def product_flops(lib: str, algo: str, root: str, env_id: str, dataset_id: str = DATASET_ID) -> float:
     """The floating-point operations of one gradient step's matrix products (forward and backward), counted by
     ``torch.utils.flop_counter`` over :data:`COUNTED` steps after as many."""
     from torch.utils.flop_counter import FlopCounterMode
 
     if lib == "distrl":
-        trainer = distrl_trainer(algo, env_id, root, 0, 2 * COUNTED, "cpu", "fp32")
+        trainer = distrl_trainer(algo, env_id, root, 0, 2 * COUNTED, "cpu", "fp32", dataset_id)
         try:
             trainer.train(stop_at=COUNTED)
             with FlopCounterMode(display=False) as counter:
@@ -343,7 +373,7 @@ def product_flops(lib: str, algo: str, root: str, env_id: str) -> float:
         finally:
             trainer.close()
     else:
-        model, dataset = d3rlpy_model(algo, root, 0, "cpu:0")
+        model, dataset = d3rlpy_model(algo, root, 0, "cpu:0", dataset_id)
         for _ in range(COUNTED):
             model.update(dataset.sample_transition_batch(BATCH_SIZE))
         with FlopCounterMode(display=False) as counter:
@@ -372,13 +402,14 @@ def child(lib: str, algo: str, seed: int, arg: str) -> dict:
     torch.set_num_threads(1)
     settings = json.loads(arg)
     env_id, root, steps, warmup = settings["env"], settings["root"], settings["steps"], settings["warmup"]
+    dataset_id = settings["dataset"]
     if lib == "products":
         return product_rate()
     if settings.get("count"):
-        return {"gflop": product_flops(lib, algo, root, env_id) / 1e9}
+        return {"gflop": product_flops(lib, algo, root, env_id, dataset_id) / 1e9}
     if lib == "distrl":
-        return {KEY: run_distrl(algo, env_id, root, seed, steps, warmup, precision=settings["precision"])}
-    return {KEY: run_d3rlpy(algo, root, seed, steps, warmup)}
+        return {KEY: run_distrl(algo, env_id, root, seed, steps, warmup, "cpu", settings["precision"], dataset_id)}
+    return {KEY: run_d3rlpy(algo, root, seed, steps, warmup, dataset_id=dataset_id)}
 
 
 # ---- the report ----
@@ -457,6 +488,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=None, help="runs per library and algorithm (3)")
     parser.add_argument("--only", choices=ALGOS, default=None, help="one algorithm")
     parser.add_argument("--dataset-steps", type=int, default=50_000, help="transitions in the dataset")
+    parser.add_argument(
+        "--dataset", default="", help="time on this Minari dataset under --datasets-dir instead of making one"
+    )
+    parser.add_argument("--datasets-dir", default="", help="where --dataset lives")
     parser.add_argument("--quick", action="store_true", help="500 timed steps after 50, one run each")
     parser.add_argument("--write", action="store_true", help="write the section of docs/benchmarks.md")
     parser.add_argument(
@@ -475,23 +510,34 @@ def main() -> None:
         parser.error("--steps, --repeats and --dataset-steps must be at least 1, --warmup at least 0")
     if args.ceiling and args.precision != "fp32":
         parser.error("--ceiling counts float32 products: leave --precision at fp32")
+    if bool(args.dataset) != bool(args.datasets_dir):
+        parser.error("--dataset and --datasets-dir go together")
     algos = (args.only,) if args.only else ALGOS
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     print(f"{versions()}; load average at start {load}", flush=True)
     results: dict[str, dict] = {}
-    with tempfile.TemporaryDirectory() as root:
+    with tempfile.TemporaryDirectory() as scratch:
+        root, dataset_id = (args.datasets_dir, args.dataset) if args.dataset else (scratch, DATASET_ID)
         os.environ["MINARI_DATASETS_PATH"] = root  # the children inherit it
         start = time.perf_counter()
         try:
-            transitions, episodes = make_dataset(args.env, args.dataset_steps, root)
+            if args.dataset:
+                transitions, episodes = dataset_size(dataset_id)
+                data = f"`{dataset_id}`, {transitions:,} transitions in {episodes:,} episodes"
+            else:
+                transitions, episodes = make_dataset(args.env, args.dataset_steps, root)
+                data = f"{transitions:,} transitions of uniformly random actions in {episodes:,} episodes"
         except ConfigError as e:  # the env's dependencies are missing (Hopper-v5 without mujoco)
             parser.error(str(e))
-        print(
-            f"dataset {DATASET_ID}: {transitions:,} transitions of random actions in {episodes} episodes of "
-            f"{args.env} ({time.perf_counter() - start:.1f} s)",
-            flush=True,
-        )
-        settings = {"env": args.env, "root": root, "steps": steps, "warmup": warmup, "precision": args.precision}
+        print(f"dataset: {data} of {args.env} ({time.perf_counter() - start:.1f} s)", flush=True)
+        settings = {
+            "env": args.env,
+            "root": root,
+            "dataset": dataset_id,
+            "steps": steps,
+            "warmup": warmup,
+            "precision": args.precision,
+        }
         arg = json.dumps(settings)
         rates: dict[str, float] = {}
         if args.ceiling:
@@ -508,8 +554,8 @@ def main() -> None:
                 flops[algo] = {lib: measure(__file__, lib, algo, 0, counting)["gflop"] for lib in libs}
     lines = [
         f"`python benchmarks/offline_vs_d3rlpy.py` — {time.strftime('%Y-%m-%d')}, {platform.machine()}, "
-        f"{os.cpu_count()} CPUs, {args.env}: {transitions:,} transitions of uniformly random actions (a Minari "
-        f"dataset both read), {repeats} runs each (seeds 0..{repeats - 1}), alternating, medians; one torch thread "
+        f"{os.cpu_count()} CPUs, {args.env}: {data} (a Minari dataset both read), {repeats} runs each (seeds "
+        f"0..{repeats - 1}), alternating, medians; one torch thread "
         f"each; gradient steps per second over {steps:,} steps after {warmup:,}; {versions()}. Batch 256, "
         "(256, 256) ReLU networks, Adam lr 3e-4 (CQL's policy 1e-4), the papers' settings (see the script's "
         "docstring for what each side times and what differs)."
