@@ -70,9 +70,10 @@ Differences that remain (the networks' shapes and parameter counts are equal on 
 
 - Each step's work: d3rlpy draws a batch with a Python loop over 256 transitions (about 1.6 ms on 2026-11-28's
   host, 2.9-3.4 ms on 2026-11-30's, on the random dataset and on ``hopper/medium-v0`` alike, against 0.07 ms for
-  distrl's vectorised draw on the random one and 0.1-0.15 ms on the Hopper one's million rows); distrl's networks sit on one flat buffer per module, so its Adam and Polyak
-  steps are a few whole-buffer operations where torch's Adam and d3rlpy's ``soft_sync`` loop over the parameters;
-  distrl flushes denormals (``RunConfig.flush_denormal``, on by default), d3rlpy leaves torch's default.
+  distrl's vectorised draw on the random one and 0.1-0.3 ms on the Hopper one's million rows); distrl's networks
+  sit on one flat buffer per module, so its Adam and Polyak steps are a few whole-buffer operations where torch's
+  Adam and d3rlpy's ``soft_sync`` loop over the parameters; distrl flushes denormals (``RunConfig.flush_denormal``,
+  on by default), d3rlpy leaves torch's default.
 - TD3+BC: d3rlpy steps the actor at steps 0, 2, 4, ..., distrl at 2, 4, ...: as many over an even number of steps.
 - IQL: d3rlpy trains Q and V with one Adam over both (one backward of the summed losses), then recomputes the
   target critics' Q and V(s) for the policy's weights (with V after its step): one more forward of the twin
