@@ -128,6 +128,13 @@ def median(values: list) -> float | None:
     return statistics.median(values) if values else None
 
 
+def paired_ratio(mine: list, theirs: list) -> float | None:
+    """The median of ``mine[i] / theirs[i]``: each seed's two runs, which :func:`alternate` times one after the
+    other, against each other. Where the host's speed drifts during a sitting, this moves less than the ratio of the
+    two medians, which may take them from different minutes."""
+    return median([m / t for m, t in zip(mine, theirs) if m is not None and t])
+
+
 def write_section(title: str, body: str, out: Path = BENCHMARKS_MD) -> None:
     """Replace the ``## title`` section of ``out`` (or append it)."""
     section = f"## {title}\n\n{body.rstrip()}\n"

@@ -94,7 +94,10 @@ running those products could reach. Where twice d3rlpy's rate is above it, 2x in
 machine.
 
 Peak RSS is the child's ``ru_maxrss``: the libraries, the dataset as each holds it, the networks and the optimizers.
-The ratio is distrl / d3rlpy of the median steps per second: above 1, distrl is faster.
+The ratio is distrl / d3rlpy of the median steps per second: above 1, distrl is faster. "Per seed, median" is the
+median of each seed's distrl / d3rlpy, the two runs timed one after the other (``harness.paired_ratio``): where the
+host's speed drifts within a sitting (on 2026-11-30's Xeon a [256, 256] product's time doubled and came back within
+twenty minutes), it compares runs of the same minutes.
 """
 
 from __future__ import annotations
@@ -108,7 +111,7 @@ import time
 from typing import Any
 
 from distrl.config import ConfigError
-from harness import alternate, child_main, markdown_table, measure, median, mm_gflops, write_section
+from harness import alternate, child_main, markdown_table, measure, median, mm_gflops, paired_ratio, write_section
 
 ALGOS = ("bc", "td3bc", "iql", "cql")
 NAMES = {"bc": "BC", "td3bc": "TD3+BC", "iql": "IQL", "cql": "CQL"}
@@ -432,6 +435,7 @@ def report_table(results: dict[str, dict]) -> list[str]:
     rows = []
     for algo, res in results.items():
         d, r = median(res["values"].get("distrl", [])), median(res["values"]["d3rlpy"])
+        paired = paired_ratio(res["values"].get("distrl", []), res["values"]["d3rlpy"])
         rss_d, rss_r = median(res["rss"].get("distrl", [])), median(res["rss"]["d3rlpy"])
         rows.append(
             [
@@ -439,10 +443,18 @@ def report_table(results: dict[str, dict]) -> list[str]:
                 "n/a" if d is None else rate(d),
                 rate(r),
                 "n/a" if d is None else f"{d / r:.2f}×",
+                "n/a" if paired is None else f"{paired:.2f}×",
                 f"{'n/a' if rss_d is None else f'{rss_d:,.0f}'} / {rss_r:,.0f}",
             ]
         )
-    header = ["algorithm", "distrl steps/s", "d3rlpy steps/s", "distrl / d3rlpy", "peak RSS distrl / d3rlpy (MB)"]
+    header = [
+        "algorithm",
+        "distrl steps/s",
+        "d3rlpy steps/s",
+        "distrl / d3rlpy",
+        "per seed, median",
+        "peak RSS distrl / d3rlpy (MB)",
+    ]
     return markdown_table(header, rows)
 
 
