@@ -1,4 +1,5 @@
 import atexit
+import logging
 import os
 import shutil
 import sys
@@ -22,6 +23,25 @@ os.environ["DISTRL_TRUST_STORE"] = os.path.join(_trust_dir, "trusted.json")
 @pytest.fixture
 def run_dir(tmp_path):
     return tmp_path / "run"
+
+
+@pytest.fixture(scope="session")
+def ray_local():
+    """One local Ray instance for every Ray test of the session (of its xdist worker)."""
+    ray = pytest.importorskip("ray")
+    from distrl.strategies.ray_engine import loopback_node_address
+
+    with loopback_node_address():  # listening on 127.0.0.1 only, as distrl's embedded instance does
+        ray.init(
+            address="local",
+            num_cpus=4,
+            include_dashboard=False,
+            _node_ip_address="127.0.0.1",
+            logging_level=logging.WARNING,
+            log_to_driver=False,
+        )
+    yield ray
+    ray.shutdown()
 
 
 def pytest_xdist_auto_num_workers(config):

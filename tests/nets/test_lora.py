@@ -232,13 +232,11 @@ def test_a_resumed_lora_run_equals_the_uninterrupted_one_and_exports_the_adapter
 
 @pytest.mark.multiprocess
 @pytest.mark.heavy
-def test_lora_pipeline_and_ddp_move_the_adapter_alone_and_reproduce_single(lm, tmp_path):
+def test_lora_pipeline_and_ddp_move_the_adapter_alone_and_reproduce_single(lm, tmp_path, ray_local):
     flags = ("--lora-rank", str(RANK), "--lora-alpha", "8", "--learner-steps", "2", "--slices-per-call", "1")
 
-    def run(name, *more):
-        args = [sys.executable, "-m", "distrl", *grpo_args(lm, tmp_path / name, *flags, *more)]
-        result = subprocess.run(args, capture_output=True, text=True, timeout=300)
-        assert result.returncode == 0, result.stderr[-3000:]
+    def run(name, *more):  # in this process: the pipeline on the session's Ray instance, ddp's ranks launched
+        assert main(grpo_args(lm, tmp_path / name, *flags, *more)) == 0
         return checkpoint_params(tmp_path / name / "model"), summary(tmp_path / name)
 
     assert main(grpo_args(lm, tmp_path / "single", *flags)) == 0

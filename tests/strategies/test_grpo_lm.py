@@ -59,6 +59,7 @@ def grpo_args(lm, run_dir, *flags, reward="distrl_lm:reversal"):
 
 
 def train(lm, run_dir, *flags, reward="distrl_lm:reversal", timeout=600):
+    """A command-line run in a process of its own (the learning test's, as its figures were measured)."""
     return subprocess.run(
         [sys.executable, "-m", "distrl", *grpo_args(lm, run_dir, *flags, reward=reward)],
         capture_output=True,
@@ -142,11 +143,11 @@ def test_a_tiny_model_learns_to_reverse_digit_strings(lm, tmp_path):
     } <= tags
 
 
-def test_one_generator_one_request_ahead_reproduces_single(lm, tmp_path):
+def test_one_generator_one_request_ahead_reproduces_single(lm, tmp_path, ray_local):
     flags = ("--group-size", "4", "--slices-per-step", "2", "--slices-per-call", "2", "--learner-steps", "5")
     assert main(grpo_args(lm, tmp_path / "single", *flags)) == 0
-    pipeline = train(lm, tmp_path / "pipeline", *flags, "--strategy", "pipeline", "--workers", "1", "--queue-size", "2")
-    assert pipeline.returncode == 0, pipeline.stderr[-3000:]
+    pipeline = ("--strategy", "pipeline", "--workers", "1", "--queue-size", "2")
+    assert main(grpo_args(lm, tmp_path / "pipeline", *flags, *pipeline)) == 0  # on the session's Ray instance
     assert largest_difference(policy(tmp_path / "single"), policy(tmp_path / "pipeline")) < 1e-5
     s = summary(tmp_path / "pipeline")
     assert s["policy_lag_max"] == 0 and s["slices_trained"] == s["slices_generated"] == 10
@@ -159,47 +160,19 @@ def test_ddp_on_two_ranks_equals_single_on_the_same_global_batch_and_resumes(lm,
     # every rank draws its share of each step's prompts; the dapo loss divides by the global token count
     flags = ("--group-size", "4", "--learner-steps", "4", "--beta", "0.05", "--microbatch-size", "6")
     assert main(grpo_args(lm, tmp_path / "single", *flags, "--slices-per-step", "2")) == 0
-    ddp = train(
-        lm,
-        tmp_path / "ddp",
-        *flags,
-        "--slices-per-step",
-        "1",
-        "--strategy",
-        "ddp",
-        "--workers",
-        "2",
-        "--checkpoint-every",
-        "2",
-    )
-    assert ddp.returncode == 0, ddp.stderr[-3000:]
+    ddp = ("--slices-per-step", "1", "--strategy", "ddp", "--workers", "2", "--checkpoint-every", "2")
+    assert main(grpo_args(lm, tmp_path / "ddp", *flags, *ddp)) == 0  # the ranks launched from this process
     assert largest_difference(policy(tmp_path / "single"), policy(tmp_path / "ddp")) < 2e-5
     s = summary(tmp_path / "ddp")
     assert len(set(s["param_checksums"])) == 1 and s["completions"] == summary(tmp_path / "single")["completions"]
     # both ranks go on from step 2's checkpoint (rank 0 reads it and sends it) exactly as they first went
     whole = policy(tmp_path / "ddp")
-    resumed = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "distrl",
-            "train",
-            "grpo",
-            "--resume",
-            str(tmp_path / "ddp" / "checkpoints" / "step-000000000002"),
-            "--reward",
-            "distrl_lm:reversal",
-            "--quiet",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    step2 = str(tmp_path / "ddp" / "checkpoints" / "step-000000000002")
+    assert main(["train", "grpo", "--resume", step2, "--reward", "distrl_lm:reversal", "--quiet"]) == 0
     assert largest_difference(whole, policy(tmp_path / "ddp")) == 0.0
 
 
-def test_a_resumed_run_goes_on_exactly_as_the_uninterrupted_one(lm, tmp_path):
+def test_a_resumed_run_goes_on_exactly_as_the_uninterrupted_one(lm, tmp_path, capsys):
     run_dir = tmp_path / "run"
     flags = (
         "--group-size",
@@ -251,32 +224,21 @@ def test_a_resumed_run_goes_on_exactly_as_the_uninterrupted_one(lm, tmp_path):
     # (or --trust-code, or `distrl trust`); where it was written, it resumes as it is
     elsewhere = tmp_path / "copied"
     shutil.copytree(run_dir, elsewhere)
-    refused = subprocess.run(
-        [sys.executable, "-m", "distrl", "train", "grpo", "--resume", str(elsewhere)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert refused.returncode == 2 and "reward='distrl_lm:reversal'" in refused.stderr
+    capsys.readouterr()
+    assert main(["train", "grpo", "--resume", str(elsewhere)]) == 2
+    assert "reward='distrl_lm:reversal'" in capsys.readouterr().err
 
 
-def test_a_reward_that_raises_ends_the_run_with_one_line_naming_it(lm, tmp_path):
-    result = train(
-        lm,
-        tmp_path / "run",
-        "--group-size",
-        "4",
-        "--slices-per-step",
-        "1",
-        "--learner-steps",
-        "3",
-        reward="distrl_lm:raises",
-    )
-    assert result.returncode == 1
-    assert result.stderr.strip().splitlines()[-1] == (
+def test_a_reward_that_raises_ends_the_run_with_one_line_naming_it(lm, tmp_path, capsys):
+    flags = ("--group-size", "4", "--slices-per-step", "1", "--learner-steps", "3")
+    with pytest.raises(SystemExit) as exited:  # how the command line ends a run that failed (exit status 1)
+        main(grpo_args(lm, tmp_path / "run", *flags, reward="distrl_lm:raises"))
+    assert exited.value.code == 1
+    err = capsys.readouterr().err
+    assert err.strip().splitlines()[-1] == (
         "distrl: error: reward 'distrl_lm:raises' raised ZeroDivisionError: a reward that divides by zero"
     )
-    assert "Traceback" not in result.stderr and not (tmp_path / "run" / "model").exists()
+    assert "Traceback" not in err and not (tmp_path / "run" / "model").exists()
 
 
 @pytest.mark.parametrize(
