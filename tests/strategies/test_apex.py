@@ -67,10 +67,11 @@ def test_a_killed_actor_is_replaced_and_the_run_completes(ray_local):
     trainer.close()
 
 
-def test_the_starve_timeout_counts_waits_for_data_not_the_actors_start(ray_local):
+def test_the_starve_timeout_counts_waits_for_data_not_the_actors_start(ray_local, monkeypatch):
     """Actors whose env takes 3 s to make, a starve timeout of 2 s: the start is bounded by timeout_s (as the
     pipeline's), and the run trains. Counted in the starve timeout, the start failed it ("no replay actor pushed
     anything for 2 s"), as it did on a loaded machine with the default 60 s."""
+    monkeypatch.setenv("DISTRL_TEST_PID", str(os.getpid()))  # the learner's and evaluator's envs are made at once
     trainer = apex(ray_local, total_steps=600, starve_timeout_s=2, wrappers=("distrl_testenvs:slow_to_start",))
     trainer.train()
     summary = trainer.summary()
