@@ -95,7 +95,9 @@ def test_bc_clones_a_cartpole_expert_to_its_return(datasets):
     ],
 )
 def test_each_algorithm_reaches_the_experts_return_on_a_continuous_task(datasets, algo, cfg, extra):
-    t = trainer(algo, REACH, cfg(dataset="reach/expert-v0", **SMALL, **extra), datasets, 1000)
+    # CQL's steps are the dearest: it returned 8.6, 8.7 and 8.8 after 250, 350 and 500 (a Xeon, 2026-11-30)
+    steps = 500 if algo == "cql" else 1000
+    t = trainer(algo, REACH, cfg(dataset="reach/expert-v0", **SMALL, **extra), datasets, steps)
     t.train()
     mean, _ = t.evaluate_now()
     t.close()
