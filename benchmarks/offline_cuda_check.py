@@ -46,7 +46,7 @@ SMALL = dict(net_arch=(64, 64), batch_size=128)
 def cpu_noise() -> None:
     """Make every algorithm draw its noise from a CPU generator and move it to its device, so that a GPU run and a
     CPU run see the same numbers."""
-    from distrl.algos import learned, offline_updates
+    from distrl.algos import cql, learned, td3
 
     class CPUNoise(learned.BatchNoise):
         def __init__(self, device: torch.device):
@@ -59,7 +59,7 @@ def cpu_noise() -> None:
         def uniform(self, *args: int | object) -> torch.Tensor:
             return super().uniform(*args).to(self.target)
 
-    offline_updates.BatchNoise = CPUNoise
+    td3.BatchNoise = cql.BatchNoise = CPUNoise  # the algorithms that draw noise within a step
 
 
 def trained_state(algo: str, env_id: str, root: str, device: str, steps: int) -> dict[str, torch.Tensor]:

@@ -5,22 +5,10 @@ import math
 import pytest
 import torch
 
-from distrl.algos.offline import (
-    bc_categorical_loss,
-    bc_deterministic_loss,
-    bc_gaussian_loss,
-    cql_alpha_loss,
-    cql_discrete_penalty,
-    cql_penalty,
-    expectile_loss,
-    iql_actor_loss,
-    iql_critic_loss,
-    iql_value_loss,
-    td3_actor_loss,
-    td3_critic_loss,
-    td3_target,
-    td3bc_actor_loss,
-)
+from distrl.algos.bc import bc_categorical_loss, bc_deterministic_loss, bc_gaussian_loss
+from distrl.algos.cql import cql_alpha_loss, cql_discrete_penalty, cql_penalty
+from distrl.algos.iql import expectile_loss, iql_actor_loss, iql_critic_loss, iql_value_loss
+from distrl.algos.td3 import td3_actor_loss, td3_critic_loss, td3_target, td3bc_actor_loss
 
 LN2, LN3 = math.log(2.0), math.log(3.0)
 

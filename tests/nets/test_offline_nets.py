@@ -2,7 +2,7 @@
 
 import torch
 
-from distrl.algos.offline_updates import make_offline_algo
+from distrl.algos.offline import make_offline_algo
 from distrl.algos.protocols import LocalSync
 from distrl.config import CQLConfig
 from distrl.data.replay import Transitions

@@ -71,7 +71,7 @@ def check_sac_fits(cfg: Any, init_from: str, state: dict[str, Any]) -> None:
 def sac_from_cql(algo: Any, tensors: dict[str, torch.Tensor], state: dict[str, Any], init_from: str) -> None:
     """Write a CQL run's policy, critics, target critics and (where SAC learns it) entropy coefficient into
     ``algo`` (a :class:`~distrl.algos.sac.SACAlgo` over distrl's MLPs)."""
-    from distrl.algos.offline_updates import CQLAlgo
+    from distrl.algos.cql import CQLAlgo
     from distrl.config import CQLConfig
     from distrl.nets.sac import SquashedGaussianActor, TwinQ
 

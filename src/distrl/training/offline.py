@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from gymnasium import spaces
 
-from distrl.algos.offline_updates import make_offline_algo
+from distrl.algos.offline import make_offline_algo
 from distrl.algos.protocols import Sync
 from distrl.config import OFFLINE_CONFIGS, ConfigError, OfflineConfig, RunConfig, StrategyConfig
 from distrl.data.minari_store import check_spaces, open_dataset
