@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from distrl.algos.bc import bc_categorical_loss, bc_deterministic_loss, bc_gaussian_loss
+from distrl.algos.bc import bc_categorical_loss, bc_deterministic_loss
 from distrl.algos.cql import cql_alpha_loss, cql_discrete_penalty, cql_penalty
 from distrl.algos.iql import expectile_loss, iql_actor_loss, iql_critic_loss, iql_value_loss
 from distrl.algos.td3 import td3_actor_loss, td3_critic_loss, td3_target, td3bc_actor_loss
@@ -22,14 +22,6 @@ def close(tensor, expected):
 
 
 # ---- behaviour cloning ----
-
-
-def test_bc_gaussian_loss_is_the_negative_log_likelihood_summed():
-    log_prob = t(-0.5, -1.5, 0.25, grad=True)
-    loss = bc_gaussian_loss(log_prob)
-    assert loss.item() == pytest.approx(-(-0.5 - 1.5 + 0.25))  # 1.75
-    loss.backward()
-    close(log_prob.grad, [-1.0, -1.0, -1.0])
 
 
 def test_bc_deterministic_loss_averages_squares_over_dimensions_and_sums_over_samples():
@@ -241,7 +233,6 @@ def random_batch(n=4, action_dim=2, samples=3, seed=0):
 
 
 LOSSES = {
-    "bc_gaussian": lambda b: bc_gaussian_loss(b["log_prob"]),
     "bc_deterministic": lambda b: bc_deterministic_loss(b["action"], b["dataset_action"]),
     "bc_categorical": lambda b: bc_categorical_loss(b["logits"], b["discrete_actions"]),
     "td3_critic": lambda b: td3_critic_loss(b["q1"], b["q2"], b["target"]),

@@ -1,5 +1,5 @@
-"""Behaviour cloning: the dataset action's negative log-likelihood (stochastic policies, discrete or continuous) or
-squared error (deterministic policies), and its step on a batch of dataset transitions.
+"""Behaviour cloning: a deterministic policy's squared error to the dataset's actions (Box), or a categorical
+policy's cross-entropy (Discrete), and its step on a batch of dataset transitions.
 
 Losses are summed over a batch's samples, as every loss in :mod:`distrl.algos` (:mod:`distrl.algos.offline` says
 why).
@@ -15,15 +15,6 @@ from distrl.config import BCConfig
 from distrl.data.replay import Transitions
 from distrl.nets.distributions import inverse_cdf_sample
 from distrl.nets.offline import CategoricalActor, DeterministicActor
-
-
-def bc_gaussian_loss(log_prob: torch.Tensor) -> torch.Tensor:
-    """``-sum_i log pi(a_i|s_i)``: the dataset actions' negative log-likelihood under a stochastic policy.
-
-    Args:
-        log_prob: [B] the policy's log-density of each dataset action (summed over action dimensions).
-    """
-    return -log_prob.sum()
 
 
 def bc_deterministic_loss(action: torch.Tensor, dataset_action: torch.Tensor) -> torch.Tensor:
