@@ -385,3 +385,15 @@ def test_parsing_and_config_validation_import_no_torch_gymnasium_ray_or_transfor
     codes, loaded = json.loads(out.stdout.strip().splitlines()[-1])
     assert codes == [0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 0, 2, 2]
     assert loaded == []
+
+
+def test_top_level_help_sets_every_description_in_one_column():
+    # each command's description, and each line that carries one on, starts where the first one does
+    from distrl.cli import usage
+
+    commands, version = usage().split("\n\n")[1:3]
+    lines = [*commands.splitlines(), *version.splitlines()]
+    column = lines[0].index("train an agent")
+    assert len(lines) > 10
+    for line in lines:
+        assert line[column - 1] == " " and line[column] != " ", line

@@ -60,7 +60,7 @@ usage: distrl COMMAND ...
   distrl train ALGO ENV [flags]     train an agent; `distrl train ppo cartpole --help` lists the flags
   distrl eval RUN [flags]           evaluate a run directory or checkpoint; --record FILE.gif|.mp4
   distrl export RUN [flags]         the policy as one ONNX (--format onnx) or TorchScript graph, checked
-  distrl collect RUN --out ID        play a run's policy into a Minari dataset (--steps N, --epsilon E,
+  distrl collect RUN --out ID       play a run's policy into a Minari dataset (--steps N, --epsilon E,
                                     --stochastic, --random, --every-checkpoint)
   distrl plot RUN [RUN ...] [flags] reward curves from Monitor files (distrl's or stable-baselines3's)
   distrl trust RUN [RUN ...]        let a run from elsewhere import the code its config names
