@@ -6,15 +6,18 @@ test suite needs a GPU).
 1. The same updates on the GPU and on the CPU: each algorithm (BC and CQL on Box and Discrete actions) from the same
    weights, on the same batches, with the same noise (drawn on the CPU for both runs, then moved), for 1 and for 20
    gradient steps; the largest difference of any state tensor (weights, Adam's moments, targets), relative to that
-   tensor's largest value.
+   tensor's largest value. After 20 steps the same with ``--precision bf16``: bf16 on the GPU against float32 on the
+   GPU (what rounding the products' operands moves) and against bf16 on the CPU (the same rounding on both).
 2. Gradient steps per second at the papers' sizes (256 x 256, batch 256) on a Pendulum dataset of random play, on
-   the GPU and on one CPU thread of the same machine, as ``benchmarks/offline_vs_d3rlpy.py`` times them; with
-   ``--d3rlpy`` (d3rlpy importable) d3rlpy's updates on the GPU beside them. Each library keeps its own float32
-   matrix precision: distrl torch's default (``highest``); d3rlpy ``high`` (TensorFloat-32), which importing it sets
-   for the whole process on a CUDA machine, so the script sets each before the library's run.
+   the GPU (float32 and bf16) and on one CPU thread of the same machine, as ``benchmarks/offline_vs_d3rlpy.py``
+   times them; with ``--d3rlpy`` (d3rlpy importable) d3rlpy's updates on the GPU beside them. Each library keeps its
+   own float32 matrix precision: distrl torch's default (``highest``); d3rlpy ``high`` (TensorFloat-32), which
+   importing it sets for the whole process on a CUDA machine, so the script sets each before the library's run.
 3. Command-line runs with ``--device cuda``: TD3 online, ``collect`` from it, the four offline algorithms on the
-   collected dataset (CQL also with ``--precision bf16``), TD3+BC under ddp (one rank, NCCL), SAC going on from the
-   CQL run and IQL from the IQL run with the dataset kept; each one's summary.
+   collected dataset (and each again with ``--precision bf16``), TD3+BC under ddp (one rank, NCCL), SAC going on
+   from the CQL run and IQL from the IQL run with the dataset kept; each one's summary.
+4. IQL's and CQL's steps a second in float32 and in bf16 at wider networks and larger batches (``SIZES``, up to
+   2,048 x 2,048 and batch 4,096), one process, 300 timed steps after 60.
 
 Prints one line per check and writes ``DIR/offline_cuda_check.json``. Needs distrl importable (``PYTHONPATH=src``)
 with gymnasium, minari, tyro, docstring-parser and typeguard; ``--d3rlpy`` also d3rlpy 2.8.1 with gym,
@@ -30,6 +33,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -62,13 +66,17 @@ def cpu_noise() -> None:
     td3.BatchNoise = cql.BatchNoise = CPUNoise  # the algorithms that draw noise within a step
 
 
-def trained_state(algo: str, env_id: str, root: str, device: str, steps: int) -> dict[str, torch.Tensor]:
+def trained_state(
+    algo: str, env_id: str, root: str, device: str, steps: int, precision: str = "fp32"
+) -> dict[str, torch.Tensor]:
     from distrl import config
     from distrl.config import RunConfig
     from distrl.training import OfflineTrainer
 
     cfg = {"bc": config.BCConfig, "td3bc": config.TD3BCConfig, "iql": config.IQLConfig, "cql": config.CQLConfig}
-    run = RunConfig(algo=algo, env=env_id, total_steps=steps, seed=0, quiet=True, device=device, eval_every=0)
+    run = RunConfig(
+        algo=algo, env=env_id, total_steps=steps, seed=0, quiet=True, device=device, eval_every=0, precision=precision
+    )
     trainer = OfflineTrainer(run, cfg[algo](dataset=bench.DATASET_ID, datasets_dir=root, **SMALL))
     try:
         trainer.train()
@@ -107,6 +115,16 @@ def same_updates(roots: dict[str, str], device: str, results: dict) -> None:
                 assert cpu.keys() == gpu.keys()
                 rel, where = largest_difference(cpu, gpu)
                 row[f"after_{steps}"] = {"max_rel_diff": rel, "in": where, "tensors": len(cpu)}
+            # bf16 products on the GPU: against float32 on the GPU (what rounding the operands costs) and against
+            # bf16 on the CPU (the same rounding on both devices)
+            gpu_bf16 = trained_state(algo, env_id, roots[env_id], device, 20, "bf16")
+            cpu_bf16 = trained_state(algo, env_id, roots[env_id], "cpu", 20, "bf16")
+            for key, (a, b) in {
+                "bf16_vs_fp32_gpu_after_20": (gpu, gpu_bf16),
+                "bf16_gpu_vs_cpu_after_20": (cpu_bf16, gpu_bf16),
+            }.items():
+                rel, where = largest_difference(a, b)
+                row[key] = {"max_rel_diff": rel, "in": where}
             results[name] = row
         except Exception as exc:  # noqa: BLE001 - a check that breaks is a finding
             results[name] = {"error": f"{type(exc).__name__}: {exc}"}
@@ -118,18 +136,56 @@ def speeds(root: str, device: str, with_d3rlpy: bool, results: dict) -> None:
         row: dict = {}
         try:
             torch.set_float32_matmul_precision("highest")  # torch's default, which distrl keeps
-            row[f"distrl_{device}"] = bench.run_distrl(algo, "Pendulum-v1", root, 0, 2000, 200, device=device)
+            row[f"distrl_{device}"] = bench.run_distrl(algo, "Pendulum-v1", root, 0, 1000, 100, device=device)
+            row[f"distrl_{device}_bf16"] = bench.run_distrl(
+                algo, "Pendulum-v1", root, 0, 1000, 100, device=device, precision="bf16"
+            )
             torch.set_num_threads(1)
             cpu_steps = 100 if algo == "cql" else 500
             row["distrl_cpu_1_thread"] = bench.run_distrl(algo, "Pendulum-v1", root, 0, cpu_steps, 20, device="cpu")
             torch.set_num_threads(os.cpu_count() or 1)
             if with_d3rlpy:
                 torch.set_float32_matmul_precision("high")  # what importing d3rlpy sets on a CUDA machine
-                row[f"d3rlpy_{device}"] = bench.run_d3rlpy(algo, root, 0, 2000, 200, device=f"{device}:0")
+                row[f"d3rlpy_{device}"] = bench.run_d3rlpy(algo, root, 0, 1000, 100, device=f"{device}:0")
         except Exception as exc:  # noqa: BLE001
             row["error"] = f"{type(exc).__name__}: {exc}"
         results[f"steps/s {algo}"] = row
         print(f"steps/s {algo}", {k: round(v, 1) if isinstance(v, float) else v for k, v in row.items()}, flush=True)
+
+
+SIZES = ((256, 256), (256, 4096), (1024, 1024), (2048, 4096))  # (hidden width, batch)
+
+
+def bf16_sizes(root: str, device: str, results: dict, steps: int = 300) -> None:
+    """IQL's and CQL's steps a second in float32 and in bf16 at wider networks and larger batches: where autocast's
+    casts cost more than the faster products save, and where not."""
+    from distrl import config
+    from distrl.config import RunConfig
+    from distrl.training import OfflineTrainer
+
+    torch.set_float32_matmul_precision("highest")
+    for algo, cfg in (("iql", config.IQLConfig), ("cql", config.CQLConfig)):
+        for width, batch in SIZES:
+            row: dict = {}
+            for precision in ("fp32", "bf16"):
+                run = RunConfig(
+                    algo=algo, env="Pendulum-v1", total_steps=2 * steps, seed=0, quiet=True, device=device,
+                    eval_every=0, precision=precision, preset="none",
+                )  # fmt: skip
+                algo_cfg = cfg(dataset=bench.DATASET_ID, datasets_dir=root, net_arch=(width, width), batch_size=batch)
+                trainer = OfflineTrainer(run, algo_cfg)
+                try:
+                    trainer.train(stop_at=steps // 5)
+                    bench.synchronize(device)
+                    start = time.perf_counter()
+                    trainer.train(stop_at=steps // 5 + steps)
+                    bench.synchronize(device)
+                    row[precision] = round(steps / (time.perf_counter() - start), 1)
+                finally:
+                    trainer.close()
+            name = f"bf16 steps/s {algo} width {width} batch {batch}"
+            results[name] = {**row, "bf16_over_fp32": round(row["bf16"] / row["fp32"], 2)}
+            print(name, results[name], flush=True)
 
 
 def summary(run_dir: Path) -> dict:
@@ -154,7 +210,7 @@ def command_line(out: Path, device: str, results: dict) -> None:
         "collect": ["collect", str(td3), "--steps", "20000", "--out", "pendulum/td3-v0", "--datasets-dir", datasets],
         **{
             f"{algo} offline": [
-                "train", algo, "Pendulum-v1", "--dataset", "pendulum/td3-v0", *cuda, "--total-steps", "3000",
+                "train", algo, "Pendulum-v1", "--dataset", "pendulum/td3-v0", *cuda, "--total-steps", "2000",
                 "--run-dir", str(out / algo),
             ]
             for algo in ("bc", "td3bc", "iql", "cql")
@@ -172,10 +228,13 @@ def command_line(out: Path, device: str, results: dict) -> None:
             *cuda, "--total-steps", "2000",
             "--run-dir", str(out / "iql-online"),
         ],
-        "cql offline bf16": [
-            "train", "cql", "Pendulum-v1", "--dataset", "pendulum/td3-v0", *cuda, "--precision", "bf16",
-            "--total-steps", "3000", "--run-dir", str(out / "cql-bf16"),
-        ],
+        **{
+            f"{algo} offline bf16": [
+                "train", algo, "Pendulum-v1", "--dataset", "pendulum/td3-v0", *cuda, "--precision", "bf16",
+                "--total-steps", "2000", "--run-dir", str(out / f"{algo}-bf16"),
+            ]
+            for algo in ("bc", "td3bc", "iql", "cql")
+        },
     }  # fmt: skip
     for name, args in runs.items():
         extra = small if args[0] == "train" else []
@@ -192,7 +251,9 @@ def main() -> int:
     parser.add_argument("--out", default="offline_cuda_check_out")
     parser.add_argument("--d3rlpy", action="store_true", help="time d3rlpy's updates on the GPU too")
     parser.add_argument("--device", default="cuda", help="cpu: try the script itself on a machine with no GPU")
-    parser.add_argument("--skip", nargs="*", default=[], choices=["same", "speed", "cli"])
+    parser.add_argument(
+        "--skip", nargs="*", default=[], choices=["same", "speed", "sizes", "cli"], help="parts to leave out"
+    )
     args = parser.parse_args()
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -213,6 +274,8 @@ def main() -> int:
             command_line(out, args.device, results)
         if "speed" not in args.skip:
             speeds(roots["Pendulum-v1"], args.device, args.d3rlpy, results)
+        if "sizes" not in args.skip:
+            bf16_sizes(roots["Pendulum-v1"], args.device, results)
         if "same" not in args.skip:  # last: it replaces the algorithms' noise for the rest of the process
             same_updates(roots, args.device, results)
     finally:
