@@ -33,7 +33,6 @@ import argparse
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -173,16 +172,7 @@ def bf16_sizes(root: str, device: str, results: dict, steps: int = 300) -> None:
                     eval_every=0, precision=precision, preset="none",
                 )  # fmt: skip
                 algo_cfg = cfg(dataset=bench.DATASET_ID, datasets_dir=root, net_arch=(width, width), batch_size=batch)
-                trainer = OfflineTrainer(run, algo_cfg)
-                try:
-                    trainer.train(stop_at=steps // 5)
-                    bench.synchronize(device)
-                    start = time.perf_counter()
-                    trainer.train(stop_at=steps // 5 + steps)
-                    bench.synchronize(device)
-                    row[precision] = round(steps / (time.perf_counter() - start), 1)
-                finally:
-                    trainer.close()
+                row[precision] = round(bench.timed_rate(OfflineTrainer(run, algo_cfg), steps, steps // 5), 1)
             name = f"bf16 steps/s {algo} width {width} batch {batch}"
             results[name] = {**row, "bf16_over_fp32": round(row["bf16"] / row["fp32"], 2)}
             print(name, results[name], flush=True)

@@ -259,7 +259,15 @@ def run_distrl(
 ) -> float:
     """distrl's gradient steps per second over ``steps`` steps after ``warmup`` (on a GPU: until its last kernel
     has run), its networks' products in ``precision``."""
-    trainer = distrl_trainer(algo, env_id, root, seed, warmup + steps, device, precision, dataset_id)
+    return timed_rate(
+        distrl_trainer(algo, env_id, root, seed, warmup + steps, device, precision, dataset_id), steps, warmup
+    )
+
+
+def timed_rate(trainer: Any, steps: int, warmup: int) -> float:
+    """A distrl trainer's gradient steps per second over ``steps`` steps after ``warmup`` (on a GPU: until its last
+    kernel has run); the trainer is closed after."""
+    device = str(trainer.device)
     try:
         trainer.train(stop_at=warmup)  # loads the dataset, then the warm-up steps
         synchronize(device)
