@@ -20,7 +20,7 @@ from distrl.algos.autodiff import leaves, output_grads
 from distrl.algos.estimators import gae
 from distrl.algos.fused import fused_ppo_loss
 from distrl.algos.optim import ClippedAdam, FlatOptimizer, linear
-from distrl.algos.policy_stats import STATS, AgentPolicies
+from distrl.algos.policy_stats import APPROX_KL, COUNT, AgentPolicies, UpdateReport
 from distrl.algos.protocols import Sync
 from distrl.algos.value_norm import ValueNormalizer
 from distrl.config import PPOConfig
@@ -105,24 +105,7 @@ def ppo_loss(
     return PPOLoss(loss @ valid, policy_loss, value_loss, ratio, log_ratio)
 
 
-_COUNT, _APPROX_KL = STATS.index("count"), STATS.index("approx_kl")
 _VALUE_NORM = "value_norm"  # the normaliser's entries in the algorithm's state: value_norm/<key>
-UPDATE_METRICS = (
-    "losses/policy_loss",
-    "losses/value_loss",
-    "losses/entropy",
-    "losses/approx_kl",
-    "losses/clip_fraction",
-    "losses/grad_norm",
-    "losses/explained_variance",
-    "losses/gradient_steps",
-    "losses/trained_samples",
-    "losses/stopped_early",
-    "charts/learning_rate",
-    "charts/clip_range",
-)
-"""What ``update`` returns, in this order (decoupled's trainers send them to the player as one tensor); a
-multi-agent run with several policies adds each one's ``losses/<policy>/...`` (see ``algos.policy_stats``)."""
 
 
 class PPOAlgo:
@@ -165,7 +148,7 @@ class PPOAlgo:
         sequences = None
         if rollout.starts is not None:  # recurrent: the rollout is N sequences, replayed from their initial state
             assert rollout.initial_state is not None
-            starts = torch.from_numpy(rollout.starts.astype(np.float32)).to(device)
+            starts = rollout_starts(rollout, obs)
             sequences = Sequences(starts[:T], state_from_numpy(rollout.initial_state, device))
         flat_obs = obs[:T].reshape(T * N, *obs.shape[2:])
         actions = torch.from_numpy(rollout.actions.reshape(T * N, *rollout.actions.shape[2:])).to(device)
@@ -329,13 +312,7 @@ class PPOAlgo:
         if self.value_norm is not None:  # once per update, before any value loss, from every worker's returns
             everything = packed.all_rows()
             self.value_norm.update(sync.all_sum(self.value_norm.moments(everything.returns, everything.valid)))
-        # the statistics of all samples, then of each policy's (see algos.policy_stats)
-        groups = 1 + (len(self.policies.names) if self.policies is not None else 0)
-        # summed in float64 as Python floats: a tensor's += costs more than the arithmetic at this size
-        totals = [0.0] * (groups * len(STATS))
-        grad_norms: list[float] = []
-        approx_kl = 0.0
-        stopped_early = False
+        report = UpdateReport(self.policies)
         for epoch in range(cfg.n_epochs):
             if epoch and repack is not None:
                 packed = repack()
@@ -344,42 +321,18 @@ class PPOAlgo:
                 stats = self._minibatch_gradient(mb, clip_range, sequences)
                 sync.gradients(grad, stats)
                 summed = stats.tolist()  # all samples' statistics first, then each policy's
-                count = summed[_COUNT]
+                count = summed[COUNT]
                 if count == 0:
                     continue
-                approx_kl = summed[_APPROX_KL] / count
-                if cfg.target_kl is not None and approx_kl > 1.5 * cfg.target_kl:
-                    stopped_early = True  # every worker sees the same summed KL: they stop together
+                report.approx_kl = summed[APPROX_KL] / count
+                if cfg.target_kl is not None and report.approx_kl > 1.5 * cfg.target_kl:
+                    report.stopped_early = True  # every worker sees the same summed KL: they stop together
                     break
-                grad_norms.append(self.optimizer.step(lr, samples=count))
-                totals = [total + part for total, part in zip(totals, summed)]
-            if stopped_early:
+                report.add(summed, self.optimizer.step(lr, samples=count))
+            if report.stopped_early:
                 break
         self.agent.refresh_acting_copy()
-        samples = totals[_COUNT]
-        means = {name: totals[i] / max(samples, 1.0) for i, name in enumerate(STATS)}
-        metrics = dict(
-            zip(
-                UPDATE_METRICS,
-                (
-                    means["policy_loss"],
-                    means["value_loss"],
-                    means["entropy"],
-                    approx_kl,
-                    means["clip_fraction"],
-                    float(np.mean(grad_norms)) if grad_norms else 0.0,
-                    explained_variance,
-                    float(len(grad_norms)),
-                    samples,
-                    float(stopped_early),
-                    lr,
-                    clip_range,
-                ),
-            )
-        )
-        if self.policies is not None:
-            metrics.update(self.policies.metrics(totals[len(STATS) :]))
-        return metrics
+        return report.metrics(explained_variance, lr, clip_range)
 
     def _minibatch_gradient(self, mb: Minibatch, clip_range: float, sequences: Sequences | None = None) -> torch.Tensor:
         """Put the gradient of the minibatch's :func:`ppo_loss` (summed over valid samples) in the buffer.

@@ -27,7 +27,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from distrl.algos.ppo import UPDATE_METRICS, PPOAlgo
+from distrl.algos.policy_stats import UPDATE_METRICS
+from distrl.algos.ppo import PPOAlgo
 from distrl.algos.protocols import Sync
 from distrl.config import ConfigError, PPOConfig, RunConfig, StrategyConfig
 from distrl.data.normalize import ObsNormalizer, RewardScaler
