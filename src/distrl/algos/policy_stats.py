@@ -73,7 +73,7 @@ class AgentPolicies:
         width = len(STATS)
         for p, name in enumerate(self.names):
             row = totals[p * width : (p + 1) * width]
-            count = row[STATS.index("count")]
+            count = row[COUNT]
             out.update({f"losses/{name}/{stat}": row[STATS.index(stat)] / max(count, 1.0) for stat in POLICY_METRICS})
             out[f"losses/{name}/trained_samples"] = count
         return out
