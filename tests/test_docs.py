@@ -54,11 +54,11 @@ TRAIN = [(page, c) for page, c in ALL if argv_of(c)[0] == "train" and not any(ma
 def test_every_train_command_in_the_docs_parses_and_passes_the_checks_before_a_run(
     page, command, tmp_path, monkeypatch, capsys
 ):
-    import distrl.cli.train as train
+    import distrl.cli.start as start
 
     started = []
-    monkeypatch.setattr(train, "_train", lambda algo, run, strategy, cfg, resume, argv: started.append(run) or 0)
-    monkeypatch.setattr(train, "run_ddp", lambda *args: started.append(args[0]))
+    monkeypatch.setattr(start, "start_run", lambda algo, run, strategy, cfg, resume, argv: started.append(run) or 0)
+    monkeypatch.setattr(start, "run_ddp", lambda *args: started.append(args[0]))
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("WANDB_MODE", "offline")  # the reader's own key otherwise
     argv = argv_of(command)

@@ -143,12 +143,12 @@ GAME = "pettingzoo.classic.tictactoe_v3"
 def test_self_play_on_a_game_without_a_preset_gets_the_self_play_settings_and_says_so(tmp_path, capsys):
     """--self-play alone gets the settings that lost 3-4.5% to the random player (docs/results.md), not PPO's
     single-env defaults; flags still win, and the run's first line names the preset."""
-    import distrl.cli.train as train
+    import distrl.cli.start as start
 
     started = []
     run_dir = tmp_path / "run"
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(train, "_train", lambda algo, run, strategy, cfg, *rest: started.append((run, cfg)) or 0)
+        patch.setattr(start, "start_run", lambda algo, run, strategy, cfg, *rest: started.append((run, cfg)) or 0)
         assert main(["train", "ppo", GAME, "--self-play", "--n-steps", "32", "--run-dir", str(run_dir)]) == 0
         assert main(["train", "ppo", GAME, "--run-dir", str(run_dir)]) == 0
     (run, cfg), (plain_run, plain_cfg) = started
