@@ -10,6 +10,7 @@ import torch
 from distrl.api.model import MODELS, Model
 from distrl.config import ConfigError
 from distrl.export import graph
+from distrl.export.q_graph import q_graph
 from distrl.training import DQNTrainer, OffPolicyTrainer, OnPolicyTrainer
 
 
@@ -91,7 +92,7 @@ class DQN(Model):
             raise ConfigError("stochastic=True is not available for dqn: its policy is the greedy one (argmax Q)")
         trainer = self._trainer
         env = trainer.env
-        return graph.q_graph(trainer.algo.q, env.single_observation_space, env.single_action_space)
+        return q_graph(trainer.algo.q, env.single_observation_space, env.single_action_space)
 
     def _actions(
         self, obs: np.ndarray, noise: np.ndarray | None, state: Any = None, starts: np.ndarray | None = None

@@ -41,7 +41,6 @@ from distrl.nets.agent import Agent
 from distrl.nets.core import ParamBuffer
 from distrl.nets.encoders import ActorCriticModule, DictEncoder, MLPHead
 from distrl.nets.module import LOG_STD, ModuleAgent
-from distrl.nets.q import QMLP, ModuleQ, QHeadModule, dueling_q
 from distrl.nets.recurrent import RecurrentActorCritic, RecurrentAgent
 from distrl.nets.sac import LOG_STD_MAX, LOG_STD_MIN, SquashedGaussianActor
 from distrl.nets.sac_module import ModuleSquashedActor, SACActorModule
@@ -308,7 +307,7 @@ def noise_port(spec: ActionSpec, sac: bool) -> Port:
     return Port("noise", (BATCH, *spec.noise_shape) if not sac else (BATCH, spec.action_dim), "float32")
 
 
-def _dict_keys(observation_space: spaces.Space, module: nn.Module, expected: type) -> list[str] | None:
+def dict_keys(observation_space: spaces.Space, module: nn.Module, expected: type) -> list[str] | None:
     """The keys a Dict observation's inputs go to distrl's Dict encoder under; None for other observations."""
     if not isinstance(observation_space, spaces.Dict):
         return None
@@ -336,7 +335,7 @@ def policy_graph(
     elif isinstance(agent, RecurrentAgent):
         module = weighted_copy(agent.module, agent.params)
         expected = RecurrentActorCritic
-        keys = _dict_keys(observation_space, module, expected)
+        keys = dict_keys(observation_space, module, expected)
         body = RecurrentBody(module, keys)
         state_ports = [
             Port(f"state.{i}", (s.shape[0], BATCH, *s.shape[2:]), "float32")
@@ -345,7 +344,7 @@ def policy_graph(
         log_std = None if agent.discrete else agent.params.view(LOG_STD)
     elif isinstance(agent, ModuleAgent):
         module = weighted_copy(agent.module, agent.params)
-        body = ModuleBody(module, _dict_keys(observation_space, module, ActorCriticModule), sac=False)
+        body = ModuleBody(module, dict_keys(observation_space, module, ActorCriticModule), sac=False)
         log_std = None if agent.discrete else agent.params.view(LOG_STD)
     else:
         raise ConfigError(f"agent={type(agent).__name__} cannot be exported")
@@ -376,62 +375,7 @@ def sac_graph(
         body = FlatBody(mlp_copy(actor.params, "actor", actor.net.sizes, actor.net.activation))
     else:
         module = weighted_copy(actor.module, actor.params)
-        body = ModuleBody(module, _dict_keys(observation_space, module, SACActorModule), sac=True)
+        body = ModuleBody(module, dict_keys(observation_space, module, SACActorModule), sac=True)
     inputs = obs_ports + ([noise_port(spec, sac=True)] if stochastic else [])
     head = ActionHead(spec, "squashed")
     return ActingGraph(inputs, [action_port(spec)], body, head, None, len(obs_ports), 0, stochastic)
-
-
-class QStreams(nn.Module):
-    """The closed-form Q network's streams as ``nn.Linear`` layers: Q, or V + A - mean(A) with dueling heads."""
-
-    def __init__(self, q: QMLP):
-        super().__init__()
-        self.nets = nn.ModuleList(mlp_copy(q.params, prefix, net.sizes, net.activation) for prefix, net in q.streams())
-        self.dueling = q.dueling
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.dueling:
-            return dueling_q(self.nets[0](x), self.nets[1](x))
-        return self.nets[0](x)
-
-
-class QModuleBody(nn.Module):
-    """A Q module's values; a Dict observation goes to distrl's Dict encoder as its parts."""
-
-    def __init__(self, module: nn.Module, keys: list[str] | None):
-        super().__init__()
-        self.module, self.keys = module, keys
-
-    def forward(self, obs: list[torch.Tensor]) -> torch.Tensor:
-        if self.keys is not None:
-            return self.module.from_features(self.module.encoder.encode(dict(zip(self.keys, obs))))
-        return self.module(obs[0])
-
-
-class GreedyHead(nn.Module):
-    """Q values to the env action: the argmax (ties to the lowest index), offset by the space's start."""
-
-    kind = "greedy"
-
-    def __init__(self, start: int):
-        super().__init__()
-        self.start = start
-
-    def forward(self, q: torch.Tensor, noise: torch.Tensor | None) -> torch.Tensor:
-        return q.argmax(-1) + self.start
-
-
-def q_graph(q: QMLP | ModuleQ, observation_space: spaces.Space, action_space: spaces.Discrete) -> ActingGraph:
-    """The graph of a DQN policy: the Q network's greedy action."""
-    obs_ports = observation_ports(observation_space)
-    body: nn.Module
-    if isinstance(q, QMLP):
-        body = FlatBody(QStreams(q))
-    else:
-        module = weighted_copy(q.module, q.params)
-        body = masked(
-            QModuleBody(module, _dict_keys(observation_space, module, QHeadModule)), observation_space, q.masks
-        )
-    outputs = [Port("action", (BATCH,), "int64")]
-    return ActingGraph(obs_ports, outputs, body, GreedyHead(int(action_space.start)), None, len(obs_ports), 0, False)
