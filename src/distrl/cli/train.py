@@ -11,7 +11,6 @@ from typing import Any
 import tyro
 
 from distrl.cli import ALGOS, start
-from distrl.cli.start import TASK_ALGOS, check_strategy
 from distrl.config import (
     APPOConfig,
     BCConfig,
@@ -187,7 +186,7 @@ def _train_command(argv: list[str]) -> int:
     algo = argv[0]
     if algo not in ALGOS:
         raise unknown_algo(algo)
-    on_task = algo in TASK_ALGOS
+    on_task = algo in start.TASK_ALGOS
     if len(argv) < 2 or argv[1].startswith("-"):
         if on_task and any(a == "--model" or a.startswith("--model=") for a in argv):
             argv = [algo, TEXT_TASK, *argv[1:]]  # a language model's run needs no ENV
@@ -210,7 +209,7 @@ def _train_command(argv: list[str]) -> int:
         trusted = "--trust-code" in rest or trust.is_trusted(resume_path, state)
         own = rest if recorded_env else [env, *rest]
         refuse_named_code(run_cfg, f"checkpoint={str(resume_path)!r}", trusted, own=own, cfg=cfg)
-        if on_task or run_cfg.algo in TASK_ALGOS:  # group tasks are names, not Gymnasium ids
+        if on_task or run_cfg.algo in start.TASK_ALGOS:  # group tasks are names, not Gymnasium ids
             if env != run_cfg.env:
                 raise ConfigError(f"env={env!r} differs from the resumed run's env {run_cfg.env!r}")
         else:
@@ -233,7 +232,7 @@ def _train_command(argv: list[str]) -> int:
     )
     if has_fallbacks(algo):
         description += " An env without one gets a fallback chosen from its spaces as the run starts (not shown here)."
-    check_strategy(algo, flag_value(rest, "--strategy") or strategy.strategy)  # before the flags' own checks
+    start.check_strategy(algo, flag_value(rest, "--strategy") or strategy.strategy)  # before the flags' own checks
     args_cls = TRAIN_ARGS[algo]
 
     def parse(algo_defaults: Any) -> Any:
