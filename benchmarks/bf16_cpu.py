@@ -4,9 +4,9 @@ Atari frames, float32 against bfloat16 autocast (float32 weights, as distrl runs
     python benchmarks/bf16_cpu.py                  # 256 frames, 3 rounds of 3 steps each, alternating
     python benchmarks/bf16_cpu.py --batch 32       # DQN's batch
 
-Prints what distrl reads from /proc/cpuinfo (whether the CPU computes in bfloat16 natively), the seconds per
-step of each precision in every round, and the ratio of the medians. A run on a CPU without native bfloat16
-says so as it starts (``distrl.training.precision.bf16_emulated_note``).
+Prints what /proc/cpuinfo says (whether the CPU claims bfloat16 arithmetic), the seconds per step of each
+precision in every round, and the ratio of the medians. A bf16 run times one product of each precision as it
+starts and says so where bfloat16's is the slower (``distrl.training.precision.bf16_slow_note``).
 """
 
 from __future__ import annotations

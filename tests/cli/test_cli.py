@@ -313,23 +313,44 @@ def test_native_bf16_is_read_from_the_cpu_flags(cpuinfo, native):
     assert cpu_has_native_bf16(cpuinfo) is native
 
 
-def test_bf16_on_a_cpu_that_emulates_it_is_noted_once(tmp_path, capsys, monkeypatch):
+def test_the_products_timed_at_a_bf16_start_leave_the_runs_random_streams_alone():
+    import torch
+
+    from distrl.training.precision import product_seconds
+
+    torch.manual_seed(3)
+    before = torch.get_rng_state()
+    fp32, bf16 = product_seconds(rounds=3, products=2)
+    assert torch.equal(torch.get_rng_state(), before)
+    assert 0 < fp32 < 1 and 0 < bf16 < 1
+
+
+def test_bf16_on_a_cpu_that_multiplies_slower_in_it_is_noted_once(tmp_path, capsys, monkeypatch):
     from distrl.config import RunConfig, StrategyConfig
     from distrl.training import precision
 
-    emulated, native = X86.format(""), X86.format("avx512_bf16")
     bf16 = RunConfig(precision="bf16", device="cpu")
-    assert "no native bfloat16" in precision.bf16_emulated_note(bf16, StrategyConfig(), emulated)
-    assert precision.bf16_emulated_note(bf16, StrategyConfig(), native) is None
-    assert precision.bf16_emulated_note(bf16.replace(precision="fp32"), StrategyConfig(), emulated) is None
+    monkeypatch.setattr(precision, "product_seconds", lambda: (250e-6, 776e-6))
+    note = precision.bf16_slow_note(bf16, StrategyConfig())
+    assert note.startswith("precision=bf16: on this CPU a 256x256 product took 776 us in bfloat16 against 250 us")
+    assert "(3.1x)" in note
+    for bf16_time in (125e-6, 1.2 * 250e-6):  # faster, and slower by no more than timing noise
+        monkeypatch.setattr(precision, "product_seconds", lambda t=bf16_time: (250e-6, t))
+        assert precision.bf16_slow_note(bf16, StrategyConfig()) is None
 
-    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda cpuinfo=None: False)
+    def not_timed():
+        raise AssertionError("an fp32 run times nothing")
+
+    monkeypatch.setattr(precision, "product_seconds", not_timed)
+    assert precision.bf16_slow_note(bf16.replace(precision="fp32"), StrategyConfig()) is None
+
+    monkeypatch.setattr(precision, "product_seconds", lambda: (250e-6, 776e-6))
     loud = [flag for flag in FAST if flag != "--quiet"]
     assert main(["train", "ppo", "cartpole", *loud, "--precision", "bf16", "--run-dir", str(tmp_path / "a")]) == 0
-    assert capsys.readouterr().err.count("precision=bf16: this CPU has no native bfloat16") == 1
+    assert capsys.readouterr().err.count("precision=bf16: on this CPU a 256x256 product took 776 us") == 1
     events = json.loads((tmp_path / "a" / "summary.json").read_text())["events"]
-    assert sum("no native bfloat16" in event for event in events) == 1
-    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda cpuinfo=None: True)
+    assert sum("precision=bf16: on this CPU" in event for event in events) == 1
+    monkeypatch.setattr(precision, "product_seconds", lambda: (250e-6, 125e-6))
     assert main(["train", "ppo", "cartpole", *loud, "--precision", "bf16", "--run-dir", str(tmp_path / "b")]) == 0
     assert "bfloat16" not in capsys.readouterr().err
     assert not any("bfloat16" in event for event in json.loads((tmp_path / "b" / "summary.json").read_text())["events"])

@@ -40,7 +40,7 @@ from distrl.training.policy_names import (
     policy_name_and_env,
     refuse_close_misses,
 )
-from distrl.training.precision import bf16_emulated_note
+from distrl.training.precision import bf16_slow_note
 from distrl.training.presets import algo_configs
 
 
@@ -100,7 +100,7 @@ class Model:
         name, spec_kwargs = env_source(env)
         run.update(env_kwargs=spec_kwargs + env_kwargs_items(env_kwargs), wrappers=wrapper_names(wrappers))
         run_cfg, cfg, _ = algo_configs(self.algo, name, preset, {"seed": seed, **run}, params)
-        if (note := bf16_emulated_note(run_cfg)) is not None:
+        if (note := bf16_slow_note(run_cfg)) is not None:
             warnings.warn(note, stacklevel=2)
         where = Path(run_dir) if run_dir else None
         with checkpoint.removed_after_a_mistake(where) if where else contextlib.nullcontext():

@@ -23,7 +23,7 @@ from distrl.run import checkpoint, preemption, trust
 from distrl.run.logs import MONITOR_FILE, Console, RunLogger, write_json_atomic
 from distrl.run.quiet import route_to_run_log
 from distrl.training.malloc import keep_freed_memory
-from distrl.training.precision import bf16_emulated_note
+from distrl.training.precision import bf16_slow_note
 
 
 def resolve_device(device: str) -> torch.device:
@@ -145,7 +145,7 @@ class RunState:
         left in the run directory (killed before its first checkpoint). On the main worker only."""
         if self.logger is not None and not self.run.debug:  # other libraries' warnings: in the run, not on screen
             self.restore_warnings = route_to_run_log(self.logger.run_dir)
-        note = bf16_emulated_note(self.run, self.strategy) if self.is_main else None
+        note = bf16_slow_note(self.run, self.strategy) if self.is_main else None
         if note is not None:
             self.report(note)
         if resume_path is not None:
