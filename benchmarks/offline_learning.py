@@ -9,7 +9,9 @@ hyperparameters (those of ``offline_vs_d3rlpy.py``, the papers').
 
 Runs go to ``docs/results/offline/<dataset>.json``, one record per (library, algorithm, seed) written as it
 finishes; a run already there is not run again, so a long comparison is made over several sittings. ``--parallel``
-runs that many children at once, each with one torch thread: these are learning figures, not timings.
+runs that many children at once, each with one torch thread: these are learning figures, not timings. The file
+also keeps the dataset's fingerprint (transitions, episodes, mean return), and runs on a dataset of the same id
+with another are refused (exit 2): the same command makes another dataset on another kind of CPU (DATASETS.md).
 
 Each child trains on the whole dataset and evaluates the deterministic policy on ``--eval-episodes`` (10) episodes
 of the env, reset with seeds 0.. (the same on both sides), at step 0 and every ``--eval-every`` (10,000) gradient
@@ -251,9 +253,54 @@ def load(path: Path) -> dict:
     return json.loads(path.read_text()) if path.exists() else {"runs": []}
 
 
+def dataset_fingerprint(root: str, dataset: str) -> dict[str, float]:
+    """What tells one dataset from another made by the same command on another kind of CPU (DATASETS.md): its
+    transitions, its episodes and their mean return to two decimals, read through Minari."""
+    from distrl.data.minari_store import open_dataset
+
+    data = open_dataset(dataset, root or None)
+    returns = [float(episode.rewards.sum(dtype="float64")) for episode in data.iterate_episodes()]
+    return {
+        "transitions": int(data.total_steps),
+        "episodes": len(returns),
+        "mean_return": round(statistics.fmean(returns), 2),
+    }
+
+
+def check_dataset(path: Path, here: dict[str, float]) -> str | None:
+    """Why the runs of this dataset cannot go into ``path``, whose runs were made on a dataset of the same id with
+    another fingerprint (``load(path)["dataset"]``); None where they can."""
+    there = load(path).get("dataset")
+    if there is None or (
+        (there["transitions"], there["episodes"]) == (here["transitions"], here["episodes"])
+        and abs(there["mean_return"] - here["mean_return"]) <= 0.011  # the last decimal as another sum rounds it
+    ):
+        return None
+
+    def said(f: dict) -> str:
+        return f"{f['transitions']:,} transitions, {f['episodes']:,} episodes, mean return {f['mean_return']:.2f}"
+
+    return (
+        f"dataset: this one has {said(here)}; the runs in {path.name} were made on one with {said(there)}: "
+        "the same command made another dataset here (another kind of CPU? see DATASETS.md); give it a new version"
+    )
+
+
 def run_all(args: argparse.Namespace) -> None:
+    from distrl.config import ConfigError
+
     path = results_file(args.dataset)
     path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fingerprint = dataset_fingerprint(args.datasets_dir, args.dataset)
+        mismatch = check_dataset(path, fingerprint)
+    except ConfigError as e:
+        mismatch = str(e)
+    if mismatch is not None:
+        print(f"error: {mismatch}", file=sys.stderr)
+        sys.exit(2)
+    if "dataset" not in load(path):
+        path.write_text(json.dumps({"dataset": fingerprint, **load(path)}, indent=1) + "\n")
     done = {(side(r), r["algo"], r["seed"]) for r in load(path)["runs"]}
     todo = [
         (lib, algo, seed)

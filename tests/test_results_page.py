@@ -178,3 +178,57 @@ def test_the_offline_table_beside_the_finals_averages_each_runs_last_five_evalua
     assert finals.split(" | ")[1] == "20.0 ± 14.1 (10.0 / 30.0)"
     assert lines[6] == "Each run's mean over its last 5 evaluations (200 to 600 steps):"
     assert last.split(" | ")[1] == "28.0 ± 2.8 (26.0 / 30.0)"  # (10 + 50 + 10 + 50 + 10) / 5 = 26
+
+
+def test_offline_runs_go_only_into_the_results_of_the_dataset_they_were_made_on(tmp_path, monkeypatch, capsys):
+    """The same command makes another dataset on another kind of CPU (DATASETS.md): offline_learning.py tells the
+    two apart by transitions, episodes and mean return, and refuses to add runs of one to the other's file."""
+    import argparse
+    import json
+
+    import gymnasium as gym
+    import numpy as np
+    import pytest
+
+    import offline_learning
+    from distrl.data.minari_store import write_dataset
+
+    def episode(length, reward):
+        return {
+            "observations": np.zeros((length + 1, 2), np.float32),
+            "actions": np.zeros((length, 1), np.float32),
+            "rewards": np.full(length, reward),
+            "terminations": np.arange(length) == length - 1,
+            "truncations": np.zeros(length, bool),
+        }
+
+    spaces = gym.spaces.Box(-1, 1, (2,), np.float32), gym.spaces.Box(-1, 1, (1,), np.float32)
+    for version, episodes in [(0, [episode(3, 1.0), episode(5, 0.5)]), (1, [episode(3, 1.0), episode(5, 0.25)])]:
+        write_dataset(f"toy/medium-v{version}", episodes, "ToyEnv-v0", *spaces, "test", str(tmp_path / "data"))
+    # 8 transitions in 2 episodes, returns 3 and 2.5 (v0) and 3 and 1.25 (v1)
+    v0 = offline_learning.dataset_fingerprint(str(tmp_path / "data"), "toy/medium-v0")
+    assert v0 == {"transitions": 8, "episodes": 2, "mean_return": 2.75}
+    v1 = offline_learning.dataset_fingerprint(str(tmp_path / "data"), "toy/medium-v1")
+    assert v1 == {"transitions": 8, "episodes": 2, "mean_return": 2.12}  # 2.125, rounded to two decimals
+
+    results = tmp_path / "toy_medium-v0.json"
+    assert offline_learning.check_dataset(results, v0) is None  # no file yet
+    results.write_text(json.dumps({"dataset": {**v0, "mean_return": 2.759}, "runs": []}))
+    assert offline_learning.check_dataset(results, v0) is None  # the last decimal as another sum rounds it
+    results.write_text(json.dumps({"dataset": v0, "runs": []}))
+    said = offline_learning.check_dataset(results, v1)
+    assert said.startswith("dataset: this one has 8 transitions, 2 episodes, mean return 2.12; the runs in ")
+    assert "toy_medium-v0.json were made on one with 8 transitions, 2 episodes, mean return 2.75" in said
+
+    monkeypatch.setattr(offline_learning, "RESULTS", tmp_path)
+    args = argparse.Namespace(dataset="toy/medium-v1", datasets_dir=str(tmp_path / "data"))
+    results.rename(tmp_path / "toy_medium-v1.json")  # v0's runs where v1's would go: nothing runs
+    with pytest.raises(SystemExit) as stopped:
+        offline_learning.run_all(args)
+    assert stopped.value.code == 2
+    assert capsys.readouterr().err.startswith("error: dataset: this one has 8 transitions")
+    args.dataset = "toy/medium-v2"  # not on this machine
+    with pytest.raises(SystemExit) as stopped:
+        offline_learning.run_all(args)
+    assert stopped.value.code == 2
+    assert capsys.readouterr().err.startswith("error: dataset='toy/medium-v2' is not in ")
