@@ -109,17 +109,26 @@ def compare_with_sb3(script: str, measures: list[tuple], repeats: int) -> list[t
     return rows
 
 
-def mm_gflops(m: int, k: int, n: int, count: int) -> float:
+def mm_gflops(m: int, k: int, n: int, count: int, onednn: bool = False) -> float:
     """GFLOP/s of ``count`` products of an m x k by a k x n matrix, back to back in this process's torch threads,
-    after a tenth as many (at least 3) untimed: the rate an arithmetic ceiling is worked from."""
+    after a tenth as many (at least 3) untimed: the rate an arithmetic ceiling is worked from. ``torch.mm`` (MKL on
+    x86), or with ``onednn`` the oneDNN kernel of distrl's :class:`~distrl.nets.dense.Dense` layers."""
     import torch
 
     x, w, out = torch.randn(m, k), torch.randn(k, n), torch.empty(m, n)
+    rows = w.t().contiguous()  # oneDNN's linear takes the weight as [n, k]
+
+    def product() -> None:
+        if onednn:
+            torch.ops.mkldnn._linear_pointwise(x, rows, None, "none", [], "")
+        else:
+            torch.mm(x, w, out=out)
+
     for _ in range(max(3, count // 10)):
-        torch.mm(x, w, out=out)
+        product()
     start = time.perf_counter()
     for _ in range(count):
-        torch.mm(x, w, out=out)
+        product()
     return count * 2 * m * k * n / (time.perf_counter() - start) / 1e9
 
 

@@ -88,9 +88,10 @@ Differences that remain (the networks' shapes and parameter counts are equal on 
 ``--ceiling`` (float32) bounds the step's time from below by its arithmetic. A child per library and algorithm
 counts the floating-point operations of the step's matrix products, forward and backward
 (``torch.utils.flop_counter``, over two steps after two: TD3+BC steps its actor every second step); another times
-``torch.mm`` on one thread at a hidden layer's shape for a batch of 256, at CQL's 7,680 rows, and at 1,024 cubed.
-The products of a step at the best of those rates give the ceiling: the most steps a second any implementation
-running those products could reach. Where twice d3rlpy's rate is above it, 2x in float32 is out of reach on that
+``torch.mm`` on one thread at a hidden layer's shape for a batch of 256, at CQL's 7,680 rows, and at 1,024 cubed
+(and oneDNN's linear kernel at the same shapes, where distrl's layers use it: ``distrl.nets.dense``; their products
+are counted through ``torch.mm``, which the counter sees). The products of a step at the best of those rates give
+the ceiling: the most steps a second any implementation running those products could reach. Where twice d3rlpy's rate is above it, 2x in float32 is out of reach on that
 machine.
 
 Peak RSS is the child's ``ru_maxrss``: the libraries, the dataset as each holds it, the networks and the optimizers.
@@ -377,7 +378,11 @@ def product_flops(lib: str, algo: str, root: str, env_id: str, dataset_id: str =
     ``torch.utils.flop_counter`` over :data:`COUNTED` steps after as many."""
     from torch.utils.flop_counter import FlopCounterMode
 
+    from distrl.nets.dense import OVERRIDE
+
     if lib == "distrl":
+        # the same products through torch.mm, which the counter sees (it does not count oneDNN's linear kernel)
+        os.environ[OVERRIDE] = "aten"
         trainer = distrl_trainer(algo, env_id, root, 0, 2 * COUNTED, "cpu", "fp32", dataset_id)
         try:
             trainer.train(stop_at=COUNTED)
@@ -397,8 +402,15 @@ def product_flops(lib: str, algo: str, root: str, env_id: str, dataset_id: str =
 
 def product_rate() -> dict[str, float]:
     """GFLOP/s of ``torch.mm`` at each of :data:`SHAPES` (m x k by k x n), back to back on one thread, about half
-    a second each."""
-    return {f"{m}x{k}x{n}": mm_gflops(m, k, n, max(5, round(5e10 / (2 * m * k * n)))) for m, k, n in SHAPES}
+    a second each, and of oneDNN's linear kernel at the same shapes where distrl's layers use it on this CPU."""
+    from distrl.nets.dense import onednn_products
+
+    libraries = {"mm": False, **({"oneDNN": True} if onednn_products() else {})}
+    return {
+        f"{name} {m}x{k}x{n}": mm_gflops(m, k, n, max(5, round(5e10 / (2 * m * k * n))), onednn)
+        for name, onednn in libraries.items()
+        for m, k, n in SHAPES
+    }
 
 
 def synchronize(device: str) -> None:
@@ -589,7 +601,7 @@ def main() -> None:
         lines += [
             "",
             "The arithmetic ceiling, float32: each step's matrix products (forward and backward, counted by "
-            "`torch.utils.flop_counter` over two steps) at this machine's best `torch.mm` rate on one thread ("
+            "`torch.utils.flop_counter` over two steps) at this machine's best product rate on one thread ("
             + ", ".join(f"{k} {v:.0f}" for k, v in rates.items())
             + " GFLOP/s). No step running distrl's products is faster than the ceiling; the percentages are each "
             "library's steps/s against its own products' ceiling.",

@@ -7,11 +7,11 @@ rate, an AMD EPYC with the same flag at twice it. So a bf16 run times one produc
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import torch
 
 from distrl.config import RunConfig, StrategyConfig
+from distrl.nets.dense import read_cpuinfo
 
 SIDE = 256
 """The products timed are SIDE x SIDE by SIDE x SIDE: a hidden layer's weights against a batch of 256."""
@@ -24,9 +24,8 @@ def cpu_has_native_bf16(cpuinfo: str | None = None) -> bool | None:
     BF16 or AMX, Arm with its BF16 extension. None where that cannot be told (no /proc/cpuinfo). A flag is not
     speed: :func:`product_seconds` measures."""
     if cpuinfo is None:
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text()
-        except OSError:
+        cpuinfo = read_cpuinfo()
+        if cpuinfo is None:
             return None
     words = set(cpuinfo.split())
     if "flags" in words:  # x86
