@@ -70,16 +70,56 @@ def test_onednn_products_give_linears_values_and_gradients_through_an_mlp():
 
 
 @needs_onednn
-def test_a_dense_layer_goes_back_to_linear_under_autocast_and_tracing_and_for_a_frozen_input():
+def test_a_dense_layer_goes_back_to_linear_under_autocast_and_tracing_and_for_small_batches():
+    from distrl.nets.dense import MIN_PRODUCT
+
     layer = Dense(64, 64)
     layer.onednn = True
-    x = torch.randn(8, 64)
+    x = torch.randn(1024, 64)  # 1,024 x 64 x 64 multiply-adds: MIN_PRODUCT, through oneDNN
+    assert x.shape[0] * 64 * 64 == MIN_PRODUCT
+    plain = nn.functional.linear(x, layer.weight, layer.bias)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert layer(x).dtype == torch.bfloat16  # autocast's product, not the float32 one
     traced = torch.jit.trace(layer, (x,), check_trace=False)
     assert "mkldnn" not in str(traced.graph)  # an export graph holds plain linear layers
-    torch.testing.assert_close(traced(x), nn.functional.linear(x, layer.weight, layer.bias))
+    assert torch.equal(traced(x), plain)
+    few = layer(x[:8])  # acting on a few rows: torch's own product, to the bit
+    assert type(few.grad_fn).__name__ == "AddmmBackward0" and torch.equal(few, plain[:8])
     out = layer(x)  # an input that needs no gradient: the weights' alone
+    assert type(out.grad_fn).__name__ == "_OneDnnLinearBackward"
+    torch.testing.assert_close(out, plain)
     out.sum().backward()
-    torch.testing.assert_close(layer.weight.grad, torch.ones(64, 8) @ x)
-    torch.testing.assert_close(layer.bias.grad, torch.full((64,), 8.0))
+    torch.testing.assert_close(layer.weight.grad, torch.ones(64, 1024) @ x, rtol=1e-5, atol=1e-4)  # sums of 1,024
+    torch.testing.assert_close(layer.bias.grad, torch.full((64,), 1024.0))
+
+
+@needs_onednn
+@pytest.mark.parametrize("accumulate", [True, False])
+def test_the_closed_form_mlp_multiplies_wide_batches_through_onednn_to_float32s_rounding(accumulate):
+    """distrl's closed-form MLP (PPO's, SAC's, DQN's) with oneDNN on and off, from the same weights: the output, the
+    buffer's gradients (added to what is there, or written) and the input's gradient within float32's rounding, the
+    wide layers' not all equal to the bit; a batch under MIN_PRODUCT (acting) goes through torch.mm, to the bit."""
+    from distrl.nets.core import MLP, ParamBuffer, mlp_shapes
+    from distrl.nets.dense import MIN_PRODUCT
+
+    sizes = (11, 256, 256, 3)
+    results = []
+    for onednn in (True, False):
+        torch.manual_seed(0)
+        params = ParamBuffer(mlp_shapes("m", sizes))
+        net = MLP(params, "m", sizes, "relu")
+        net.init_uniform(torch.Generator().manual_seed(0))
+        params.grad.fill_(0.5)
+        net.onednn = [onednn and min(w.shape) >= 64 for w in net.weights]
+        assert net.onednn == [False, onednn, False]
+        x, upstream = torch.randn(256, 11), torch.randn(256, 3)
+        with torch.no_grad():
+            out, inputs = net.forward_cached(x)
+            grad_x = net.backward(inputs, upstream, accumulate=accumulate, input_grad=True)
+            acting = net(x[:4])
+        assert 4 * 256 * 256 < MIN_PRODUCT
+        results.append([out, params.grad.clone(), grad_x, acting])
+    for ours, theirs in zip(*results):
+        torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)
+    assert not torch.equal(results[0][0], results[1][0]) and not torch.equal(results[0][1], results[1][1])
+    assert torch.equal(results[0][3], results[1][3])

@@ -23,6 +23,8 @@ import math
 import numpy as np
 import torch
 
+from distrl.nets.dense import MIN_PRODUCT, WIDE, onednn_products, times_transposed
+
 
 class ParamBuffer:
     """Named parameters laid out in one flat tensor, gradients in another of equal size."""
@@ -162,7 +164,9 @@ class MLP:
     are rounded to bfloat16, its result comes back as float32, and everything else (biases, activations,
     gradients in the buffer, the weights themselves) stays float32. On a CPU with AVX-512 BF16 a 256x256
     product ran 4x faster. The weights are cast at every product, so whatever writes the buffer (Adam, a
-    Polyak update, a broadcast) is seen at once.
+    Polyak update, a broadcast) is seen at once. In float32 on a CPU where oneDNN multiplies faster than MKL
+    (:func:`~distrl.nets.dense.onednn_products`), a layer at least ``WIDE`` on both sides takes a batch's products of
+    ``MIN_PRODUCT`` multiply-adds or more through oneDNN, outside autograd.
     """
 
     def __init__(
@@ -184,8 +188,23 @@ class MLP:
         self.bias_grads = [params.grad_view(f"{prefix}.{i}.bias") for i in range(n)]
         self._act = fast_tanh if activation == "tanh" else torch.Tensor.relu_  # on a layer's own new output
         self.matmul_dtype = matmul_dtype if matmul_dtype != torch.float32 else None
+        # float32 CPU layers wide on both sides multiply through oneDNN where it is the faster (nets/dense.py)
+        self.onednn = [
+            self.matmul_dtype is None
+            and w.device.type == "cpu"
+            and w.dtype == torch.float32
+            and min(w.shape) >= WIDE
+            and onednn_products()
+            for w in self.weights
+        ]
+
+    def _onednn(self, rows: torch.Tensor, i: int) -> bool:
+        """Whether layer ``i``'s product over ``rows``' batch goes to oneDNN (:mod:`distrl.nets.dense`)."""
+        return self.onednn[i] and rows.shape[0] * self.weights[i].numel() >= MIN_PRODUCT
 
     def _layer(self, x: torch.Tensor, i: int) -> torch.Tensor:
+        if self._onednn(x, i) and not (torch.is_grad_enabled() and (x.requires_grad or self.weights[i].requires_grad)):
+            return times_transposed(x, self.weights_t[i], self.biases[i])
         if self.matmul_dtype is None:
             return torch.addmm(self.biases[i], x, self.weights[i])
         return torch.mm(x.to(self.matmul_dtype), self.weights[i].to(self.matmul_dtype)).float().add_(self.biases[i])
@@ -266,8 +285,11 @@ class MLP:
         for i in range(len(self.weights) - 1, -1, -1):
             if not param_grads:
                 pass
-            elif low is not None:
-                product = torch.mm(inputs[i].t().to(low), grad.to(low)).float()
+            elif low is not None or self._onednn(grad, i):  # a product of its own, then into the buffer
+                if low is not None:
+                    product = torch.mm(inputs[i].t().to(low), grad.to(low)).float()
+                else:
+                    product = times_transposed(inputs[i].t(), grad.t())
                 if accumulate:
                     self.weight_grads[i].add_(product)
                     self.bias_grads[i].add_(grad.sum(0))
@@ -282,7 +304,9 @@ class MLP:
                 torch.sum(grad, 0, out=self.bias_grads[i])
             if i == 0 and not input_grad:
                 return None
-            if low is None:
+            if self._onednn(grad, i):
+                grad = times_transposed(grad, self.weights[i])
+            elif low is None:
                 grad = grad.mm(self.weights_t[i])
             else:
                 grad = grad.to(low).mm(self.weights_t[i].to(low)).float()

@@ -4,10 +4,12 @@ torch multiplies float32 matrices on an x86 CPU with MKL, whose AVX-512 kernels 
 family 26 (Zen 5) a [256, 256] by [256, 256] product ran at 100 GFLOP/s on one thread through ``torch.mm`` and at 220
 through oneDNN (``torch.ops.mkldnn._linear_pointwise``, the kernel torch's compiled CPU graphs call for a linear
 layer), and at 7,680 rows 97 against 238. So on such a CPU (:func:`onednn_wins`) a :class:`Dense` layer at least
-:data:`WIDE` wide on both sides runs its forward product and both of its backward products through oneDNN; elsewhere,
+:data:`WIDE` wide on both sides runs its forward product and both of its backward products through oneDNN, for a batch
+of :data:`MIN_PRODUCT` multiply-adds or more; elsewhere,
 and under autocast, tracing or compiling, it is ``nn.Linear``. The choice is read from the CPU, never timed, so every
 process of a run makes the same one. ``DISTRL_CPU_GEMM=onednn|aten`` overrides it (to compare the two on one CPU).
 The values are float32 products in another summation order: within float32's rounding of ``nn.Linear``'s.
+:class:`distrl.nets.core.MLP`, the closed-form networks, takes its wide products the same way.
 """
 
 from __future__ import annotations
@@ -29,6 +31,10 @@ three times MKL's time, at a 17-wide input about the same."""
 AMD_FAMILY = 26
 """Zen 5, where oneDNN was measured the faster. A Zen 4 (family 25) runs AVX-512 in two 256-bit halves, so its
 kernels gain less over MKL's AVX2 ones; not measured there, it keeps MKL (``DISTRL_CPU_GEMM=onednn`` to try)."""
+MIN_PRODUCT = 1 << 22
+"""The fewest multiply-adds (rows x in x out) a product goes to oneDNN with: its call costs about 15 us before any
+arithmetic against MKL's 2, so at 64 x 64 x 64 it took 18 us against 7.5, at 256 x 64 x 64 about the same, and
+from 2,048 x 64 x 64 (8.4 million) half MKL's time (one thread, the Zen 5)."""
 OVERRIDE = "DISTRL_CPU_GEMM"
 """The environment variable that chooses the library for every process started after it is set."""
 
@@ -61,7 +67,7 @@ def onednn_products() -> bool:
     return available and onednn_wins(read_cpuinfo(), os.environ.get(OVERRIDE))
 
 
-def _times_transposed(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+def times_transposed(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``a @ b.T (+ bias)`` through oneDNN; ``a`` and ``b`` may be transposed views."""
     return torch.ops.mkldnn._linear_pointwise(a, b, bias, "none", [], "")
 
@@ -73,22 +79,23 @@ class _OneDnnLinear(torch.autograd.Function):
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         ctx.save_for_backward(x, weight)
         ctx.has_bias = bias is not None
-        return _times_transposed(x, weight, bias)
+        return times_transposed(x, weight, bias)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         x, weight = ctx.saved_tensors
         need_x, need_weight, need_bias = ctx.needs_input_grad
-        grad_x = _times_transposed(grad, weight.t()) if need_x else None
-        grad_weight = _times_transposed(grad.t(), x.t()) if need_weight else None
+        grad_x = times_transposed(grad, weight.t()) if need_x else None
+        grad_weight = times_transposed(grad.t(), x.t()) if need_weight else None
         grad_bias = grad.sum(0) if ctx.has_bias and need_bias else None
         return grad_x, grad_weight, grad_bias
 
 
 class Dense(nn.Linear):
     """``nn.Linear`` (the same parameters, names and initialisation) whose float32 CPU products run through oneDNN
-    where :func:`onednn_products` says so and both its sides are at least :data:`WIDE`."""
+    where :func:`onednn_products` says so, both its sides are at least :data:`WIDE` and a batch's product is at least
+    :data:`MIN_PRODUCT` (acting on a few observations stays with MKL)."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True):
         super().__init__(in_features, out_features, bias)
@@ -98,6 +105,7 @@ class Dense(nn.Linear):
         if (
             self.onednn
             and x.dim() == 2
+            and x.shape[0] * self.weight.numel() >= MIN_PRODUCT
             and x.dtype == torch.float32
             and x.device.type == "cpu"
             and not torch.is_autocast_enabled("cpu")
