@@ -115,12 +115,14 @@ def mm_gflops(m: int, k: int, n: int, count: int, onednn: bool = False) -> float
     x86), or with ``onednn`` the oneDNN kernel of distrl's :class:`~distrl.nets.dense.Dense` layers."""
     import torch
 
+    from distrl.nets.dense import times_transposed
+
     x, w, out = torch.randn(m, k), torch.randn(k, n), torch.empty(m, n)
-    rows = w.t().contiguous()  # oneDNN's linear takes the weight as [n, k]
+    rows = w.t().contiguous()  # x @ rows.T: oneDNN's linear takes the weight as [n, k]
 
     def product() -> None:
         if onednn:
-            torch.ops.mkldnn._linear_pointwise(x, rows, None, "none", [], "")
+            times_transposed(x, rows)
         else:
             torch.mm(x, w, out=out)
 

@@ -91,8 +91,8 @@ counts the floating-point operations of the step's matrix products, forward and 
 ``torch.mm`` on one thread at a hidden layer's shape for a batch of 256, at CQL's 7,680 rows, and at 1,024 cubed
 (and oneDNN's linear kernel at the same shapes, where distrl's layers use it: ``distrl.nets.dense``; their products
 are counted through ``torch.mm``, which the counter sees). The products of a step at the best of those rates give
-the ceiling: the most steps a second any implementation running those products could reach. Where twice d3rlpy's rate is above it, 2x in float32 is out of reach on that
-machine.
+the ceiling: the most steps a second any implementation running those products could reach. Where twice d3rlpy's
+rate is above it, 2x in float32 is out of reach on that machine.
 
 Peak RSS is the child's ``ru_maxrss``: the libraries, the dataset as each holds it, the networks and the optimizers.
 The ratio is distrl / d3rlpy of the median steps per second: above 1, distrl is faster. "Per seed, median" is the
