@@ -283,9 +283,10 @@ class MLP:
         low = self.matmul_dtype
         grad = grad_out
         for i in range(len(self.weights) - 1, -1, -1):
+            onednn = self._onednn(grad, i)
             if not param_grads:
                 pass
-            elif low is not None or self._onednn(grad, i):  # a product of its own, then into the buffer
+            elif low is not None or onednn:  # a product of its own, then into the buffer
                 if low is not None:
                     product = torch.mm(inputs[i].t().to(low), grad.to(low)).float()
                 else:
@@ -304,7 +305,7 @@ class MLP:
                 torch.sum(grad, 0, out=self.bias_grads[i])
             if i == 0 and not input_grad:
                 return None
-            if self._onednn(grad, i):
+            if onednn:
                 grad = times_transposed(grad, self.weights[i])
             elif low is None:
                 grad = grad.mm(self.weights_t[i])

@@ -5,9 +5,8 @@ family 26 (Zen 5) a [256, 256] by [256, 256] product ran at 100 GFLOP/s on one t
 through oneDNN (``torch.ops.mkldnn._linear_pointwise``, the kernel torch's compiled CPU graphs call for a linear
 layer), and at 7,680 rows 97 against 238. So on such a CPU (:func:`onednn_wins`) a :class:`Dense` layer at least
 :data:`WIDE` wide on both sides runs its forward product and both of its backward products through oneDNN, for a batch
-of :data:`MIN_PRODUCT` multiply-adds or more; elsewhere,
-and under autocast, tracing or compiling, it is ``nn.Linear``. The choice is read from the CPU, never timed, so every
-process of a run makes the same one. ``DISTRL_CPU_GEMM=onednn|aten`` overrides it (to compare the two on one CPU).
+of :data:`MIN_PRODUCT` multiply-adds or more; elsewhere, and under autocast, tracing or compiling, it is
+``nn.Linear``. The choice is read from the CPU, never timed, so every process of a run makes the same one. ``DISTRL_CPU_GEMM=onednn|aten`` overrides it (to compare the two on one CPU).
 The values are float32 products in another summation order: within float32's rounding of ``nn.Linear``'s.
 :class:`distrl.nets.core.MLP`, the closed-form networks, takes its wide products the same way.
 """
