@@ -6,27 +6,32 @@ import multiprocessing as mp
 import os
 import queue
 import traceback
-from datetime import timedelta
 
-from distrl.strategies.ray_engine import free_port
+from distrl.strategies.ray_engine import STORE_FD, store_socket
 
 
-def _entry(fn, rank, world_size, port, results, collected, timeout, args, env):
+def _entry(fn, rank, world_size, store, results, collected, timeout, args, env):
     os.environ.clear()  # the test's environment when it called run_ranks, not the fork server's from its start
     os.environ.update(
         RANK=str(rank),
         WORLD_SIZE=str(world_size),
         MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
+        MASTER_PORT=str(store.getsockname()[1]),
         LOCAL_RANK=str(rank),
         LOCAL_WORLD_SIZE=str(world_size),
         **env,
     )
+    if rank == 0:
+        os.environ[STORE_FD] = str(store.detach())  # the store takes the descriptor over
+    else:
+        store.close()
     import torch
     import torch.distributed as dist
 
+    from distrl.strategies.ddp import join_group
+
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", timeout=timedelta(seconds=60))
+    join_group("gloo", 60.0)
     try:
         results.put((rank, fn(rank, world_size, *args), None))
     except BaseException:  # noqa: BLE001 - report everything to the parent
@@ -57,14 +62,19 @@ def run_ranks(fn, world_size: int, *args, timeout: float = 120.0, env: dict[str,
     results in rank order."""
     ctx = _context()
     results, collected = ctx.Queue(), ctx.Event()
-    port = free_port()
+    # Bound here and held until the ranks are done: rank 0's store must serve on it (a bind of its own would fail).
+    store = store_socket()
     env = {**os.environ, **(env or {})}
     procs = [
-        ctx.Process(target=_entry, args=(fn, r, world_size, port, results, collected, timeout, args, env))
+        ctx.Process(target=_entry, args=(fn, r, world_size, store, results, collected, timeout, args, env))
         for r in range(world_size)
     ]
-    for p in procs:
-        p.start()
+    try:
+        for p in procs:
+            p.start()
+    except BaseException:
+        store.close()
+        raise
     out, errors = {}, []
     try:
         for _ in range(world_size):
@@ -75,6 +85,7 @@ def run_ranks(fn, world_size: int, *args, timeout: float = 120.0, env: dict[str,
     except queue.Empty:
         errors.append(f"ranks {sorted(set(range(world_size)) - set(out))} did not answer within {timeout}s")
     finally:
+        store.close()
         collected.set()
         for p in procs:
             p.join(timeout=10)

@@ -1,6 +1,8 @@
 """ddp: equivalence with single, start-up agreement, KL agreement, straggler preemption."""
 
 import dataclasses
+import os
+import socket
 from pathlib import Path
 
 import pytest
@@ -14,6 +16,7 @@ from distrl.config import ConfigError, PPOConfig, REINFORCEConfig, RunConfig, St
 from distrl.data.packed import PackedBatch
 from distrl.data.rollout import RolloutBatch
 from distrl.nets import ActorCritic
+from distrl.strategies.ray_engine import STORE_FD, store_socket
 from distrl.training import OnPolicyTrainer
 from reference import sac_algo
 
@@ -322,6 +325,26 @@ def shared_sums(rank, world):
     except RuntimeError as exc:
         return out, leftovers, str(exc)
     return out, leftovers, None
+
+
+def store_port_and_sum(rank, world):
+    import torch.distributed as dist
+
+    total = torch.tensor([rank + 1.0])
+    dist.all_reduce(total)
+    return int(os.environ["MASTER_PORT"]), STORE_FD in os.environ, total.item()
+
+
+def test_rank_0_serves_the_store_on_the_socket_its_launcher_bound_so_no_one_can_take_the_port_first():
+    held = store_socket()
+    with held, socket.socket() as other:
+        other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the store's own bind does
+        with pytest.raises(OSError):  # chosen and held at once: no other process can bind it any more
+            other.bind(held.getsockname())
+    # run_ranks holds its socket until the ranks are done: a store binding the port itself would fail
+    (port0, left0, sum0), (port1, left1, sum1) = run_ranks(store_port_and_sum, 2)
+    assert port0 == port1 and sum0 == sum1 == 3.0
+    assert not left0 and not left1  # rank 0 took the descriptor over; the others never had it
 
 
 def test_shared_memory_sums_are_exact_on_every_rank_leave_no_file_and_name_a_rank_that_never_comes():

@@ -27,6 +27,7 @@ from distrl.config import ConfigError, RunConfig, StrategyConfig, scaled
 from distrl.nets.core import checksum
 from distrl.strategies.actors import placement
 from distrl.strategies.dist_sync import DistributedSync
+from distrl.strategies.ray_engine import STORE_FD
 from distrl.training import make_trainer, resolve_device
 
 ENV_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -53,6 +54,9 @@ def init_process_group(run: RunConfig, strategy: StrategyConfig) -> torch.device
 def join_group(backend: str, timeout_s: float, device: torch.device | None = None) -> None:
     """``init_process_group`` from the ``env://`` variables, on a store fresh for each torchrun restart.
 
+    Outside torchrun's agent store rank 0 hosts the store, listening on the socket its launcher bound and handed
+    down (STORE_FD) where there is one, so no other process can take the port between its choice and its use.
+
     Under torchrun the ranks share the agents' rendezvous store, and the keys the group forms from
     (each rank's address) outlive a restart (``--max-restarts``): a restarted rank would read its
     dead peer's address and fail to connect. With one agent its restart count names the attempt, so
@@ -64,7 +68,8 @@ def join_group(backend: str, timeout_s: float, device: torch.device | None = Non
     if device is not None:
         kwargs["device_id"] = device
     env = os.environ
-    if env.get("TORCHELASTIC_USE_AGENT_STORE") == "True" and int(env.get("TORCHELASTIC_MAX_RESTARTS", "0")) > 0:
+    agent_store = env.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    if agent_store and int(env.get("TORCHELASTIC_MAX_RESTARTS", "0")) > 0:
         if int(env.get("GROUP_WORLD_SIZE", "1")) > 1:
             raise ConfigError(
                 f"max_restarts={env['TORCHELASTIC_MAX_RESTARTS']} on {env['GROUP_WORLD_SIZE']} torchrun "
@@ -79,6 +84,18 @@ def join_group(backend: str, timeout_s: float, device: torch.device | None = Non
             rank=int(env["RANK"]),
             world_size=int(env["WORLD_SIZE"]),
         )
+    elif not agent_store:  # rank 0 hosts the store, on the socket its launcher bound where there is one
+        rank, world_size = int(env["RANK"]), int(env["WORLD_SIZE"])
+        listen_fd = env.pop(STORE_FD, None) if rank == 0 else None
+        store = dist.TCPStore(
+            env["MASTER_ADDR"],
+            int(env["MASTER_PORT"]),
+            world_size,
+            is_master=rank == 0,
+            timeout=timedelta(seconds=timeout_s),
+            master_listen_fd=int(listen_fd) if listen_fd else None,
+        )
+        kwargs.update(store=store, rank=rank, world_size=world_size)
     dist.init_process_group(**kwargs)
 
 

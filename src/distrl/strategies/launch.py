@@ -27,7 +27,7 @@ from typing import IO, Any
 
 from distrl.run import preemption
 from distrl.run.rundir import HELD_BY_LAUNCHER
-from distrl.strategies.ray_engine import RankStopped, free_port
+from distrl.strategies.ray_engine import STORE_FD, RankStopped, store_socket
 
 STOPPED_STATUSES = {128 + int(signum) for signum in preemption.STOP_SIGNALS}
 PEERS_GRACE_S = 2.0
@@ -131,11 +131,14 @@ class ForkedRank:
         self.send_signal(signal.SIGKILL)
 
 
-def fork_rank(entry: Callable[[list[str]], int], argv: list[str], env: dict[str, str]) -> ForkedRank:
+def fork_rank(
+    entry: Callable[[list[str]], int], argv: list[str], env: dict[str, str], drop_fd: int | None = None
+) -> ForkedRank:
     """Start a rank as a fork of this process, which has imported torch and distrl already: the rank runs
     ``entry(argv)`` (the command's own entry point, ``distrl.cli.main``) with ``env`` as its environment and its
     stderr on a pipe, as ``python -m distrl`` would, without a second interpreter's start-up (about a second of
-    imports a rank). Fork before any thread starts (the launcher's readers start after every rank is forked)."""
+    imports a rank). Fork before any thread starts (the launcher's readers start after every rank is forked).
+    ``drop_fd``: a descriptor of the launcher's that the rank must not hold (the store's socket, rank 0's alone)."""
     sys.stdout.flush()
     sys.stderr.flush()
     read_end, write_end = os.pipe()
@@ -146,6 +149,8 @@ def fork_rank(entry: Callable[[list[str]], int], argv: list[str], env: dict[str,
     code = 1  # pragma: no cover - the rank's side, in the forked child
     try:
         os.close(read_end)
+        if drop_fd is not None:
+            os.close(drop_fd)
         os.dup2(write_end, 2)
         os.close(write_end)
         if sys.platform.startswith("linux"):
@@ -233,11 +238,11 @@ def launch_local(
     (:func:`fork_rank`); None starts each rank as a new interpreter.
     The launcher holds the run directory's lock for its ranks. A stop signal it receives goes to rank 0, which
     makes every rank stop at the same checkpoint; then the launcher raises Stopped. A second one kills them."""
-    port = free_port()
+    store = store_socket()  # held from here: rank 0's store serves on it
     base = dict(
         os.environ,
         MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
+        MASTER_PORT=str(store.getsockname()[1]),
         WORLD_SIZE=str(workers),
         LOCAL_WORLD_SIZE=str(workers),
         PYTHONUNBUFFERED="1",
@@ -250,8 +255,10 @@ def launch_local(
         started: list[subprocess.Popen | ForkedRank] = []
         for rank in range(workers):
             env = dict(base, RANK=str(rank), LOCAL_RANK=str(rank))
+            if rank == 0:
+                env[STORE_FD] = str(store.fileno())
             if entry is not None:
-                started.append(fork_rank(entry, argv, env))
+                started.append(fork_rank(entry, argv, env, None if rank == 0 else store.fileno()))
             else:
                 started.append(
                     subprocess.Popen(
@@ -260,11 +267,14 @@ def launch_local(
                         stderr=subprocess.PIPE,
                         text=True,
                         preexec_fn=preexec,
+                        pass_fds=(store.fileno(),) if rank == 0 else (),
                     )
                 )
+        store.close()  # rank 0 holds it now
         procs.extend(_Worker(rank, process) for rank, process in enumerate(started))
         _wait_all(procs)
     finally:
+        store.close()
         _stop_all(procs)
 
 

@@ -38,10 +38,29 @@ def import_ray() -> Any:
 
 
 def free_port() -> int:
-    """A TCP port free on this host now (for a process group's store)."""
+    """A TCP port free on this host now; another process may take it before it is bound again (see STORE_FD)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+STORE_FD = "DISTRL_STORE_FD"
+"""Set on rank 0 by a launcher that bound the group's store socket itself: its file descriptor, which rank 0's store
+listens on. A port found free and bound only later by rank 0 can be taken in between by any process on the host (an
+outgoing connection draws its port from the same range), and the run then fails at its start on EADDRINUSE."""
+
+
+def store_socket(host: str = "127.0.0.1") -> socket.socket:
+    """A TCP socket bound to a free port of ``host`` and listening: rank 0's store serves on it (STORE_FD), so the
+    port is held from the moment it is chosen; ranks that connect early wait in its backlog."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.bind((host, 0))
+        sock.listen(128)
+    except OSError:
+        sock.close()
+        raise
+    return sock
 
 
 START_LOG = "ray-start.log"
@@ -211,6 +230,7 @@ class RankActor:
     def __init__(self, rank: int, world_size: int):
         self.rank = rank
         self.world_size = world_size
+        self.store: socket.socket | None = None
 
     def where(self) -> dict[str, Any]:
         from distrl.strategies.actors import placement
@@ -218,10 +238,11 @@ class RankActor:
         return placement()
 
     def rendezvous_address(self) -> tuple[str, int]:
-        """This node's address and a free port, for rank 0 to host the group's store."""
+        """This node's address and the port of a socket this actor holds, which rank 0's store will serve on."""
         import ray
 
-        return ray.util.get_node_ip_address(), free_port()
+        self.store = store_socket("0.0.0.0")
+        return ray.util.get_node_ip_address(), int(self.store.getsockname()[1])
 
     def run(self, host: str, port: int, fn: Any, *args: Any) -> Any:
         os.environ.update(
@@ -232,6 +253,9 @@ class RankActor:
             LOCAL_RANK="0",
             LOCAL_WORLD_SIZE="1",
         )
+        if self.store is not None:  # the store takes the descriptor over and closes it
+            os.environ[STORE_FD] = str(self.store.detach())
+            self.store = None
         blocked = signal.pthread_sigmask(signal.SIG_UNBLOCK, preemption.STOP_SIGNALS)  # Ray's workers block SIGINT
         try:
             with preemption.stop_signals_caught():
