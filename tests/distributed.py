@@ -7,7 +7,7 @@ import os
 import queue
 import traceback
 
-from distrl.strategies.ray_engine import STORE_FD, store_socket
+from distrl.strategies.rendezvous import STORE_FD, store_socket
 
 
 def _entry(fn, rank, world_size, store, results, collected, timeout, args, env):

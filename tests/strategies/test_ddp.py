@@ -16,7 +16,7 @@ from distrl.config import ConfigError, PPOConfig, REINFORCEConfig, RunConfig, St
 from distrl.data.packed import PackedBatch
 from distrl.data.rollout import RolloutBatch
 from distrl.nets import ActorCritic
-from distrl.strategies.ray_engine import STORE_FD, store_socket
+from distrl.strategies.rendezvous import STORE_FD, store_socket
 from distrl.training import OnPolicyTrainer
 from reference import sac_algo
 

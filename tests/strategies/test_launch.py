@@ -505,7 +505,8 @@ def test_ray_launcher_places_ranks_as_actors(tmp_path):
 
 
 def test_the_ray_launcher_names_the_rank_that_failed_in_substance(ray_local):
-    from distrl.strategies.launch import WorkerFailed, _wait_ray
+    from distrl.strategies.launch import WorkerFailed
+    from distrl.strategies.ray_launch import _wait_ray
 
     def _fail_after(delay, error):  # defined here so that Ray ships it by value
         import time

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from distrl.run import checkpoint
-from distrl.strategies.ray_engine import free_port
+from distrl.strategies.rendezvous import free_port
 
 pytestmark = pytest.mark.multiprocess
 

@@ -136,7 +136,9 @@ def run_ddp(
             with spark_session(strategy.spark_master or f"local[{strategy.workers}]") as spark:
                 return launch_spark(spark, run, strategy, cfg, resume_path, local_mode=strategy.spark_local_mode)
         if strategy.uses_ray:
-            return launch.launch_ray(
+            from distrl.strategies.ray_launch import launch_ray
+
+            return launch_ray(
                 run_worker,
                 (run, strategy, cfg, run_dir, resume_path),
                 strategy.workers,

@@ -27,7 +27,7 @@ from distrl.config import ConfigError, RunConfig, StrategyConfig, scaled
 from distrl.nets.core import checksum
 from distrl.strategies.actors import placement
 from distrl.strategies.dist_sync import DistributedSync
-from distrl.strategies.ray_engine import STORE_FD
+from distrl.strategies.rendezvous import STORE_FD
 from distrl.training import make_trainer, resolve_device
 
 ENV_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")

@@ -1,4 +1,4 @@
-"""Ray as an engine: one session per run and the actor that hosts a ddp rank.
+"""Ray as an engine: one session per run (ddp ranks as Ray actors: :mod:`distrl.strategies.ray_launch`).
 
 With no address, an embedded local Ray instance starts with the run (bound to
 127.0.0.1, no dashboard) and stops with it; with an address the run joins that cluster.
@@ -9,13 +9,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import signal
 import socket
 import sys
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,32 +33,6 @@ def import_ray() -> Any:
     except ImportError:
         raise ConfigError("Ray is not installed: pip install 'distrl[ray]'") from None
     return ray
-
-
-def free_port() -> int:
-    """A TCP port free on this host now; another process may take it before it is bound again (see STORE_FD)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-STORE_FD = "DISTRL_STORE_FD"
-"""Set on rank 0 by a launcher that bound the group's store socket itself: its file descriptor, which rank 0's store
-listens on. A port found free and bound only later by rank 0 can be taken in between by any process on the host (an
-outgoing connection draws its port from the same range), and the run then fails at its start on EADDRINUSE."""
-
-
-def store_socket(host: str = "127.0.0.1") -> socket.socket:
-    """A TCP socket bound to a free port of ``host`` and listening: rank 0's store serves on it (STORE_FD), so the
-    port is held from the moment it is chosen; ranks that connect early wait in its backlog."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    try:
-        sock.bind((host, 0))
-        sock.listen(128)
-    except OSError:
-        sock.close()
-        raise
-    return sock
 
 
 START_LOG = "ray-start.log"
@@ -213,55 +185,3 @@ def _link_session_logs(ray: Any, run_dir: Path) -> None:
     link = run_dir / "ray-logs"
     if not link.exists() and (session_dir / "logs").exists():
         link.symlink_to(session_dir / "logs")
-
-
-@dataclass(frozen=True)
-class RankStopped:
-    """What a rank actor returns when its run stopped on a signal at a checkpoint."""
-
-    signum: int
-    message: str
-
-
-class RankActor:
-    """A Ray actor that runs one rank of a torch.distributed group; it catches stop signals as ``distrl train``
-    does (the launcher passes one on to rank 0)."""
-
-    def __init__(self, rank: int, world_size: int):
-        self.rank = rank
-        self.world_size = world_size
-        self.store: socket.socket | None = None
-
-    def where(self) -> dict[str, Any]:
-        from distrl.strategies.actors import placement
-
-        return placement()
-
-    def rendezvous_address(self) -> tuple[str, int]:
-        """This node's address and the port of a socket this actor holds, which rank 0's store will serve on."""
-        import ray
-
-        self.store = store_socket("0.0.0.0")
-        return ray.util.get_node_ip_address(), int(self.store.getsockname()[1])
-
-    def run(self, host: str, port: int, fn: Any, *args: Any) -> Any:
-        os.environ.update(
-            RANK=str(self.rank),
-            WORLD_SIZE=str(self.world_size),
-            MASTER_ADDR=host,
-            MASTER_PORT=str(port),
-            LOCAL_RANK="0",
-            LOCAL_WORLD_SIZE="1",
-        )
-        if self.store is not None:  # the store takes the descriptor over and closes it
-            os.environ[STORE_FD] = str(self.store.detach())
-            self.store = None
-        blocked = signal.pthread_sigmask(signal.SIG_UNBLOCK, preemption.STOP_SIGNALS)  # Ray's workers block SIGINT
-        try:
-            with preemption.stop_signals_caught():
-                try:
-                    return fn(*args)
-                except preemption.Stopped as stopped:
-                    return RankStopped(stopped.signum, str(stopped))
-        finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
