@@ -5,9 +5,33 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import queue
+import random
+import socket
 import traceback
+from pathlib import Path
 
 from distrl.strategies.rendezvous import STORE_FD, store_socket
+
+
+def free_port() -> int:
+    """A port for a server a test starts but cannot hand a socket to (torchrun's rendezvous, ``ray start``): one that
+    binds now, below the range the kernel draws outgoing connections' ports from, so that none of them can take it
+    before the server binds it (a port bound to 0 comes from that range)."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    below = range(20000, max(low, 20000))
+    for port in random.SystemRandom().sample(below, min(50, len(below))):  # not a test's seeded generator
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def _entry(fn, rank, world_size, store, results, collected, timeout, args, env):

@@ -9,8 +9,8 @@ import sys
 import pytest
 import torch
 
+from distributed import free_port
 from distrl.run import checkpoint
-from distrl.strategies.rendezvous import free_port
 
 pytestmark = pytest.mark.multiprocess
 

@@ -59,7 +59,7 @@ def test_the_embedded_instance_starts_beside_a_stale_address_file(ray_tmp, tmp_p
 
 @pytest.mark.slow
 def test_the_embedded_instance_starts_beside_a_live_ray_start_cluster(ray_tmp, tmp_path):
-    from distrl.strategies.rendezvous import free_port
+    from distributed import free_port
 
     env = {**os.environ, "RAY_TMPDIR": ray_tmp}
     ray = str(Path(sys.executable).parent / "ray")

@@ -4,14 +4,6 @@ from __future__ import annotations
 
 import socket
 
-
-def free_port() -> int:
-    """A TCP port free on this host now; another process may take it before it is bound again (see STORE_FD)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 STORE_FD = "DISTRL_STORE_FD"
 """Set on rank 0 by a launcher that bound the group's store socket itself: its file descriptor, which rank 0's store
 listens on. A port found free and bound only later by rank 0 can be taken in between by any process on the host (an
