@@ -55,13 +55,14 @@ def _entry(fn, rank, world_size, store, results, collected, timeout, args, env):
     from distrl.strategies.ddp import join_group
 
     torch.set_num_threads(1)
-    join_group("gloo", 60.0)
     try:
+        join_group("gloo", 60.0)  # inside: a rank that cannot join says why at once, not at the parent's timeout
         results.put((rank, fn(rank, world_size, *args), None))
     except BaseException:  # noqa: BLE001 - report everything to the parent
         results.put((rank, None, traceback.format_exc()))
     finally:
-        dist.destroy_process_group()
+        if dist.is_initialized():
+            dist.destroy_process_group()
         # A tensor in the queue travels as a file descriptor that this process hands over when the
         # parent reads it: exiting before then leaves the parent nothing to connect to.
         collected.wait(timeout=timeout)
