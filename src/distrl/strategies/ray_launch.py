@@ -154,7 +154,7 @@ def _pass_on_to_rank_0(ray: Any, place: Any, signum: int) -> None:
 
 
 def _ray_root_cause(ray: Any, refs: list, places: list | None) -> str:
-    """As :func:`_root_cause`, for ranks running as Ray actors; a rank whose node was lost names it."""
+    """As the local launcher's ``_root_cause``, for ranks running as Ray actors; a rank whose node was lost names it."""
     from distrl.strategies.actors import RayActors, resolve_placements, where_note
 
     ready, _ = ray.wait(refs, num_returns=len(refs), timeout=PEERS_GRACE_S)
